@@ -1,0 +1,38 @@
+# One command sets up, one command tests. See README.md.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup test test-slow test-all benchmark clean
+
+setup: $(STAMP)
+
+# Re-runs only when requirements.txt or pyproject.toml change (idempotent).
+$(STAMP): requirements.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "tff_clip needs Python 3.9-3.11 (TensorFlow Federated 0.87 supports no other); found %d.%d. Set PYTHON=/path/to/python3.11." % v)' \
+	  || { echo "Python interpreter '$(PYTHON)' not usable; install Python 3.11 or pass PYTHON=..."; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	# TFF pins jax==0.4.14, which is not served here; its other needs are in requirements.txt.
+	$(PY) -m pip install -q --no-deps tensorflow-federated==0.87.0
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -c 'import tensorflow_federated, tensorflow_privacy, dp_accounting, sklearn, tensorflow_datasets, tff_clip; print("tff_clip environment ready")'
+	@touch $(STAMP)
+
+# The default test run (what CI runs): everything not marked slow.
+test: setup
+	$(PY) -m pytest -m "not slow"
+
+test-slow: setup
+	$(PY) -m pytest -m slow
+
+test-all: setup
+	$(PY) -m pytest
+
+benchmark: setup
+	$(PY) -m scripts.benchmark_aggregators
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,478 @@
+"""The bounding core: norms, clipping, normalization and per-layer budgets.
+
+Pure TensorFlow over `tf.nest` structures, usable inside any `tf.function` or
+`tff.tensorflow.computation`. The TFF aggregation factories in
+`tff_clip.aggregators` are thin wrappers around these functions.
+
+One "layer" is one leaf tensor of the structure (the unit the per-layer
+clipping code of Pelikan et al., NeurIPS 2025 -- seed 002 -- uses).
+
+Guarantees, for every function here and every split:
+  * the L2 norm of the bounded structure is <= the clip norm (up to the float
+    rounding of the leaf dtype), for any finite input of any float dtype
+    (float16, bfloat16, float32, float64), zero tensors, empty tensors and
+    scalars;
+  * an update with a NaN or an Inf anywhere is replaced by zeros (and reported
+    through `BoundedUpdate.nonfinite`), never propagated;
+  * a non-finite or negative clip norm (possible only for a norm computed in
+    the graph, e.g. by an adaptive process) bounds to zeros: a broken norm
+    never lets an update through unbounded.
+
+Norms are computed in float32 (float64 when any leaf is float64) with a
+one-pass sum of squares; only when that sum overflows or underflows is a
+rescaled (max-abs normalised) two-pass computation used, so huge but finite
+updates are clipped correctly instead of being zeroed, and tiny ones are
+normalised instead of being divided by zero.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Union
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = [
+    'BoundedUpdate',
+    'ExplicitBudgets',
+    'SPLITS',
+    'bound',
+    'clip',
+    'clip_per_layer',
+    'global_l2_norm',
+    'layer_budget_fractions',
+    'layer_budgets',
+    'layer_l2_norms',
+    'leaf_sizes',
+    'normalize',
+    'normalize_per_layer',
+]
+
+SPLITS = ('uniform', 'dim')
+BOUNDINGS = ('clip', 'normalize', 'per_layer_clip', 'per_layer_normalize')
+
+_FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+
+class ExplicitBudgets:
+  """Per-layer clip norms given explicitly, one per leaf.
+
+  They must satisfy the sum rule `sum(b**2) == clip_norm**2` (seed 002: the
+  total L2 sensitivity of per-layer clipping is the root of the summed squared
+  budgets). Use this wrapper to tell explicit budgets from per-layer weights,
+  which are given as a plain sequence.
+  """
+
+  def __init__(self, budgets: Sequence[float]):
+    values = np.asarray(budgets, dtype=np.float64).reshape(-1)
+    if values.size == 0 or not np.all(np.isfinite(values)) or np.any(
+        values < 0):
+      raise ValueError(
+          '`split` budgets must be a non-empty sequence of finite, '
+          f'non-negative floats; got {budgets!r}.')
+    self.values = values
+
+  def __repr__(self):
+    return f'ExplicitBudgets({self.values.tolist()})'
+
+
+Split = Union[str, Sequence[float], ExplicitBudgets]
+
+
+class BoundedUpdate(NamedTuple):
+  """The result of `bound`: the bounded value and what happened to it.
+
+  Attributes:
+    value: the bounded structure, same structure and dtypes as the input.
+    global_norm: float32 scalar, L2 norm of the input (NaN/Inf if the input
+      had non-finite entries).
+    layer_norms: float32 [H], L2 norm of each input leaf.
+    was_bounded: bool scalar, True when the bounding changed the update's
+      scale: global norm above the clip norm (global clip), any layer above its
+      budget (per-layer clip); for normalization, a norm above the clip norm
+      (the update was scaled down), so the fraction reads the same as for
+      clipping.
+    nonfinite: bool scalar, True when the input had a NaN or Inf and was
+      replaced by zeros.
+  """
+  value: Any
+  global_norm: tf.Tensor
+  layer_norms: tf.Tensor
+  was_bounded: tf.Tensor
+  nonfinite: tf.Tensor
+
+
+# ----------------------------------------------------------------------------
+# Structure helpers.
+
+
+def _check_float_leaves(leaves, label='structure'):
+  for leaf in leaves:
+    dtype = tf.as_dtype(leaf.dtype)
+    if dtype not in _FLOAT_DTYPES:
+      raise TypeError(
+          f'`{label}` must contain only float tensors (float16, bfloat16, '
+          f'float32, float64); found a leaf of dtype {dtype.name}.')
+
+
+def _leaves(structure):
+  leaves = [tf.convert_to_tensor(x) for x in tf.nest.flatten(structure)]
+  _check_float_leaves(leaves)
+  return leaves
+
+
+def _compute_dtype(leaves):
+  return tf.float64 if any(
+      tf.as_dtype(x.dtype) == tf.float64 for x in leaves) else tf.float32
+
+
+def _leaf_specs(structure_or_type_spec):
+  """Returns [(shape, dtype)] for the leaves of a structure, specs or TFF type."""
+  obj = structure_or_type_spec
+  try:
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    if isinstance(obj, tff.types.FederatedType):
+      obj = obj.member
+    if isinstance(obj, tff.Type):
+      obj = tff.types.type_to_tf_tensor_specs(obj)
+  except ImportError:  # pragma: no cover - TFF is a hard dependency.
+    pass
+  specs = []
+  for leaf in tf.nest.flatten(obj):
+    if isinstance(leaf, tf.TensorSpec):
+      specs.append((leaf.shape, leaf.dtype))
+    else:
+      leaf = tf.convert_to_tensor(leaf)
+      specs.append((leaf.shape, leaf.dtype))
+  return specs
+
+
+def leaf_sizes(structure_or_type_spec) -> np.ndarray:
+  """Number of entries d_h of every leaf (layer); shapes must be fully known."""
+  sizes = []
+  for shape, _ in _leaf_specs(structure_or_type_spec):
+    shape = tf.TensorShape(shape)
+    if not shape.is_fully_defined():
+      raise ValueError(
+          'Per-layer budgets need fully defined leaf shapes; found a leaf of '
+          f'shape {shape}.')
+    sizes.append(int(shape.num_elements()))
+  return np.asarray(sizes, dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------
+# Norms.
+
+
+def _sum_of_squares(leaves, dtype):
+  return tf.stack([tf.reduce_sum(tf.square(tf.cast(x, dtype))) for x in leaves])
+
+
+def _max_abs(leaf, dtype):
+  # reduce_max of an empty tensor is -inf; maximum(., 0) makes it 0.
+  return tf.maximum(tf.reduce_max(tf.abs(tf.cast(leaf, dtype))),
+                    tf.constant(0, dtype))
+
+
+def _rescaled_layer_norms(leaves, dtype):
+  """Per-leaf norms robust to overflow/underflow: m * ||x / m||, m = max|x|."""
+  norms = []
+  for leaf in leaves:
+    x = tf.cast(leaf, dtype)
+    m = _max_abs(x, dtype)
+    safe_m = tf.where(tf.math.is_finite(m) & (m > 0), m, tf.ones_like(m))
+    norms.append(m * tf.sqrt(tf.reduce_sum(tf.square(x / safe_m))))
+  return tf.stack(norms)
+
+
+def _all_finite(leaves):
+  return tf.reduce_all(
+      tf.stack([tf.reduce_all(tf.math.is_finite(x)) for x in leaves]))
+
+
+def _norms(leaves, compute_dtype):
+  """Returns (layer_norms [H], global_norm, all_finite, fast) in float64.
+
+  One pass over the data in `compute_dtype` in the usual case (`fast` True);
+  a rescaled float64 computation only when a sum of squares overflowed (huge or
+  non-finite input) or underflowed (tiny or zero input).
+  """
+  wide = tf.float64
+  if not leaves:
+    zero = tf.constant(0, wide)
+    return tf.zeros([0], wide), zero, tf.constant(True), tf.constant(True)
+  tiny = tf.constant(np.finfo(compute_dtype.as_numpy_dtype).tiny,
+                     compute_dtype)
+  sumsq = _sum_of_squares(leaves, compute_dtype)
+  fast_ok = tf.reduce_all(tf.math.is_finite(sumsq) & (sumsq >= tiny))
+
+  def fast():
+    wide_sumsq = tf.cast(sumsq, wide)
+    return (tf.sqrt(wide_sumsq), tf.sqrt(tf.reduce_sum(wide_sumsq)),
+            tf.constant(True))
+
+  def robust():
+    layer = _rescaled_layer_norms(leaves, wide)
+    top = tf.reduce_max(layer)
+    safe_top = tf.where(tf.math.is_finite(top) & (top > 0), top,
+                        tf.ones_like(top))
+    total = top * tf.sqrt(tf.reduce_sum(tf.square(layer / safe_top)))
+    return layer, total, _all_finite(leaves)
+
+  layer, total, finite = tf.cond(fast_ok, fast, robust)
+  return layer, total, finite, fast_ok
+
+
+def global_l2_norm(structure) -> tf.Tensor:
+  """The L2 norm of all entries of `structure` together, as a float32 scalar."""
+  leaves = _leaves(structure)
+  _, total, _, _ = _norms(leaves, _compute_dtype(leaves))
+  return tf.cast(total, tf.float32)
+
+
+def layer_l2_norms(structure) -> tf.Tensor:
+  """The L2 norm of each leaf of `structure`, as a float32 vector [H]."""
+  leaves = _leaves(structure)
+  layer, _, _, _ = _norms(leaves, _compute_dtype(leaves))
+  return tf.cast(layer, tf.float32)
+
+
+# ----------------------------------------------------------------------------
+# Per-layer budgets.
+
+
+def _check_clip_norm_value(clip_norm, label='clip_norm'):
+  if isinstance(clip_norm, bool) or not isinstance(
+      clip_norm, (int, float, np.floating, np.integer)):
+    raise TypeError(f'`{label}` must be a float; got {clip_norm!r}.')
+  if not math.isfinite(clip_norm) or clip_norm <= 0:
+    raise ValueError(
+        f'`{label}` must be a positive finite float; got {clip_norm!r}.')
+
+
+def check_split(split: Split, num_layers: int | None = None,
+                label: str = 'split'):
+  """Validates `split` (and, when known, its length against the layer count)."""
+  if isinstance(split, str):
+    if split not in SPLITS:
+      raise ValueError(
+          f'`{label}` must be one of {SPLITS}, a sequence of positive per-layer '
+          f'weights or `ExplicitBudgets`; got {split!r}.')
+    return
+  if isinstance(split, ExplicitBudgets):
+    values = split.values
+  else:
+    try:
+      values = np.asarray(split, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as e:
+      raise TypeError(
+          f'`{label}` must be a split name {SPLITS}, a sequence of positive '
+          f'per-layer weights or `ExplicitBudgets`; got {split!r}.') from e
+    if values.size == 0 or not np.all(np.isfinite(values)) or np.any(
+        values <= 0):
+      raise ValueError(
+          f'`{label}` per-layer weights must all be positive and finite; got '
+          f'{split!r}.')
+  if num_layers is not None and values.size != num_layers:
+    raise ValueError(
+        f'`{label}` gives {values.size} per-layer values but the update has '
+        f'{num_layers} layers (leaves); give one per layer.')
+
+
+def layer_budget_fractions(structure_or_type_spec, split: Split,
+                           clip_norm: float | None = None) -> np.ndarray:
+  """Static per-layer fractions f_h >= 0 with sum(f**2) == 1 (float64 [H]).
+
+  The budgets are `clip_norm * f`. Splits (seed 002, Pelikan et al. 2025):
+    * 'uniform': f_h = 1/sqrt(H)                    (C_h = C/sqrt(H))
+    * 'dim':     f_h = sqrt(d_h / sum_k d_k)        (C_h = C sqrt(d_h/sum d))
+    * weights alpha_h > 0 (a plain sequence, one per layer):
+                 f_h = sqrt(alpha_h d_h / sum_k alpha_k d_k)
+    * `ExplicitBudgets(b)`: f_h = b_h / C; when `clip_norm` is given, the sum
+      rule sum(b**2) == C**2 is checked (relative tolerance 1e-5).
+
+  Args:
+    structure_or_type_spec: a structure of tensors / `tf.TensorSpec`s, or a
+      TFF type, whose leaves are the layers.
+    split: see above.
+    clip_norm: the total clip norm C, used to check explicit budgets.
+
+  Returns:
+    The fractions, a float64 numpy vector with one entry per leaf.
+  """
+  sizes = leaf_sizes(structure_or_type_spec).astype(np.float64)
+  num_layers = sizes.size
+  check_split(split, num_layers)
+  if num_layers == 0:
+    return np.zeros([0], np.float64)
+  if isinstance(split, str) and split == 'uniform':
+    return np.full([num_layers], 1.0 / math.sqrt(num_layers))
+  if isinstance(split, ExplicitBudgets):
+    budgets = split.values
+    total = math.sqrt(float(np.sum(budgets**2)))
+    if clip_norm is not None:
+      _check_clip_norm_value(clip_norm)
+      if not math.isclose(total, clip_norm, rel_tol=1e-5):
+        raise ValueError(
+            '`split` budgets break the sum rule: sqrt(sum(b**2)) = '
+            f'{total:.6g} but clip_norm = {clip_norm:.6g}.')
+    if total == 0:
+      raise ValueError('`split` budgets are all zero.')
+    return budgets / total
+  weights = (np.ones([num_layers]) if isinstance(split, str)  # 'dim'
+             else np.asarray(split, np.float64).reshape(-1))
+  mass = weights * sizes
+  if mass.sum() == 0:  # Every leaf is empty: nothing to bound.
+    return np.zeros([num_layers], np.float64)
+  return np.sqrt(mass / mass.sum())
+
+
+def layer_budgets(structure_or_type_spec, clip_norm, split: Split) -> tf.Tensor:
+  """Per-layer clip norms C_h, float32 [H], with sum(C_h**2) == clip_norm**2.
+
+  `clip_norm` may be a Python float or a scalar tensor (e.g. the report of an
+  adaptive `EstimationProcess`); see `layer_budget_fractions` for `split`.
+  """
+  static = not tf.is_tensor(clip_norm)
+  if static:
+    _check_clip_norm_value(clip_norm)
+  fractions = layer_budget_fractions(
+      structure_or_type_spec, split, clip_norm if static else None)
+  return tf.cast(clip_norm, tf.float32) * tf.constant(fractions, tf.float32)
+
+
+# ----------------------------------------------------------------------------
+# Bounding.
+
+
+def _sanitize_norm(norm, dtype):
+  """A broken (NaN, Inf, negative) in-graph norm bounds to zero."""
+  norm = tf.cast(norm, dtype)
+  return tf.where(tf.math.is_finite(norm) & (norm >= 0), norm,
+                  tf.zeros_like(norm))
+
+
+def _scale_leaves(leaves, factors, compute_dtype):
+  # Multiply in the compute dtype and cast back: a float16 leaf times a large
+  # normalisation factor must not overflow in float16 before the product.
+  out = []
+  for i, leaf in enumerate(leaves):
+    dtype = tf.as_dtype(leaf.dtype)
+    if dtype == compute_dtype:
+      out.append(leaf * factors[i])
+    else:
+      out.append(tf.cast(tf.cast(leaf, compute_dtype) * factors[i], dtype))
+  return out
+
+
+def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate:
+  """Bounds `structure` and reports what it did.
+
+  Args:
+    structure: a (nested) structure of float tensors: one client's update.
+    method: 'clip' (u * min(1, C/||u||)), 'normalize' (C u / ||u||, seed 003
+      DP-NormFedAvg), 'per_layer_clip' (u_h * min(1, C_h/||u_h||), seed 002)
+      or 'per_layer_normalize' (C_h u_h / ||u_h||).
+    clip_norm: C, a float or scalar tensor (global methods).
+    budgets: [H] per-layer norms C_h (per-layer methods), e.g. from
+      `layer_budgets`.
+
+  Returns:
+    A `BoundedUpdate`.
+  """
+  if method not in BOUNDINGS:
+    raise ValueError(f'`method` must be one of {BOUNDINGS}; got {method!r}.')
+  per_layer = method.startswith('per_layer')
+  if per_layer and budgets is None:
+    raise ValueError(f'`budgets` is required for method {method!r}.')
+  if not per_layer and clip_norm is None:
+    raise ValueError(f'`clip_norm` is required for method {method!r}.')
+  if not per_layer and not tf.is_tensor(clip_norm):
+    _check_clip_norm_value(clip_norm)
+
+  leaves = _leaves(structure)
+  dtype = _compute_dtype(leaves)
+  # Norms and factors in float64: a finite float32 update whose norm exceeds
+  # float32's range is still clipped to the right direction, not zeroed.
+  wide = tf.float64
+  layer, total, finite, fast = _norms(leaves, dtype)
+  zero = tf.zeros([], wide)
+  one = tf.ones([], wide)
+
+  if per_layer:
+    budgets = tf.reshape(_sanitize_norm(budgets, wide), [-1])
+    if budgets.shape[0] is not None and budgets.shape[0] != len(leaves):
+      raise ValueError(
+          f'`budgets` has {budgets.shape[0]} entries but the structure has '
+          f'{len(leaves)} leaves.')
+    safe_layer = tf.where(layer > 0, layer, tf.ones_like(layer))
+    if method == 'per_layer_clip':
+      factors = tf.minimum(tf.ones_like(layer), budgets / safe_layer)
+    else:
+      factors = tf.where(layer > 0, budgets / safe_layer, tf.zeros_like(layer))
+    # A layer whose norm overflowed even float64 gets factor 0.
+    factors = tf.where(tf.math.is_finite(factors), factors,
+                       tf.zeros_like(factors))
+    was_bounded = (tf.reduce_any(layer > budgets) if leaves
+                   else tf.constant(False))
+  else:
+    norm = _sanitize_norm(clip_norm, wide)
+    safe_total = tf.where(total > 0, total, one)
+    if method == 'clip':
+      factor = tf.minimum(one, norm / safe_total)
+    else:
+      factor = tf.where(total > 0, norm / safe_total, zero)
+    factor = tf.where(tf.math.is_finite(factor), factor, zero)
+    factors = tf.fill([len(leaves)], factor)
+    was_bounded = total > norm
+
+  def scale_in(compute):
+    return lambda: _scale_leaves(
+        leaves, tf.unstack(tf.cast(factors, compute), num=len(leaves)),
+        compute)
+
+  def zeros():
+    return [tf.zeros_like(x) for x in leaves]
+
+  # The fast path scales in the leaves' compute dtype (its factors are in
+  # range); tiny or huge updates are scaled in float64. A non-finite update is
+  # replaced by zeros, never propagated (NaN * 0 is NaN, so the zeros are
+  # produced explicitly rather than by a zero factor).
+  if leaves:
+    scaled = tf.cond(
+        fast, scale_in(dtype),
+        lambda: tf.cond(finite, scale_in(wide), zeros))
+  else:
+    scaled = []
+  value = tf.nest.pack_sequence_as(structure, scaled)
+  return BoundedUpdate(
+      value=value,
+      global_norm=tf.cast(tf.where(finite, total, tf.constant(np.nan, wide)),
+                          tf.float32),
+      layer_norms=tf.cast(layer, tf.float32),
+      was_bounded=tf.logical_and(finite, was_bounded),
+      nonfinite=tf.logical_not(finite),
+  )
+
+
+def clip(structure, clip_norm):
+  """u * min(1, C / ||u||): global L2 clipping (seed 000 difference clipping)."""
+  return bound(structure, 'clip', clip_norm=clip_norm).value
+
+
+def normalize(structure, clip_norm):
+  """C u / ||u||: normalization (seed 003, DP-NormFedAvg). Zero stays zero."""
+  return bound(structure, 'normalize', clip_norm=clip_norm).value
+
+
+def clip_per_layer(structure, budgets):
+  """u_h * min(1, C_h / ||u_h||) for every leaf h (seed 002)."""
+  return bound(structure, 'per_layer_clip', budgets=budgets).value
+
+
+def normalize_per_layer(structure, budgets):
+  """C_h u_h / ||u_h|| for every leaf h; a zero leaf stays zero."""
+  return bound(structure, 'per_layer_normalize', budgets=budgets).value
