@@ -1,0 +1,508 @@
+"""Specifications of `tff_clip.optimizers`.
+
+LAMB and LARS are checked against NumPy re-implementations of their update
+rules written from the papers / optax (seed 002 Eq. (E.7); optax `lamb`,
+`lars`), not against the code under test.
+"""
+
+import collections
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clip import optimizers
+
+_NUM_STEPS = 5
+_TOLERANCE = 1e-5
+
+
+# ----------------------------------------------------------------------------
+# Helpers.
+
+
+def _weights():
+  """A small multi-leaf, nested structure with a zero-norm leaf (the bias)."""
+  return collections.OrderedDict(
+      dense=[
+          tf.constant([[0.5, -1.0], [1.5, 0.25], [-0.75, 2.0]], tf.float32),
+          tf.zeros([2], tf.float32),  # ||w_h|| = 0: trust ratio must be 1.
+      ],
+      scale=tf.constant(1.5, tf.float32),
+      frozen=tf.constant([0.3, -0.4], tf.float32),  # Its gradient is zero.
+  )
+
+
+def _gradient_sequence(num_steps=_NUM_STEPS, seed=0):
+  rng = np.random.default_rng(seed)
+  sequence = []
+  for _ in range(num_steps):
+    sequence.append(
+        collections.OrderedDict(
+            dense=[
+                tf.constant(rng.normal(size=[3, 2]), tf.float32),
+                tf.constant(rng.normal(size=[2]), tf.float32),
+            ],
+            scale=tf.constant(rng.normal(), tf.float32),
+            frozen=tf.zeros([2], tf.float32),  # ||u_h|| = 0 when no decay.
+        ))
+  return sequence
+
+
+def _specs(structure):
+  return tf.nest.map_structure(
+      lambda x: tf.TensorSpec(x.shape, x.dtype), structure)
+
+
+def _numpy(structure):
+  return [np.asarray(x, np.float64) for x in tf.nest.flatten(structure)]
+
+
+def _run(optimizer, weights, gradient_sequence):
+  """Runs the optimizer; returns the state and the weights after each step."""
+  state = optimizer.initialize(_specs(weights))
+  trajectory = []
+  for gradients in gradient_sequence:
+    state, weights = optimizer.next(state, weights, gradients)
+    trajectory.append(weights)
+  return state, trajectory
+
+
+def _global_norm(arrays):
+  return math.sqrt(sum(float(np.sum(np.square(a))) for a in arrays))
+
+
+def _trust_ratio(weight_norm, update_norm, trust_coefficient=1.0,
+                 epsilon=0.0):
+  if weight_norm == 0 or update_norm == 0:
+    return 1.0
+  return trust_coefficient * weight_norm / (update_norm + epsilon)
+
+
+def _lamb_reference(weights, gradient_sequence, learning_rates, beta_1=0.9,
+                    beta_2=0.999, epsilon=1e-6, weight_decay=0.0):
+  """LAMB (You et al. 2020, Alg. 2; seed 002 Eq. (E.7); optax `lamb`)."""
+  w = _numpy(weights)
+  m = [np.zeros_like(x) for x in w]
+  v = [np.zeros_like(x) for x in w]
+  trajectory = []
+  for t, (gradients, lr) in enumerate(
+      zip(gradient_sequence, learning_rates), start=1):
+    for h, g in enumerate(_numpy(gradients)):
+      m[h] = beta_1 * m[h] + (1 - beta_1) * g
+      v[h] = beta_2 * v[h] + (1 - beta_2) * g**2
+      u = (m[h] / (1 - beta_1**t)) / (
+          np.sqrt(v[h] / (1 - beta_2**t)) + epsilon) + weight_decay * w[h]
+      w[h] = w[h] - lr * _trust_ratio(np.linalg.norm(w[h]),
+                                      np.linalg.norm(u)) * u
+    trajectory.append([x.copy() for x in w])
+  return trajectory
+
+
+def _lars_reference(weights, gradient_sequence, learning_rates, momentum=0.9,
+                    weight_decay=0.0, trust_coefficient=0.001, epsilon=0.0,
+                    nesterov=False):
+  """LARS (You et al. 2017, Alg. 1) in optax's `lars` form."""
+  w = _numpy(weights)
+  trace = [np.zeros_like(x) for x in w]
+  trajectory = []
+  for gradients, lr in zip(gradient_sequence, learning_rates):
+    for h, g in enumerate(_numpy(gradients)):
+      d = g + weight_decay * w[h]
+      scaled = lr * _trust_ratio(np.linalg.norm(w[h]), np.linalg.norm(d),
+                                 trust_coefficient, epsilon) * d
+      trace[h] = scaled + momentum * trace[h]
+      w[h] = w[h] - (scaled + momentum * trace[h] if nesterov else trace[h])
+    trajectory.append([x.copy() for x in w])
+  return trajectory
+
+
+def _assert_trajectories_close(actual, expected):
+  assert len(actual) == len(expected)
+  for step, (got, want) in enumerate(zip(actual, expected)):
+    for leaf, (a, b) in enumerate(zip(_numpy(got), want)):
+      np.testing.assert_allclose(
+          a, b, rtol=0, atol=_TOLERANCE, err_msg=f'step {step}, leaf {leaf}')
+
+
+# ----------------------------------------------------------------------------
+# LAMB and LARS follow their update rules.
+
+
+@pytest.mark.parametrize('hparams', [
+    {},
+    dict(beta_1=0.8, beta_2=0.99, epsilon=1e-3, weight_decay=0.05),
+], ids=['optax_defaults', 'weight_decay'])
+def test_lamb_matches_numpy_reference(hparams):
+  learning_rate = 0.05
+  gradients = _gradient_sequence()
+  _, trajectory = _run(
+      optimizers.build_lamb(learning_rate, **hparams), _weights(), gradients)
+  expected = _lamb_reference(_weights(), gradients,
+                             [learning_rate] * _NUM_STEPS, **hparams)
+  _assert_trajectories_close(trajectory, expected)
+
+
+@pytest.mark.parametrize('hparams', [
+    {},
+    dict(momentum=0.5, weight_decay=0.01, trust_coefficient=0.02,
+         epsilon=1e-3, nesterov=True),
+], ids=['optax_defaults', 'weight_decay_nesterov'])
+def test_lars_matches_numpy_reference(hparams):
+  learning_rate = 0.5
+  gradients = _gradient_sequence()
+  _, trajectory = _run(
+      optimizers.build_lars(learning_rate, **hparams), _weights(), gradients)
+  expected = _lars_reference(_weights(), gradients,
+                             [learning_rate] * _NUM_STEPS, **hparams)
+  _assert_trajectories_close(trajectory, expected)
+
+
+def test_lamb_moves_a_zero_initialised_layer_with_trust_ratio_one():
+  weights = [tf.zeros([4])]
+  gradients = [tf.constant([1.0, -2.0, 3.0, -4.0])]
+  _, (new_weights,) = _run(optimizers.build_lamb(0.1), weights, [gradients])
+  # Step 1 of bias-corrected Adam is g / (|g| + eps) ~ sign(g).
+  np.testing.assert_allclose(new_weights[0], [-0.1, 0.1, -0.1, 0.1],
+                             atol=1e-6)
+
+
+@pytest.mark.parametrize('builder', [
+    lambda: optimizers.build_lamb(0.1),
+    lambda: optimizers.build_lars(0.1),
+], ids=['lamb', 'lars'])
+def test_layerwise_optimizers_leave_layers_without_gradient_untouched(builder):
+  weights = [tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0])]
+  optimizer = builder()
+  state = optimizer.initialize(_specs(weights))
+  state, new_weights = optimizer.next(state, weights,
+                                      [None, tf.constant([0.5, -0.5])])
+  np.testing.assert_array_equal(new_weights[0], [1.0, 2.0])
+  assert not np.allclose(new_weights[1], [3.0, 4.0])
+  np.testing.assert_array_equal(state['accumulator'][0], [0.0, 0.0])
+
+
+# ----------------------------------------------------------------------------
+# State and hyperparameters.
+
+
+@pytest.mark.parametrize('builder, expected', [
+    (lambda: optimizers.build_lamb(0.01),
+     collections.OrderedDict(learning_rate=0.01, beta_1=0.9, beta_2=0.999,
+                             epsilon=1e-6, weight_decay=0.0)),
+    (lambda: optimizers.build_lars(0.01),
+     collections.OrderedDict(learning_rate=0.01, momentum=0.9,
+                             weight_decay=0.0, trust_coefficient=0.001,
+                             epsilon=0.0)),
+], ids=['lamb', 'lars'])
+def test_hparams_round_trip_through_state(builder, expected):
+  optimizer = builder()
+  state = optimizer.initialize(_specs(_weights()))
+  assert optimizer.get_hparams(state) == expected
+
+  changed = collections.OrderedDict(
+      (key, value * 0.5 + 0.01) for key, value in expected.items())
+  new_state = optimizer.set_hparams(state, changed)
+
+  assert optimizer.get_hparams(new_state) == changed
+  assert optimizer.get_hparams(state) == expected  # Not mutated.
+  for key in set(state) - set(expected):  # Moments and step are kept.
+    tf.nest.map_structure(np.testing.assert_array_equal, new_state[key],
+                          state[key])
+
+
+def test_lamb_state_holds_step_count_and_moments():
+  weights = _weights()
+  state, _ = _run(optimizers.build_lamb(0.1), weights, _gradient_sequence(3))
+  assert int(state['step']) == 3
+  tf.nest.assert_same_structure(state['accumulator'], weights)
+  tf.nest.assert_same_structure(state['preconditioner'], weights)
+
+
+def test_set_hparams_rejects_unknown_names():
+  optimizer = optimizers.build_lamb(0.1)
+  state = optimizer.initialize(_specs(_weights()))
+  with pytest.raises(KeyError, match='momentum'):
+    optimizer.set_hparams(state, {'momentum': 0.9})
+
+
+@pytest.mark.parametrize('builder, reference', [
+    (optimizers.build_lamb, _lamb_reference),
+    (optimizers.build_lars, _lars_reference),
+], ids=['lamb', 'lars'])
+def test_schedule_learning_rate_drives_layerwise_optimizers(builder,
+                                                            reference):
+  schedule = optimizers.exponential_decay(0.1, 0.5)
+  scheduled = tff.learning.optimizers.schedule_learning_rate(
+      builder(123.0), schedule)  # The schedule overrides the 123.
+  gradients = _gradient_sequence()
+  state, trajectory = _run(scheduled, _weights(), gradients)
+
+  expected = reference(_weights(), gradients,
+                       [0.1 * 0.5**k for k in range(_NUM_STEPS)])
+  _assert_trajectories_close(trajectory, expected)
+  assert float(state['optimizer']['learning_rate']) == pytest.approx(
+      0.1 * 0.5**_NUM_STEPS)
+
+
+def test_exponential_decay_is_initial_times_rate_to_the_k():
+  schedule = optimizers.exponential_decay(0.2)
+  for k in range(4):
+    assert float(schedule(k)) == pytest.approx(0.2 * 0.99**k, rel=1e-6)
+    assert float(schedule(tf.constant(k, tf.int32))) == pytest.approx(
+        0.2 * 0.99**k, rel=1e-6)
+
+
+def test_server_sgdm_is_tff_sgdm_and_decays_with_schedule():
+  weights = _weights()
+  gradients = _gradient_sequence(3)
+  _, ours = _run(optimizers.build_server_sgdm(0.5, 0.8), weights, gradients)
+  _, tffs = _run(tff.learning.optimizers.build_sgdm(0.5, momentum=0.8),
+                 weights, gradients)
+  for a, b in zip(ours, tffs):
+    tf.nest.map_structure(np.testing.assert_array_equal, a, b)
+
+  decayed = tff.learning.optimizers.schedule_learning_rate(
+      optimizers.build_server_sgdm(1.0, 0.8), optimizers.exponential_decay(1.0))
+  state, _ = _run(decayed, weights, gradients)
+  assert float(state['optimizer']['learning_rate']) == pytest.approx(0.99**3)
+  assert float(state['optimizer']['momentum']) == pytest.approx(0.8)
+
+
+# ----------------------------------------------------------------------------
+# Per-step clipping.
+
+
+def _sgd(learning_rate=0.1):
+  return tff.learning.optimizers.build_sgdm(learning_rate)
+
+
+def _sgdm(learning_rate=0.1):
+  return tff.learning.optimizers.build_sgdm(learning_rate, momentum=0.9)
+
+
+def _adam(learning_rate=0.1):
+  return tff.learning.optimizers.build_adam(learning_rate)
+
+
+def _scaled_gradient_sequence(scales):
+  """Gradients whose global norms span tiny to huge."""
+  return [
+      tf.nest.map_structure(lambda x, s=scale: x * s, gradients)
+      for scale, gradients in zip(scales, _gradient_sequence(len(scales)))
+  ]
+
+
+def test_clipped_sgd_step_moves_weights_at_most_learning_rate_times_clip_norm():
+  learning_rate, clip_norm = 0.1, 0.5
+  scales = [1e-3, 0.1, 1.0, 10.0, 1e6, 1e30]
+  optimizer = optimizers.clipped_optimizer(_sgd(learning_rate), clip_norm)
+  previous = _weights()
+  _, trajectory = _run(optimizer, previous,
+                       _scaled_gradient_sequence(scales))
+  for scale, weights in zip(scales, trajectory):
+    step = [a - b for a, b in zip(_numpy(weights), _numpy(previous))]
+    step_norm = _global_norm(step)
+    assert step_norm <= learning_rate * clip_norm * (1 + 1e-5)
+    if scale >= 10.0:  # Clipped: the step is exactly lr * clip_norm long.
+      assert step_norm == pytest.approx(learning_rate * clip_norm, rel=1e-4)
+    previous = weights
+
+
+def test_clipped_optimizer_equals_inner_when_clip_norm_is_huge():
+  gradients = _gradient_sequence()
+  _, clipped = _run(optimizers.clipped_optimizer(_adam(), 1e30), _weights(),
+                    gradients)
+  _, plain = _run(_adam(), _weights(), gradients)
+  for a, b in zip(clipped, plain):
+    tf.nest.map_structure(np.testing.assert_array_equal, a, b)
+
+
+@pytest.mark.parametrize('inner', [_sgd, _sgdm, _adam],
+                         ids=['sgd', 'sgdm', 'adam'])
+def test_clipped_optimizer_keeps_weights_finite_on_nan_gradient(inner):
+  gradients = _gradient_sequence(3)
+  gradients[1]['dense'][0] = tf.fill([3, 2], np.nan)
+  gradients[2]['scale'] = tf.constant(np.inf, tf.float32)
+  _, trajectory = _run(
+      optimizers.clipped_optimizer(inner(), 1.0), _weights(), gradients)
+  for weights in trajectory:
+    assert all(np.all(np.isfinite(a)) for a in _numpy(weights))
+
+
+def test_clipped_sgd_skips_the_step_of_a_nan_gradient():
+  gradients = _gradient_sequence(2)
+  gradients[1]['scale'] = tf.constant(np.nan, tf.float32)
+  _, (after_first, after_nan) = _run(
+      optimizers.clipped_optimizer(_sgd(), 1.0), _weights(), gradients)
+  tf.nest.map_structure(np.testing.assert_array_equal, after_nan, after_first)
+
+
+@pytest.mark.parametrize('inner', [_sgdm, _adam], ids=['sgdm', 'adam'])
+def test_clipped_optimizer_is_inner_optimizer_on_clipped_gradients(inner):
+  clip_norm = 0.7
+  gradients = _scaled_gradient_sequence([0.1, 3.0, 1.0, 20.0])
+
+  def clip_in_numpy(structure):
+    norm = _global_norm(_numpy(structure))
+    factor = min(1.0, clip_norm / norm)
+    return tf.nest.map_structure(
+        lambda x: tf.constant(np.asarray(x, np.float64) * factor, tf.float32),
+        structure)
+
+  _, ours = _run(optimizers.clipped_optimizer(inner(), clip_norm), _weights(),
+                 gradients)
+  _, reference = _run(inner(), _weights(),
+                      [clip_in_numpy(g) for g in gradients])
+  _assert_trajectories_close(ours, [_numpy(w) for w in reference])
+
+
+def test_clipped_optimizer_state_and_hparams_are_the_inner_ones():
+  inner = _adam(0.3)
+  clipped = optimizers.clipped_optimizer(inner, 1.0)
+  specs = _specs(_weights())
+  state = clipped.initialize(specs)
+  tf.nest.map_structure(np.testing.assert_array_equal, state,
+                        inner.initialize(specs))
+  assert clipped.get_hparams(state) == inner.get_hparams(state)
+
+  state = clipped.set_hparams(state, {'learning_rate': 0.0})
+  _, new_weights = clipped.next(state, _weights(), _gradient_sequence(1)[0])
+  tf.nest.map_structure(np.testing.assert_array_equal, new_weights,
+                        _weights())
+
+
+def test_schedule_learning_rate_works_on_clipped_optimizer():
+  scheduled = tff.learning.optimizers.schedule_learning_rate(
+      optimizers.clipped_optimizer(_sgd(), 1.0),
+      optimizers.exponential_decay(0.1))
+  state, _ = _run(scheduled, _weights(), _gradient_sequence(2))
+  assert float(state['optimizer']['learning_rate']) == pytest.approx(
+      0.1 * 0.99**2)
+
+
+def test_clipped_optimizer_passes_none_gradients_through():
+  weights = [tf.constant([1.0, 1.0]), tf.constant([2.0])]
+  optimizer = optimizers.clipped_optimizer(_sgd(1.0), 1.0)
+  state = optimizer.initialize(_specs(weights))
+  _, new_weights = optimizer.next(state, weights,
+                                  [None, tf.constant([10.0])])
+  np.testing.assert_array_equal(new_weights[0], [1.0, 1.0])
+  np.testing.assert_allclose(new_weights[1], [1.0])
+
+
+# ----------------------------------------------------------------------------
+# Bad arguments fail at build time, naming the argument.
+
+
+@pytest.mark.parametrize('build, error, name', [
+    (lambda: optimizers.clipped_optimizer(_sgd(), 0.0), ValueError,
+     'clip_norm'),
+    (lambda: optimizers.clipped_optimizer(_sgd(), -1.0), ValueError,
+     'clip_norm'),
+    (lambda: optimizers.clipped_optimizer(_sgd(), float('nan')), ValueError,
+     'clip_norm'),
+    (lambda: optimizers.clipped_optimizer(_sgd(), float('inf')), ValueError,
+     'clip_norm'),
+    (lambda: optimizers.clipped_optimizer(_sgd(), 'big'), TypeError,
+     'clip_norm'),
+    (lambda: optimizers.clipped_optimizer(tf.keras.optimizers.SGD(), 1.0),
+     TypeError, 'inner_optimizer'),
+    (lambda: optimizers.clipped_optimizer(None, 1.0), TypeError,
+     'inner_optimizer'),
+    (lambda: optimizers.build_lamb(-0.1), ValueError, 'learning_rate'),
+    (lambda: optimizers.build_lamb(0.1, beta_1=1.0), ValueError, 'beta_1'),
+    (lambda: optimizers.build_lamb(0.1, beta_2=-0.1), ValueError, 'beta_2'),
+    (lambda: optimizers.build_lamb(0.1, epsilon=0.0), ValueError, 'epsilon'),
+    (lambda: optimizers.build_lamb(0.1, weight_decay=-1.0), ValueError,
+     'weight_decay'),
+    (lambda: optimizers.build_lars(float('nan')), ValueError, 'learning_rate'),
+    (lambda: optimizers.build_lars(0.1, momentum=1.0), ValueError,
+     'momentum'),
+    (lambda: optimizers.build_lars(0.1, weight_decay=-0.1), ValueError,
+     'weight_decay'),
+    (lambda: optimizers.build_lars(0.1, trust_coefficient=0.0), ValueError,
+     'trust_coefficient'),
+    (lambda: optimizers.build_lars(0.1, epsilon=-1e-9), ValueError,
+     'epsilon'),
+    (lambda: optimizers.build_lars(0.1, nesterov='yes'), TypeError,
+     'nesterov'),
+    (lambda: optimizers.build_server_sgdm(0.1, momentum=1.5), ValueError,
+     'momentum'),
+    (lambda: optimizers.exponential_decay(-1.0), ValueError,
+     'initial_learning_rate'),
+    (lambda: optimizers.exponential_decay(0.1, 0.0), ValueError,
+     'decay_rate'),
+])
+def test_bad_arguments_raise_naming_the_argument(build, error, name):
+  with pytest.raises(error, match=f'`{name}`'):
+    build()
+
+
+# ----------------------------------------------------------------------------
+# End to end: FedAvg with clipped local SGD and a LAMB server.
+
+_NUM_ROUNDS = 2
+
+
+def _model_fn():
+  keras_model = tf.keras.Sequential([
+      tf.keras.layers.InputLayer(input_shape=(3,)),
+      tf.keras.layers.Dense(2),
+  ])
+  return tff.learning.models.from_keras_model(
+      keras_model,
+      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      input_spec=(tf.TensorSpec([None, 3], tf.float32),
+                  tf.TensorSpec([None], tf.int32)))
+
+
+def _client_datasets(num_clients=3, num_examples=8):
+  rng = np.random.default_rng(1)
+  datasets = []
+  for client in range(num_clients):
+    features = rng.normal(size=[num_examples, 3]).astype(np.float32)
+    # One client has wild features: per-step clipping must tame its steps.
+    features *= 1e3 if client == 0 else 1.0
+    labels = (features[:, 0] > 0).astype(np.int32)
+    datasets.append(
+        tf.data.Dataset.from_tensor_slices((features, labels)).batch(4))
+  return datasets
+
+
+@pytest.fixture(scope='module')
+def fed_avg_run():
+  """Builds the TFF process once (tracing is slow) and runs two rounds."""
+  process = tff.learning.algorithms.build_weighted_fed_avg(
+      _model_fn,
+      client_optimizer_fn=optimizers.clipped_optimizer(
+          tff.learning.optimizers.build_sgdm(0.1), 1.0),
+      server_optimizer_fn=optimizers.build_lamb(0.01))
+  state = process.initialize()
+  initial_weights = process.get_model_weights(state)
+  data = _client_datasets()
+  losses = []
+  for _ in range(_NUM_ROUNDS):
+    output = process.next(state, data)
+    state = output.state
+    losses.append(output.metrics['client_work']['train']['loss'])
+  return state, process.get_model_weights(state), initial_weights, losses
+
+
+def test_fed_avg_with_clipped_clients_and_lamb_server_trains_finitely(
+    fed_avg_run):
+  _, weights, initial_weights, losses = fed_avg_run
+  assert len(losses) == _NUM_ROUNDS
+  assert all(math.isfinite(loss) for loss in losses)
+  trainable = [np.asarray(x) for x in weights.trainable]
+  assert all(np.all(np.isfinite(x)) for x in trainable)
+  assert any(not np.array_equal(a, np.asarray(b))
+             for a, b in zip(trainable, initial_weights.trainable))
+
+
+def test_fed_avg_lamb_server_state_counts_rounds(fed_avg_run):
+  state, _, _, _ = fed_avg_run
+  assert int(state.finalizer['step']) == _NUM_ROUNDS
+  assert float(state.finalizer['learning_rate']) == pytest.approx(0.01)
