@@ -5,7 +5,9 @@ Pure TensorFlow over `tf.nest` structures, usable inside any `tf.function` or
 `tff_clip.aggregators` are thin wrappers around these functions.
 
 One "layer" is one leaf tensor of the structure (the unit the per-layer
-clipping code of Pelikan et al., NeurIPS 2025 -- seed 002 -- uses).
+clipping code of Pelikan et al., NeurIPS 2025 -- seed 002 -- uses), in
+`tf.nest.flatten` order (mapping keys sorted; for TFF model weights, the
+order of the Keras model's variables). Every [H] vector here uses that order.
 
 Guarantees, for every function here and every split:
   * the L2 norm of the bounded structure is <= the clip norm (up to the float
@@ -49,6 +51,7 @@ __all__ = [
     'leaf_sizes',
     'normalize',
     'normalize_per_layer',
+    'round_down_to_float32',
 ]
 
 SPLITS = ('uniform', 'dim')
@@ -341,7 +344,21 @@ def layer_budgets(structure_or_type_spec, clip_norm, split: Split) -> tf.Tensor:
     _check_clip_norm_value(clip_norm)
   fractions = layer_budget_fractions(
       structure_or_type_spec, split, clip_norm if static else None)
-  return tf.cast(clip_norm, tf.float32) * tf.constant(fractions, tf.float32)
+  exact = (tf.constant(clip_norm, tf.float64) if static else
+           tf.cast(clip_norm, tf.float64)) * tf.constant(fractions, tf.float64)
+  return round_down_to_float32(exact)
+
+
+def round_down_to_float32(values: tf.Tensor) -> tf.Tensor:
+  """float64 -> float32, rounding toward zero, never up.
+
+  Budgets rounded up would let sqrt(sum C_h^2) exceed C by a float32 ulp: the
+  sensitivity must not depend on rounding luck.
+  """
+  nearest = tf.cast(values, tf.float32)
+  too_big = tf.abs(tf.cast(nearest, tf.float64)) > tf.abs(values)
+  return tf.where(too_big, tf.math.nextafter(nearest, tf.zeros_like(nearest)),
+                  nearest)
 
 
 # ----------------------------------------------------------------------------
@@ -350,7 +367,10 @@ def layer_budgets(structure_or_type_spec, clip_norm, split: Split) -> tf.Tensor:
 
 def _sanitize_norm(norm, dtype):
   """A broken (NaN, Inf, negative) in-graph norm bounds to zero."""
-  norm = tf.cast(norm, dtype)
+  # A Python float goes straight to `dtype` (tf.cast would round it through
+  # float32 first, and could round it up).
+  norm = tf.cast(norm, dtype) if tf.is_tensor(norm) else tf.constant(
+      norm, dtype)
   return tf.where(tf.math.is_finite(norm) & (norm >= 0), norm,
                   tf.zeros_like(norm))
 

@@ -1,0 +1,299 @@
+"""Specification of the bounding core (`tff_clip.bounding`)."""
+
+import math
+
+from hypothesis import given, settings, strategies as st
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tff_clip import bounding
+
+DTYPES = [np.float16, tf.bfloat16.as_numpy_dtype, np.float32, np.float64]
+# Relative slack on `norm <= C` from rounding the bounded values to the leaf
+# dtype (bfloat16 keeps 8 bits of mantissa).
+RTOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-6,
+        np.dtype(np.float64): 1e-12}
+
+
+def _rtol(dtype):
+  return RTOL.get(np.dtype(dtype), 1e-2)  # bfloat16
+
+
+def _np_norm(structure):
+  leaves = [np.asarray(x, np.float64) for x in tf.nest.flatten(structure)]
+  return math.sqrt(sum(float(np.sum(x**2)) for x in leaves))
+
+
+# ----------------------------------------------------------------------------
+# Random nested structures of any float dtype, with zeros, empties, scalars,
+# huge and tiny magnitudes.
+
+
+@st.composite
+def leaf(draw):
+  dtype = draw(st.sampled_from(DTYPES))
+  shape = draw(st.lists(st.integers(0, 4), min_size=0, max_size=3))
+  size = int(np.prod(shape)) if shape else 1
+  kind = draw(st.sampled_from(['normal', 'zeros', 'huge', 'tiny']))
+  seed = draw(st.integers(0, 2**31 - 1))
+  rng = np.random.default_rng(seed)
+  values = rng.standard_normal(size)
+  if kind == 'zeros':
+    values = np.zeros(size)
+  elif kind == 'huge':
+    limit = float(np.finfo(np.float16 if dtype == np.float16 else
+                           np.float32).max)
+    values = values * (limit / 4)
+  elif kind == 'tiny':
+    values = values * 1e-6 if dtype in (np.float16,) else values * 1e-30
+  values = np.clip(values, -6e4, 6e4) if dtype == np.float16 else values
+  return tf.constant(values.reshape(shape).astype(dtype))
+
+
+structures = st.recursive(
+    leaf(),
+    lambda children: st.one_of(
+        st.lists(children, min_size=1, max_size=3),
+        st.dictionaries(st.sampled_from('abcd'), children, min_size=1,
+                        max_size=3)),
+    max_leaves=6)
+
+norms = st.floats(min_value=1e-3, max_value=1e3)
+
+
+def _max_rtol(structure):
+  return max(_rtol(x.dtype.as_numpy_dtype) for x in tf.nest.flatten(structure))
+
+
+def _assert_bounded(result, clip_norm, structure):
+  assert all(np.all(np.isfinite(np.asarray(x, np.float64)))
+             for x in tf.nest.flatten(result))
+  assert _np_norm(result) <= clip_norm * (1 + _max_rtol(structure)) + 1e-30
+
+
+@settings(max_examples=60, deadline=None)
+@given(structures, norms)
+def test_clip_bounds_norm_for_any_finite_structure(structure, clip_norm):
+  _assert_bounded(bounding.clip(structure, clip_norm), clip_norm, structure)
+
+
+@settings(max_examples=60, deadline=None)
+@given(structures, norms)
+def test_normalize_bounds_norm_for_any_finite_structure(structure, clip_norm):
+  _assert_bounded(bounding.normalize(structure, clip_norm), clip_norm,
+                  structure)
+
+
+@settings(max_examples=40, deadline=None)
+@given(structures, norms, st.sampled_from(['uniform', 'dim']))
+def test_per_layer_boundings_bound_norm_for_any_split(structure, clip_norm,
+                                                      split):
+  budgets = bounding.layer_budgets(structure, clip_norm, split)
+  _assert_bounded(bounding.clip_per_layer(structure, budgets), clip_norm,
+                  structure)
+  _assert_bounded(bounding.normalize_per_layer(structure, budgets), clip_norm,
+                  structure)
+
+
+@settings(max_examples=30, deadline=None)
+@given(structures, st.sampled_from(bounding.BOUNDINGS),
+       st.sampled_from([np.nan, np.inf, -np.inf]))
+def test_nonfinite_update_becomes_zeros_and_is_counted(structure, method, bad):
+  leaves = tf.nest.flatten(structure)
+  poisoned = [x for x in leaves if x.shape.num_elements()]
+  if not poisoned:
+    return
+  target = poisoned[0]
+  flat = np.array(target.numpy(), dtype=np.float64).reshape(-1)
+  flat[0] = bad
+  new_leaf = tf.constant(flat.reshape(target.shape).astype(
+      target.dtype.as_numpy_dtype))
+  leaves = [new_leaf if x is target else x for x in leaves]
+  structure = tf.nest.pack_sequence_as(structure, leaves)
+  budgets = bounding.layer_budgets(structure, 1.0, 'dim')
+  result = bounding.bound(structure, method, clip_norm=1.0, budgets=budgets)
+  assert bool(result.nonfinite)
+  for x in tf.nest.flatten(result.value):
+    np.testing.assert_array_equal(np.asarray(x, np.float64), 0.0)
+
+
+def test_clip_is_identity_below_the_norm():
+  update = {'w': tf.constant([[0.3, -0.4]]), 'b': tf.constant([0.1])}
+  result = bounding.clip(update, 1.0)
+  tf.nest.map_structure(np.testing.assert_array_equal, result, update)
+
+
+def test_clip_scales_to_the_norm_above_it():
+  result = bounding.clip([tf.constant([3.0, 4.0])], 1.0)
+  np.testing.assert_allclose(result[0], [0.6, 0.8], rtol=1e-6)
+
+
+def test_clip_and_normalize_agree_when_every_norm_exceeds_clip_norm():
+  # Das et al. (seed 003): normalization equals clipping once all client
+  # norms are >= C, so the aggregates agree too.
+  rng = np.random.default_rng(0)
+  updates = [[tf.constant(rng.normal(size=5) * 10, tf.float32),
+              tf.constant(rng.normal(size=[2, 3]) * 10, tf.float32)]
+             for _ in range(8)]
+  clip_norm = 0.5
+  assert all(float(bounding.global_l2_norm(u)) >= clip_norm for u in updates)
+  clipped = [bounding.clip(u, clip_norm) for u in updates]
+  normalized = [bounding.normalize(u, clip_norm) for u in updates]
+  mean = lambda us: [np.mean([u[i] for u in us], axis=0) for i in range(2)]
+  for a, b in zip(mean(clipped), mean(normalized)):
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+def test_normalize_scales_small_updates_up_to_the_norm():
+  result = bounding.normalize([tf.constant([0.03, 0.04])], 2.0)
+  np.testing.assert_allclose(result[0], [1.2, 1.6], rtol=1e-6)
+
+
+def test_normalize_keeps_zero_update_zero():
+  result = bounding.normalize({'a': tf.zeros([3]), 'b': tf.zeros([])}, 1.0)
+  for x in tf.nest.flatten(result):
+    np.testing.assert_array_equal(x, 0.0)
+
+
+def test_huge_finite_update_is_clipped_not_zeroed():
+  result = bounding.clip([tf.constant([3e38, 3e38], tf.float32)], 1.0)
+  np.testing.assert_allclose(result[0], [0.70710677] * 2, rtol=1e-6)
+
+
+def test_tiny_update_is_normalized_not_divided_by_zero():
+  # 1e-30 squared underflows float32 (TF also flushes subnormals to zero).
+  result = bounding.normalize([tf.constant([1e-30, 0.0], tf.float32)], 1.0)
+  np.testing.assert_allclose(result[0], [1.0, 0.0], rtol=1e-6)
+
+
+def test_float16_update_normalized_without_overflow():
+  result = bounding.normalize([tf.constant([1e-4, 0.0], tf.float16)], 100.0)
+  assert result[0].dtype == tf.float16
+  np.testing.assert_allclose(np.asarray(result[0], np.float32), [100.0, 0.0],
+                             rtol=1e-3)
+
+
+def test_broken_in_graph_clip_norm_bounds_to_zero():
+  update = [tf.constant([3.0, 4.0])]
+  for bad in [np.nan, np.inf, -1.0]:
+    result = bounding.clip(update, tf.constant(bad, tf.float32))
+    np.testing.assert_array_equal(result[0], 0.0)
+
+
+def test_bounding_works_inside_tf_function():
+  fn = tf.function(lambda u, c: bounding.normalize(u, c))
+  result = fn([tf.constant([3.0, 4.0])], tf.constant(1.0))
+  np.testing.assert_allclose(result[0], [0.6, 0.8], rtol=1e-6)
+
+
+def test_global_and_layer_norms():
+  structure = {'a': tf.constant([3.0, 4.0]), 'b': tf.ones([2, 2], tf.float16)}
+  np.testing.assert_allclose(bounding.global_l2_norm(structure),
+                             math.sqrt(29.0), rtol=1e-6)
+  np.testing.assert_allclose(bounding.layer_l2_norms(structure), [5.0, 2.0],
+                             rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------
+# Per-layer budgets (seed 002).
+
+
+STRUCTURE = {'kernel': tf.zeros([4, 5]), 'bias': tf.zeros([5]),
+             'scale': tf.zeros([])}  # leaves, sorted keys: bias, kernel, scale
+
+
+def test_dim_budgets_equal_closed_form():
+  budgets = bounding.layer_budgets(STRUCTURE, 2.0, 'dim')
+  sizes = np.array([5, 20, 1], np.float64)
+  np.testing.assert_allclose(budgets, 2.0 * np.sqrt(sizes / sizes.sum()),
+                             rtol=1e-6)
+
+
+def test_uniform_budgets_are_c_over_sqrt_h():
+  budgets = bounding.layer_budgets(STRUCTURE, 3.0, 'uniform')
+  np.testing.assert_allclose(budgets, [3.0 / math.sqrt(3)] * 3, rtol=1e-6)
+
+
+def test_weighted_budgets_follow_alpha_d():
+  alpha = [2.0, 1.0, 4.0]
+  budgets = bounding.layer_budgets(STRUCTURE, 1.0, alpha)
+  mass = np.array(alpha) * np.array([5, 20, 1])
+  np.testing.assert_allclose(budgets, np.sqrt(mass / mass.sum()), rtol=1e-6)
+
+
+@pytest.mark.parametrize('split', ['uniform', 'dim', [1.0, 2.0, 3.0],
+                                   bounding.ExplicitBudgets([0.6, 0.8, 0.0])])
+def test_budgets_satisfy_sum_rule(split):
+  budgets = bounding.layer_budgets(STRUCTURE, 1.0, split)
+  np.testing.assert_allclose(np.sum(np.square(budgets)), 1.0, rtol=1e-6)
+
+
+def test_budgets_accept_tensor_specs_and_tff_types():
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  specs = tf.nest.map_structure(lambda x: tf.TensorSpec(x.shape, x.dtype),
+                                STRUCTURE)
+  expected = bounding.layer_budgets(STRUCTURE, 1.0, 'dim')
+  np.testing.assert_allclose(bounding.layer_budgets(specs, 1.0, 'dim'),
+                             expected)
+  tff_type = tff.types.tensorflow_to_type(specs)
+  np.testing.assert_allclose(bounding.layer_budgets(tff_type, 1.0, 'dim'),
+                             expected)
+
+
+def test_per_layer_with_one_leaf_equals_global():
+  update = [tf.constant([[3.0, 4.0], [1.0, 2.0]])]
+  budgets = bounding.layer_budgets(update, 1.5, 'dim')
+  np.testing.assert_allclose(budgets, [1.5], rtol=1e-6)
+  np.testing.assert_allclose(bounding.clip_per_layer(update, budgets)[0],
+                             bounding.clip(update, 1.5)[0], rtol=1e-6)
+  np.testing.assert_allclose(bounding.normalize_per_layer(update, budgets)[0],
+                             bounding.normalize(update, 1.5)[0], rtol=1e-6)
+
+
+def test_per_layer_clip_bounds_each_layer_by_its_budget():
+  update = {'a': tf.constant([30.0, 40.0]), 'b': tf.constant([0.01])}
+  budgets = bounding.layer_budgets(update, 1.0, 'uniform')
+  result = bounding.clip_per_layer(update, budgets)
+  np.testing.assert_allclose(np.linalg.norm(result['a']), 1 / math.sqrt(2),
+                             rtol=1e-6)
+  np.testing.assert_allclose(result['b'], [0.01])
+
+
+# ----------------------------------------------------------------------------
+# Bad input.
+
+
+@pytest.mark.parametrize('bad', [0.0, -1.0, float('nan'), float('inf')])
+def test_bad_clip_norm_is_rejected_naming_it(bad):
+  with pytest.raises(ValueError, match='clip_norm'):
+    bounding.clip([tf.constant([1.0])], bad)
+  with pytest.raises(ValueError, match='clip_norm'):
+    bounding.layer_budgets(STRUCTURE, bad, 'dim')
+
+
+def test_unknown_split_is_rejected_naming_it():
+  with pytest.raises(ValueError, match='split'):
+    bounding.layer_budgets(STRUCTURE, 1.0, 'by_magic')
+
+
+def test_weights_must_cover_every_layer():
+  with pytest.raises(ValueError, match='split'):
+    bounding.layer_budgets(STRUCTURE, 1.0, [1.0, 2.0])
+
+
+@pytest.mark.parametrize('weights', [[1.0, 0.0, 1.0], [1.0, -2.0, 1.0]])
+def test_nonpositive_weights_are_rejected(weights):
+  with pytest.raises(ValueError, match='split'):
+    bounding.layer_budgets(STRUCTURE, 1.0, weights)
+
+
+def test_explicit_budgets_must_satisfy_sum_rule():
+  with pytest.raises(ValueError, match='sum rule'):
+    bounding.layer_budgets(STRUCTURE, 1.0,
+                           bounding.ExplicitBudgets([0.5, 0.5, 0.5]))
+
+
+def test_integer_leaves_are_rejected():
+  with pytest.raises(TypeError, match='float'):
+    bounding.clip([tf.constant([1, 2])], 1.0)
