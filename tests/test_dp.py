@@ -1,0 +1,352 @@
+"""Specification of the DP factories and queries (`tff_clip.dp`)."""
+
+import collections
+import math
+
+import dp_accounting
+from hypothesis import given, settings, strategies as st
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clip import bounding
+from tff_clip import dp
+
+# Two layers of different sizes: 'dim' budgets differ between them.
+VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
+    a=(np.float32, [3000]), b=(np.float32, [5000])))
+SIZES = {'a': 3000, 'b': 5000}
+
+
+def _zeros(num_clients):
+  return [collections.OrderedDict((k, np.zeros(s, np.float32))
+                                  for k, s in SIZES.items())] * num_clients
+
+
+# ----------------------------------------------------------------------------
+# Noise: isotropic N(0, (z S)^2 I) on the sum, S = C for every bounding.
+
+
+@pytest.mark.parametrize('method', bounding.BOUNDINGS)
+def test_noise_std_is_z_c_over_denominator_and_equal_across_layers(method):
+  z, clip_norm, n = 1.5, 2.0, 10.0
+  factory = dp.dp_factory(method, z, n, clip_norm=clip_norm, split='dim',
+                          noise_seed=1)
+  process = factory.create(VALUE_TYPE)
+  output = process.next(process.initialize(), _zeros(4))
+  expected = z * clip_norm / n
+  for key in SIZES:
+    # Std of 3000+ samples: relative standard error < 1.3%; allow 5%.
+    assert np.std(output.result[key]) == pytest.approx(expected, rel=0.05)
+    assert abs(np.mean(output.result[key])) < 4 * expected / math.sqrt(3000)
+
+
+def test_per_layer_noise_is_not_per_layer_budget_scaled():
+  # The trap: one Gaussian query per layer would give layer h std z C_h.
+  z, clip_norm, n = 1.0, 1.0, 1.0
+  process = dp.dp_factory('per_layer_clip', z, n, clip_norm=clip_norm,
+                          split='dim', noise_seed=2).create(VALUE_TYPE)
+  output = process.next(process.initialize(), _zeros(1))
+  budgets = bounding.layer_budgets(VALUE_TYPE, clip_norm, 'dim').numpy()
+  stds = [np.std(output.result[key]) for key in sorted(SIZES)]
+  assert stds[0] == pytest.approx(stds[1], rel=0.06)
+  assert stds[0] > 1.5 * budgets[0]  # z C_a would be 0.61; z C is 1.
+
+
+def test_client_noise_placement_gives_the_central_aggregate_noise():
+  z, clip_norm, n = 1.0, 1.0, 16
+  central = dp.dp_factory('clip', z, n, clip_norm=clip_norm, noise_seed=3)
+  client = dp.dp_factory('clip', z, n, clip_norm=clip_norm,
+                         noise_placement='client')
+  stds = []
+  for factory in (central, client):
+    process = factory.create(VALUE_TYPE)
+    output = process.next(process.initialize(), _zeros(n))
+    stds.append(np.std(np.concatenate([output.result['a'],
+                                       output.result['b']])))
+  assert stds[0] == pytest.approx(z * clip_norm / n, rel=0.05)
+  assert stds[1] == pytest.approx(stds[0], rel=0.05)
+
+
+def test_seeded_noise_is_reproducible_and_changes_every_round():
+  process = dp.dp_factory('clip', 1.0, 5.0, clip_norm=1.0,
+                          noise_seed=7).create(VALUE_TYPE)
+  state = process.initialize()
+  first = process.next(state, _zeros(2))
+  again = process.next(state, _zeros(2))
+  second = process.next(first.state, _zeros(2))
+  np.testing.assert_array_equal(first.result['a'], again.result['a'])
+  assert not np.allclose(first.result['a'], second.result['a'])
+
+
+def test_zero_noise_multiplier_gives_mean_of_bounded_updates():
+  rng = np.random.default_rng(0)
+  clients = [collections.OrderedDict(
+      (k, rng.normal(size=s).astype(np.float32)) for k, s in SIZES.items())
+             for _ in range(3)]
+  process = dp.dp_factory('normalize', 0.0, 3.0,
+                          clip_norm=1.0).create(VALUE_TYPE)
+  output = process.next(process.initialize(), clients)
+  expected = [bounding.normalize(c, 1.0) for c in clients]
+  for key in SIZES:
+    np.testing.assert_allclose(
+        output.result[key], np.mean([e[key] for e in expected], axis=0),
+        rtol=1e-5, atol=1e-7)
+
+
+def test_actual_denominator_divides_by_clients_present():
+  clients = [collections.OrderedDict(a=np.full(3000, 0.01, np.float32),
+                                     b=np.zeros(5000, np.float32))] * 4
+  process = dp.dp_factory('clip', 0.0, 100.0, clip_norm=10.0,
+                          denominator='actual').create(VALUE_TYPE)
+  output = process.next(process.initialize(), clients)
+  np.testing.assert_allclose(output.result['a'], 0.01, rtol=1e-5)
+
+
+def test_nonfinite_client_does_not_poison_the_aggregate():
+  clients = _zeros(3)
+  clients[1] = collections.OrderedDict(
+      a=np.full(3000, np.nan, np.float32), b=np.full(5000, np.inf, np.float32))
+  process = dp.dp_factory('clip', 1.0, 3.0, clip_norm=1.0,
+                          noise_seed=0).create(VALUE_TYPE)
+  output = process.next(process.initialize(), clients)
+  assert all(np.all(np.isfinite(output.result[k])) for k in SIZES)
+
+
+# ----------------------------------------------------------------------------
+# Sensitivity: one client added or removed moves the noiseless sum by <= S.
+
+
+@st.composite
+def client_update(draw):
+  kind = draw(st.sampled_from(['normal', 'huge', 'nan', 'inf', 'zero',
+                               'tiny']))
+  seed = draw(st.integers(0, 2**31 - 1))
+  rng = np.random.default_rng(seed)
+  a, b = rng.normal(size=6), rng.normal(size=[2, 3])
+  if kind == 'huge':
+    a, b = a * 1e37, b * 1e37
+  elif kind == 'nan':
+    a[0] = np.nan
+  elif kind == 'inf':
+    b[0, 0] = -np.inf
+  elif kind == 'zero':
+    a, b = a * 0, b * 0
+  elif kind == 'tiny':
+    a, b = a * 1e-30, b * 1e-30
+  return collections.OrderedDict(a=tf.constant(a, tf.float32),
+                                 b=tf.constant(b, tf.float32))
+
+
+def _noiseless_sum(query, records):
+  params = query.derive_sample_params(query.initial_global_state())
+  total = query.initial_sample_state(
+      collections.OrderedDict(a=tf.TensorSpec([6]), b=tf.TensorSpec([2, 3])))
+  for record in records:
+    total = query.accumulate_record(params, total, record)
+  return total
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(client_update(), min_size=0, max_size=4), client_update(),
+       st.sampled_from(bounding.BOUNDINGS),
+       st.sampled_from(['uniform', 'dim']),
+       st.floats(0.01, 100.0))
+def test_one_client_moves_the_noiseless_sum_by_at_most_s(cohort, extra, method,
+                                                         split, clip_norm):
+  structure = collections.OrderedDict(a=tf.zeros([6]), b=tf.zeros([2, 3]))
+  fractions = bounding.layer_budget_fractions(structure, split)
+  query = dp.BoundedGaussianSumQuery(method, clip_norm, 0.0, fractions)
+  without = _noiseless_sum(query, cohort)
+  with_extra = _noiseless_sum(query, cohort + [extra])
+  moved = math.sqrt(sum(
+      float(np.sum(np.square(np.float64(x) - np.float64(y))))
+      for x, y in zip(tf.nest.flatten(with_extra), tf.nest.flatten(without))))
+  assert moved <= clip_norm * (1 + 1e-5)
+
+
+# ----------------------------------------------------------------------------
+# Adaptive clipping: C tracks the target quantile (Andrew et al. 2021).
+
+
+def _run_adaptive(query, records, rounds):
+  """Runs `rounds` rounds of `query` on fixed records (one traced round)."""
+  stacked = tf.nest.map_structure(lambda *xs: tf.stack(xs), *records)
+  template = tf.nest.map_structure(lambda x: tf.TensorSpec(x.shape),
+                                   records[0])
+  state = query.initial_global_state()
+  params = query.derive_sample_params(state)
+  signature = tf.nest.map_structure(
+      lambda t: tf.TensorSpec(t.shape, t.dtype),
+      query.preprocess_record(params, records[0]))
+
+  @tf.function
+  def one_round(state):
+    params = query.derive_sample_params(state)
+    preprocessed = tf.map_fn(
+        lambda record: query.preprocess_record(params, record), stacked,
+        fn_output_signature=signature)
+    sample = tf.nest.map_structure(lambda x: tf.reduce_sum(x, axis=0),
+                                   preprocessed)
+    sample = tf.nest.map_structure(
+        tf.add, query.initial_sample_state(template), sample)
+    _, new_state, _ = query.get_noised_result(sample, state)
+    return new_state
+
+  for _ in range(rounds):
+    state = one_round(state)
+  return state
+
+
+def _lognormal_clients(num_clients, medians, seed=0):
+  """Clients whose layer norms are log-normal around the given medians."""
+  rng = np.random.default_rng(seed)
+  clients = []
+  for _ in range(num_clients):
+    update = collections.OrderedDict()
+    for key, median in medians.items():
+      direction = rng.normal(size=10)
+      direction /= np.linalg.norm(direction)
+      norm = median * math.exp(rng.normal(scale=0.5))
+      update[key] = tf.constant(direction * norm, tf.float32)
+    clients.append(update)
+  return clients
+
+
+def _empirical_quantile(clients, key, quantile):
+  if key is None:
+    norms = [float(bounding.global_l2_norm(c)) for c in clients]
+  else:
+    norms = [float(np.linalg.norm(c[key])) for c in clients]
+  return float(np.quantile(norms, quantile))
+
+
+def _adaptive_query(factory, structure):
+  return factory._build_query(  # pylint: disable=protected-access
+      tff.types.tensorflow_to_type(tf.nest.map_structure(
+          lambda x: tf.TensorSpec(x.shape, x.dtype), structure)))
+
+
+@pytest.mark.parametrize('z, tolerance', [(0.0, 0.10), (1.0, 0.25)])
+def test_adaptive_global_norm_reaches_target_quantile(z, tolerance):
+  clients = _lognormal_clients(100, {'a': 1.0, 'b': 2.0})
+  factory = dp.dp_factory('clip', z, 100.0, clip_norm='adaptive',
+                          target_quantile=0.7, noise_seed=5)
+  state = _run_adaptive(_adaptive_query(factory, clients[0]), clients, 100)
+  clip_norm = float(state.numerator_state.sum_state.clip_norm)
+  target = _empirical_quantile(clients, None, 0.7)
+  assert clip_norm == pytest.approx(target, rel=tolerance)
+
+
+@pytest.mark.parametrize('z, tolerance', [(0.0, 0.10), (0.5, 0.25)])
+def test_per_layer_adaptive_norms_reach_each_layers_quantile(z, tolerance):
+  clients = _lognormal_clients(100, {'a': 0.5, 'b': 5.0})
+  factory = dp.dp_factory('per_layer_clip', z, 100.0, clip_norm='adaptive',
+                          per_layer_quantiles=True, noise_seed=6)
+  state = _run_adaptive(_adaptive_query(factory, clients[0]), clients, 100)
+  budgets = state.numerator_state.sum_state.clip_norm.numpy()
+  for i, key in enumerate(['a', 'b']):
+    target = _empirical_quantile(clients, key, 0.5)
+    assert budgets[i] == pytest.approx(target, rel=tolerance)
+
+
+def test_adaptive_normalize_scale_tracks_the_quantile():
+  clients = _lognormal_clients(100, {'a': 3.0, 'b': 3.0})
+  factory = dp.dp_factory('normalize', 0.0, 100.0, clip_norm='adaptive')
+  state = _run_adaptive(_adaptive_query(factory, clients[0]), clients, 100)
+  target = _empirical_quantile(clients, None, 0.5)
+  assert float(state.numerator_state.sum_state.clip_norm) == pytest.approx(
+      target, rel=0.10)
+
+
+@pytest.mark.parametrize('per_layer', [False, True])
+def test_adaptive_round_is_exactly_as_private_as_requested_z(per_layer):
+  z = 0.8
+  structure = collections.OrderedDict(a=tf.zeros([4]), b=tf.zeros([3]),
+                                      c=tf.zeros([2]))
+  factory = dp.dp_factory('per_layer_clip' if per_layer else 'clip', z, 100.0,
+                          clip_norm='adaptive', per_layer_quantiles=per_layer)
+  query = _adaptive_query(factory, structure)
+  state = query.initial_global_state()
+  sample = query.initial_sample_state(tf.nest.map_structure(
+      lambda x: tf.TensorSpec(x.shape), structure))
+  _, _, event = query.get_noised_result(sample, state)
+  assert isinstance(event, dp_accounting.ComposedDpEvent)
+  combined = sum(float(e.noise_multiplier)**-2 for e in event.events)**-0.5
+  assert combined == pytest.approx(z, rel=1e-5)
+
+
+def test_too_small_count_noise_for_per_layer_quantiles_is_rejected():
+  # sigma_b = 12/20 = 0.6 suffices for one count (z < 2 sigma_b) but not for
+  # two per-layer counts (needs sigma_b > sqrt(2) z / 2 = 0.707).
+  factory = dp.dp_factory('per_layer_clip', 1.0, 12.0, clip_norm='adaptive',
+                          per_layer_quantiles=True)
+  with pytest.raises(ValueError, match='clipped_count_stddev'):
+    factory.create(VALUE_TYPE)
+
+
+# ----------------------------------------------------------------------------
+# Bad input, at construction.
+
+
+@pytest.mark.parametrize('kwargs, argument', [
+    (dict(noise_multiplier=-1.0), 'noise_multiplier'),
+    (dict(noise_multiplier=float('nan')), 'noise_multiplier'),
+    (dict(clients_per_round=0.0), 'clients_per_round'),
+    (dict(clip_norm=0.0), 'clip_norm'),
+    (dict(clip_norm='sometimes'), 'clip_norm'),
+    (dict(clip_learning_rate=0.0), 'clip_learning_rate'),
+    (dict(clip_learning_rate=-0.1), 'clip_learning_rate'),
+    (dict(target_quantile=1.5), 'target_quantile'),
+    (dict(initial_clip_norm=-1.0), 'initial_clip_norm'),
+    (dict(noise_multiplier=5.0, clients_per_round=10.0),
+     'clipped_count_stddev'),
+    (dict(denominator='median'), 'denominator'),
+    (dict(noise_placement='server'), 'noise_placement'),
+    (dict(bounding_method='squash'), 'bounding'),
+])
+def test_bad_arguments_are_rejected_naming_them(kwargs, argument):
+  with pytest.raises((ValueError, TypeError), match=argument):
+    dp.dp_factory(**kwargs)
+
+
+# ----------------------------------------------------------------------------
+# In a learning process.
+
+
+def test_dp_factory_trains_keras_model_in_weighted_fed_avg():
+  def model_fn():
+    keras_model = tf.keras.Sequential([
+        tf.keras.layers.InputLayer(input_shape=(3,)),
+        tf.keras.layers.Dense(2, kernel_initializer='zeros'),
+    ])
+    return tff.learning.models.from_keras_model(
+        keras_model, input_spec=(tf.TensorSpec([None, 3]),
+                                 tf.TensorSpec([None], tf.int32)),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+  rng = np.random.default_rng(0)
+  data = []
+  for _ in range(3):
+    x = rng.normal(size=(8, 3)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+    data.append(tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
+  process = tff.learning.algorithms.build_weighted_fed_avg(
+      model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
+      client_weighting=tff.learning.ClientWeighting.UNIFORM,
+      model_aggregator=dp.dp_factory('per_layer_clip', 0.5, 3.0,
+                                     clip_norm='adaptive', noise_seed=0,
+                                     clipped_count_stddev=1.0))
+  state = process.initialize()
+  for _ in range(3):
+    output = process.next(state, data)
+    state = output.state
+    assert np.isfinite(output.metrics['client_work']['train']['loss'])
+  event = dp.extract_dp_event(state.aggregator)
+  accountant = dp_accounting.rdp.RdpAccountant()
+  accountant.compose(event)
+  reference = dp_accounting.rdp.RdpAccountant()
+  reference.compose(dp_accounting.GaussianDpEvent(0.5))
+  assert accountant.get_epsilon(1e-5) == pytest.approx(
+      reference.get_epsilon(1e-5), rel=1e-6)

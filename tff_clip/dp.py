@@ -1,0 +1,599 @@
+"""User-level differential privacy for every bounding: Gaussian noise on the sum.
+
+Privacy model: user-level (client-level) DP under add/remove-one-client
+adjacency (McMahan et al. 2018, "Learning Differentially Private Recurrent
+Language Models"; seed 000's DP-FedAvg and seed 002). Each round:
+
+  1. every client update u_i is bounded by `tff_clip.bounding` (clip,
+     normalize, per-layer clip, per-layer normalize); non-finite updates become
+     zeros. Any one client then moves the SUM by at most S, the L2 sensitivity:
+     S = C for global clip/normalize and S = sqrt(sum_h C_h^2) = C for
+     per-layer bounding with budgets C_h;
+  2. isotropic Gaussian noise N(0, (z S)^2 I) is added ONCE to the sum: every
+     coordinate of every layer gets the same std z S. (Nesting one Gaussian
+     query per layer would give layer h std z C_h, weakening the guarantee by
+     sqrt(H) -- the trap this module avoids.);
+  3. the noisy sum is divided by the expected clients per round (the unbiased
+     estimator of McMahan et al. 2018, used by seed 002), or optionally by the
+     actual count (released in the clear: see `dp_factory`).
+
+Every round records the `dp_accounting.DpEvent` it actually ran in the
+aggregator state (TFF's `DifferentiallyPrivateFactory` convention:
+`tff.aggregators.differential_privacy.extract_dp_event_from_state`), and
+`tff_clip.accounting` composes those events with the sampling used.
+
+Adaptive clipping (Andrew et al., "Differentially Private Learning with
+Adaptive Clipping", NeurIPS 2021): C <- C exp(-eta_C (b_bar - gamma)), b_bar
+the noisy fraction of clients with norm <= C (count noise std sigma_b),
+reusing tensorflow-privacy's `QuantileEstimatorQuery`. The value noise
+multiplier z_v is raised so that the two releases together are exactly as
+private as one Gaussian mechanism with the requested z:
+    z_v = (z^-2 - k (2 sigma_b)^-2)^-1/2,
+with k = 1 for one global norm, and k = H for per-layer adaptive clipping,
+whose H-dimensional count vector (entries +-1/2) has L2 sensitivity
+sqrt(H)/2. The z = 0 case uses the noise-free estimator (CE-FedAvg with a
+moving threshold, seed 000).
+
+Built on tensorflow-privacy's `DPQuery` interface and wrapped by
+`tff.aggregators.DifferentiallyPrivateFactory`, so the factories stay
+secure-sum compatible and expose their `DpEvent` like TFF's.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Optional, Union
+
+import dp_accounting
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+import tensorflow_privacy as tfp
+
+from tff_clip import aggregators
+from tff_clip import bounding
+
+__all__ = [
+    'ActualCountNormalizedQuery',
+    'AdaptiveBoundedSumQuery',
+    'BoundedGaussianSumQuery',
+    'PerLayerQuantileEstimatorQuery',
+    'adaptive_noise_multipliers',
+    'dp_factory',
+    'extract_dp_event',
+]
+
+DENOMINATORS = ('expected', 'actual')
+NOISE_PLACEMENTS = ('central', 'client')
+
+
+# ----------------------------------------------------------------------------
+# Noise.
+
+
+def _gaussian_like(leaves, stddev, seed):
+  """One N(0, stddev^2) draw per coordinate of every leaf.
+
+  `seed` None: TF's stateful generator (fresh randomness, what a deployment
+  wants). An int64 [2] tensor: stateless draws, reproducible from the seed --
+  for experiments (resume, fixed-seed comparisons) only, since anyone who
+  knows the seed can subtract the noise.
+  """
+  out = []
+  for i, leaf in enumerate(leaves):
+    shape = tf.shape(leaf)
+    if seed is None:
+      noise = tf.random.normal(shape, stddev=stddev, dtype=tf.float32)
+    else:
+      leaf_seed = tf.random.experimental.stateless_fold_in(seed, i)
+      noise = tf.random.stateless_normal(shape, leaf_seed, stddev=stddev,
+                                         dtype=tf.float32)
+    out.append(leaf + tf.cast(noise, leaf.dtype))
+  return out
+
+
+def _add_noise(structure, stddev, seed=None):
+  leaves = tf.nest.flatten(structure)
+  return tf.nest.pack_sequence_as(structure,
+                                  _gaussian_like(leaves, stddev, seed))
+
+
+# ----------------------------------------------------------------------------
+# Queries.
+
+
+class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
+  """Bound every record with `tff_clip.bounding`, add N(0, (z S)^2 I) to the sum.
+
+  The generalisation of tensorflow-privacy's `GaussianSumQuery` (global
+  clipping only, and NaN-propagating) to the four boundings of this project.
+  Its global state holds the clip norm: a scalar C, or for per-layer bounding
+  either C (budgets C f_h with the static fractions f) or a vector [H] of
+  budgets (per-layer adaptive clipping). The sensitivity S is C, or
+  sqrt(sum C_h^2) for a budget vector.
+  """
+
+  GlobalState = collections.namedtuple(
+      'GlobalState', ['clip_norm', 'noise_multiplier', 'noise_seed', 'round'])
+
+  def __init__(self, bounding_method: str, clip_norm, noise_multiplier: float,
+               layer_fractions: Optional[np.ndarray] = None,
+               noise_seed: Optional[int] = None,
+               noise_placement: str = 'central',
+               expected_clients: Optional[float] = None):
+    if bounding_method not in bounding.BOUNDINGS:
+      raise ValueError(f'`bounding` must be one of {bounding.BOUNDINGS}; got '
+                       f'{bounding_method!r}.')
+    self._method = bounding_method
+    self._per_layer = bounding_method.startswith('per_layer')
+    self._clip_norm = np.asarray(clip_norm, np.float32)
+    self._vector = self._clip_norm.ndim == 1
+    if self._per_layer and not self._vector and layer_fractions is None:
+      raise ValueError('`layer_fractions` is required for per-layer bounding '
+                       'with a scalar clip norm.')
+    self._fractions = (None if layer_fractions is None else
+                       np.asarray(layer_fractions, np.float64))
+    self._noise_multiplier = float(noise_multiplier)
+    self._noise_seed = noise_seed
+    if noise_placement not in NOISE_PLACEMENTS:
+      raise ValueError(f'`noise_placement` must be one of {NOISE_PLACEMENTS}; '
+                       f'got {noise_placement!r}.')
+    if noise_placement == 'client' and not expected_clients:
+      raise ValueError('`clients_per_round` is required for client noise.')
+    self._placement = noise_placement
+    self._expected_clients = expected_clients
+
+  def make_global_state(self, clip_norm, noise_multiplier, noise_seed,
+                        round_num):
+    return self.GlobalState(tf.cast(clip_norm, tf.float32),
+                            tf.cast(noise_multiplier, tf.float32),
+                            tf.cast(noise_seed, tf.int64),
+                            tf.cast(round_num, tf.int64))
+
+  def initial_global_state(self):
+    seed = -1 if self._noise_seed is None else self._noise_seed
+    return self.make_global_state(self._clip_norm, self._noise_multiplier,
+                                  seed, 0)
+
+  def budgets(self, clip_norm):
+    """Per-layer budgets for a (scalar or vector) clip norm state."""
+    if self._vector:
+      return clip_norm
+    return bounding.round_down_to_float32(
+        tf.cast(clip_norm, tf.float64) * tf.constant(self._fractions,
+                                                     tf.float64))
+
+  def sensitivity(self, clip_norm):
+    """L2 sensitivity S of the sum: C, or sqrt(sum C_h^2) for budget vectors."""
+    if self._vector:
+      return tf.sqrt(tf.reduce_sum(tf.square(clip_norm)))
+    return clip_norm
+
+  def derive_sample_params(self, global_state):
+    return global_state.clip_norm
+
+  def preprocess_record_impl(self, params, record):
+    """Returns (bounded record, `bounding.BoundedUpdate`)."""
+    if self._per_layer:
+      result = bounding.bound(record, self._method,
+                              budgets=self.budgets(params))
+    else:
+      result = bounding.bound(record, self._method, clip_norm=params)
+    value = result.value
+    if self._placement == 'client':
+      # Seed 000 / seed 002 client-level form: each of the n expected clients
+      # adds N(0, (z S)^2 / n); their sum carries N(0, (z S)^2).
+      stddev = (self._noise_multiplier * self.sensitivity(params) /
+                math.sqrt(self._expected_clients))
+      value = _add_noise(value, stddev)
+    return value, result
+
+  def preprocess_record(self, params, record):
+    return self.preprocess_record_impl(params, record)[0]
+
+  def get_noised_result(self, sample_state, global_state):
+    stddev = global_state.noise_multiplier * self.sensitivity(
+        global_state.clip_norm)
+    if self._placement == 'central':
+      if self._noise_seed is None:
+        seed = None
+      else:
+        seed = tf.stack([global_state.noise_seed, global_state.round])
+      result = _add_noise(sample_state, stddev, seed)
+    else:
+      result = sample_state
+    new_state = global_state._replace(round=global_state.round + 1)
+    event = dp_accounting.GaussianDpEvent(global_state.noise_multiplier)
+    return result, new_state, event
+
+  def derive_metrics(self, global_state):
+    metrics = collections.OrderedDict(
+        clip_norm=self.sensitivity(global_state.clip_norm))
+    if self._per_layer:
+      metrics['layer_budgets'] = self.budgets(global_state.clip_norm)
+    metrics['noise_stddev'] = (global_state.noise_multiplier *
+                               self.sensitivity(global_state.clip_norm))
+    return metrics
+
+
+class PerLayerQuantileEstimatorQuery(tfp.QuantileEstimatorQuery):
+  """H quantile estimators at once: one norm per layer tracks its own quantile.
+
+  The record is the vector of a client's per-layer norms; its contribution to
+  the count is the vector of indicators (||u_h|| <= C_h) - 1/2, whose L2 norm
+  is sqrt(H)/2: the below-estimate Gaussian query is built with that
+  sensitivity, so its `GaussianDpEvent` carries noise multiplier
+  sigma_b / (sqrt(H)/2) and accounting needs nothing special.
+  `below_estimate_stddev=None` gives the noise-free (exact count) variant.
+  """
+
+  def __init__(self, initial_estimates, target_quantile, learning_rate,
+               below_estimate_stddev, expected_num_records,
+               geometric_update=True):
+    self._num_layers = int(np.asarray(initial_estimates).size)
+    self._exact = below_estimate_stddev is None
+    super().__init__(np.asarray(initial_estimates, np.float32),
+                     target_quantile, learning_rate, below_estimate_stddev,
+                     expected_num_records, geometric_update)
+
+  def _construct_below_estimate_query(self, below_estimate_stddev,
+                                      expected_num_records):
+    if below_estimate_stddev is None:
+      return tfp.NoPrivacyAverageQuery()
+    return tfp.NormalizedQuery(
+        tfp.GaussianSumQuery(l2_norm_clip=0.5 * math.sqrt(self._num_layers),
+                             stddev=below_estimate_stddev),
+        denominator=expected_num_records)
+
+  def initial_sample_state(self, template=None):
+    del template
+    return self._below_estimate_query.initial_sample_state(
+        tf.zeros([self._num_layers], tf.float32))
+
+  def preprocess_record(self, params, record):
+    below = tf.cast(record <= params.current_estimate, tf.float32) - 0.5
+    return self._below_estimate_query.preprocess_record(
+        params.below_estimate_params, below)
+
+
+class AdaptiveBoundedSumQuery(tfp.SumAggregationDPQuery):
+  """`BoundedGaussianSumQuery` whose clip norm tracks a quantile of the norms.
+
+  The structure of tensorflow-privacy's `QuantileAdaptiveClipSumQuery`, but
+  for any bounding and with per-layer estimators. The estimator sees each
+  client's global norm (global boundings, and per-layer bounding with one
+  adaptive C split by the static fractions) or per-layer norms (per-layer
+  adaptive: `per_layer_quantiles=True`).
+  """
+
+  GlobalState = collections.namedtuple('GlobalState',
+                                       ['sum_state', 'estimator_state'])
+  SampleState = collections.namedtuple('SampleState',
+                                       ['sum_state', 'estimator_state'])
+  SampleParams = collections.namedtuple('SampleParams',
+                                        ['sum_params', 'estimator_params'])
+
+  def __init__(self, sum_query: BoundedGaussianSumQuery,
+               estimator_query: tfp.QuantileEstimatorQuery,
+               per_layer_quantiles: bool):
+    self._sum_query = sum_query
+    self._estimator = estimator_query
+    self._per_layer_quantiles = per_layer_quantiles
+
+  def initial_global_state(self):
+    return self.GlobalState(self._sum_query.initial_global_state(),
+                            self._estimator.initial_global_state())
+
+  def derive_sample_params(self, global_state):
+    return self.SampleParams(
+        self._sum_query.derive_sample_params(global_state.sum_state),
+        self._estimator.derive_sample_params(global_state.estimator_state))
+
+  def initial_sample_state(self, template):
+    return self.SampleState(self._sum_query.initial_sample_state(template),
+                            self._estimator.initial_sample_state())
+
+  def preprocess_record(self, params, record):
+    value, result = self._sum_query.preprocess_record_impl(params.sum_params,
+                                                           record)
+    # A non-finite update counts as "above the norm" (NaN <= C is False).
+    norms = result.layer_norms if self._per_layer_quantiles else (
+        result.global_norm)
+    below = self._estimator.preprocess_record(params.estimator_params, norms)
+    return self.SampleState(value, below)
+
+  def get_noised_result(self, sample_state, global_state):
+    noised, sum_state, sum_event = self._sum_query.get_noised_result(
+        sample_state.sum_state, global_state.sum_state)
+    new_norm, estimator_state, estimator_event = (
+        self._estimator.get_noised_result(sample_state.estimator_state,
+                                          global_state.estimator_state))
+    sum_state = sum_state._replace(clip_norm=tf.maximum(new_norm, 0.0))
+    event = dp_accounting.ComposedDpEvent([sum_event, estimator_event])
+    return noised, self.GlobalState(sum_state, estimator_state), event
+
+  def derive_metrics(self, global_state):
+    return self._sum_query.derive_metrics(global_state.sum_state)
+
+
+class ActualCountNormalizedQuery(tfp.SumAggregationDPQuery):
+  """Mean over the clients actually present: noisy sum / exact count.
+
+  The count is released WITHOUT noise. Under fixed-size sampling it is the
+  public cohort size; under Poisson sampling it is private information the
+  accounting does not cover. Prefer `NormalizedQuery` with the expected count.
+  """
+
+  def __init__(self, numerator_query):
+    self._numerator = numerator_query
+
+  def initial_global_state(self):
+    return self._numerator.initial_global_state()
+
+  def derive_sample_params(self, global_state):
+    return self._numerator.derive_sample_params(global_state)
+
+  def initial_sample_state(self, template):
+    return (self._numerator.initial_sample_state(template),
+            tf.constant(0.0, tf.float32))
+
+  def preprocess_record(self, params, record):
+    return (self._numerator.preprocess_record(params, record),
+            tf.constant(1.0, tf.float32))
+
+  def get_noised_result(self, sample_state, global_state):
+    noised, new_state, event = self._numerator.get_noised_result(
+        sample_state[0], global_state)
+    count = tf.maximum(sample_state[1], 1.0)
+    result = tf.nest.map_structure(lambda v: v / tf.cast(count, v.dtype),
+                                   noised)
+    return result, new_state, event
+
+  def derive_metrics(self, global_state):
+    return self._numerator.derive_metrics(global_state)
+
+
+# ----------------------------------------------------------------------------
+# Noise calibration for adaptive clipping.
+
+
+def adaptive_noise_multipliers(noise_multiplier: float,
+                               clipped_count_stddev: float,
+                               num_counts: int = 1) -> float:
+  """Value noise multiplier z_v so that value + counts are as private as z.
+
+  The value (z_v) and the count vector (noise multiplier
+  2 sigma_b / sqrt(k), sensitivity sqrt(k)/2) together form one Gaussian
+  mechanism with z^-2 = z_v^-2 + k (2 sigma_b)^-2 (Andrew et al. 2021;
+  TFF's `adaptive_clip_noise_params` for k = 1). k = H for per-layer
+  quantiles.
+  """
+  if noise_multiplier == 0:
+    return 0.0
+  count_term = num_counts * (2.0 * clipped_count_stddev)**-2
+  remaining = noise_multiplier**-2 - count_term
+  if remaining <= 0:
+    minimum = math.sqrt(num_counts) * noise_multiplier / 2.0
+    raise ValueError(
+        f'`clipped_count_stddev` = {clipped_count_stddev:g} is too small for '
+        f'`noise_multiplier` = {noise_multiplier:g}'
+        f'{f" with {num_counts} per-layer counts" if num_counts > 1 else ""}: '
+        f'it must exceed {minimum:g} (sqrt(k) z / 2). Raise '
+        '`clipped_count_stddev` or `clients_per_round`, or lower '
+        '`noise_multiplier`.')
+  return remaining**-0.5
+
+
+# ----------------------------------------------------------------------------
+# The factory.
+
+
+def _check_nonnegative(value, label):
+  if isinstance(value, bool) or not isinstance(
+      value, (int, float, np.integer, np.floating)):
+    raise TypeError(f'`{label}` must be a float; got {value!r}.')
+  if not math.isfinite(value) or value < 0:
+    raise ValueError(f'`{label}` must be a finite float >= 0; got {value!r}.')
+  return float(value)
+
+
+class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
+                        tff.aggregators.WeightedAggregationFactory):
+  """Bounding + Gaussian noise + mean, as an aggregation factory.
+
+  Unweighted by nature (DP-FedAvg weighs clients uniformly). It also accepts
+  `create(value_type, weight_type)` so it drops into
+  `build_weighted_fed_avg(model_aggregator=...)`: the weights are then
+  IGNORED -- every client counts once, as with `client_weighting=UNIFORM` --
+  because weighting by example counts would make the sensitivity depend on
+  private data.
+  """
+
+  def __init__(self, **config):
+    self._config = config
+
+  @property
+  def config(self):
+    return dict(self._config)
+
+  def _build_query(self, value_type):
+    cfg = self._config
+    method = cfg['bounding']
+    per_layer = method.startswith('per_layer')
+    num_layers = len(tf.nest.flatten(
+        tff.types.type_to_tf_tensor_specs(value_type)))
+    fractions = None
+    if per_layer:
+      fractions = bounding.layer_budget_fractions(
+          value_type, cfg['split'],
+          None if cfg['adaptive'] else cfg['clip_norm'])
+    z = cfg['noise_multiplier']
+    n = cfg['clients_per_round']
+    if not cfg['adaptive']:
+      query = BoundedGaussianSumQuery(
+          method, cfg['clip_norm'], z, fractions, cfg['noise_seed'],
+          cfg['noise_placement'], n)
+    else:
+      per_layer_quantiles = per_layer and cfg['per_layer_quantiles']
+      count_stddev = cfg['clipped_count_stddev']
+      if count_stddev is None:
+        count_stddev = 0.05 * n if z > 0 else 0.0
+      value_z = adaptive_noise_multipliers(
+          z, count_stddev, num_layers if per_layer_quantiles else 1)
+      initial = cfg['initial_clip_norm']
+      if per_layer_quantiles:
+        initial = (initial * fractions).astype(np.float32)
+      sum_query = BoundedGaussianSumQuery(
+          method, initial, value_z, fractions, cfg['noise_seed'],
+          cfg['noise_placement'], n)
+      exact = z == 0
+      if per_layer_quantiles:
+        estimator = PerLayerQuantileEstimatorQuery(
+            initial, cfg['target_quantile'], cfg['clip_learning_rate'],
+            None if exact else count_stddev, n, geometric_update=True)
+      elif exact:
+        estimator = tfp.NoPrivacyQuantileEstimatorQuery(
+            initial, cfg['target_quantile'], cfg['clip_learning_rate'],
+            geometric_update=True)
+      else:
+        estimator = tfp.QuantileEstimatorQuery(
+            initial, cfg['target_quantile'], cfg['clip_learning_rate'],
+            count_stddev, n, geometric_update=True)
+      query = AdaptiveBoundedSumQuery(sum_query, estimator,
+                                      per_layer_quantiles)
+    if cfg['denominator'] == 'expected':
+      return tfp.NormalizedQuery(query, denominator=float(n))
+    return ActualCountNormalizedQuery(query)
+
+  def create(self, value_type, weight_type=None):
+    value_type = tff.types.to_type(value_type)
+    aggregators.check_value_type(value_type)
+    query = self._build_query(value_type)
+    factory = tff.aggregators.DifferentiallyPrivateFactory(
+        query, self._config['record_aggregation_factory'])
+    if weight_type is None:
+      return factory.create(value_type)
+    # Weights ignored on purpose (see the class docstring); the state is the
+    # unweighted process's, so `extract_dp_event` works the same.
+    return tff.aggregators.as_weighted_aggregator(factory).create(
+        value_type, weight_type)
+
+
+def dp_factory(
+    bounding_method: str = 'clip',
+    noise_multiplier: float = 1.0,
+    clients_per_round: float = 100.0,
+    clip_norm: Union[float, str] = 'adaptive',
+    split: bounding.Split = 'dim',
+    denominator: str = 'expected',
+    *,
+    initial_clip_norm: float = 0.1,
+    target_quantile: float = 0.5,
+    clip_learning_rate: float = 0.2,
+    clipped_count_stddev: Optional[float] = None,
+    per_layer_quantiles: bool = True,
+    noise_placement: str = 'central',
+    noise_seed: Optional[int] = None,
+    record_aggregation_factory: Optional[
+        tff.aggregators.UnweightedAggregationFactory] = None,
+) -> DPBoundingFactory:
+  """User-level DP aggregation: bound, add N(0,(z S)^2 I) to the sum, average.
+
+  Args:
+    bounding_method: 'clip' | 'normalize' | 'per_layer_clip' |
+      'per_layer_normalize' (see `tff_clip.bounding`).
+    noise_multiplier: z >= 0, the TOTAL noise multiplier: with adaptive
+      clipping the value noise is raised so the round is exactly as private
+      as one Gaussian mechanism with z (`adaptive_noise_multipliers`).
+    clients_per_round: n > 0, the expected cohort size (the denominator, and
+      sigma_b = n/20 by default).
+    clip_norm: C > 0, or 'adaptive' (start at `initial_clip_norm`, track
+      `target_quantile` of the client norms).
+    split: per-layer boundings: 'uniform', 'dim', weights, or explicit budgets.
+    denominator: 'expected' (noisy sum / n, unbiased; the private choice) or
+      'actual' (noisy sum / clients present; the count is released in the
+      clear, which is private only when the cohort size is public, i.e. under
+      fixed-size sampling).
+    initial_clip_norm: starting C for adaptive clipping (Andrew et al.: 0.1).
+    target_quantile: gamma in [0, 1], the fraction of clients to leave
+      unclipped (0.5: the median).
+    clip_learning_rate: eta_C > 0 of the geometric update.
+    clipped_count_stddev: sigma_b, the count noise std (default n/20; 0 when
+      z = 0).
+    per_layer_quantiles: per-layer adaptive boundings: True gives every layer
+      its own norm C_h tracking its own quantile; False moves one C split by
+      the static `split` fractions.
+    noise_placement: 'central' (the server adds N(0, (zS)^2) to the sum) or
+      'client' (each client adds N(0, (zS)^2/n); the sum carries the same
+      noise when n clients take part, less when fewer do -- seeds 000/002).
+    noise_seed: None (fresh randomness; use this for real privacy) or an int
+      for reproducible experiments (the noise is then predictable from it).
+    record_aggregation_factory: how bounded records are summed (default
+      `tff.aggregators.SumFactory`; a secure sum fits here).
+
+  Returns:
+    A `DPBoundingFactory`.
+  """
+  if bounding_method not in bounding.BOUNDINGS:
+    raise ValueError(f'`bounding` must be one of {bounding.BOUNDINGS}; got '
+                     f'{bounding_method!r}.')
+  noise_multiplier = _check_nonnegative(noise_multiplier, 'noise_multiplier')
+  clients_per_round = aggregators.check_positive_float(clients_per_round,
+                                                       'clients_per_round')
+  adaptive = isinstance(clip_norm, str)
+  if adaptive:
+    if clip_norm != 'adaptive':
+      raise ValueError("`clip_norm` must be a positive float or 'adaptive'; "
+                       f'got {clip_norm!r}.')
+    initial_clip_norm = aggregators.check_positive_float(initial_clip_norm,
+                                                         'initial_clip_norm')
+    if not 0.0 <= target_quantile <= 1.0:
+      raise ValueError('`target_quantile` must be in [0, 1]; got '
+                       f'{target_quantile!r}.')
+    clip_learning_rate = aggregators.check_positive_float(
+        clip_learning_rate, 'clip_learning_rate')
+    if clipped_count_stddev is not None:
+      clipped_count_stddev = _check_nonnegative(clipped_count_stddev,
+                                                'clipped_count_stddev')
+    count_stddev = (clipped_count_stddev if clipped_count_stddev is not None
+                    else 0.05 * clients_per_round)
+    if noise_multiplier > 0 and not (bounding_method.startswith('per_layer')
+                                     and per_layer_quantiles):
+      adaptive_noise_multipliers(noise_multiplier, count_stddev)
+  else:
+    clip_norm = aggregators.check_positive_float(clip_norm, 'clip_norm')
+  if bounding_method.startswith('per_layer'):
+    bounding.check_split(split)
+    if isinstance(split, bounding.ExplicitBudgets) and adaptive:
+      raise ValueError('`split`: explicit budgets need a fixed `clip_norm`.')
+  if denominator not in DENOMINATORS:
+    raise ValueError(f'`denominator` must be one of {DENOMINATORS}; got '
+                     f'{denominator!r}.')
+  if noise_placement not in NOISE_PLACEMENTS:
+    raise ValueError(f'`noise_placement` must be one of {NOISE_PLACEMENTS}; '
+                     f'got {noise_placement!r}.')
+  if noise_seed is not None and (isinstance(noise_seed, bool) or
+                                 not isinstance(noise_seed, int)):
+    raise TypeError(f'`noise_seed` must be an int or None; got {noise_seed!r}.')
+  if record_aggregation_factory is not None and not isinstance(
+      record_aggregation_factory,
+      tff.aggregators.UnweightedAggregationFactory):
+    raise TypeError('`record_aggregation_factory` must be an unweighted '
+                    f'tff.aggregators factory; got {record_aggregation_factory!r}.')
+  return DPBoundingFactory(
+      bounding=bounding_method, noise_multiplier=noise_multiplier,
+      clients_per_round=clients_per_round, clip_norm=clip_norm, split=split,
+      denominator=denominator, adaptive=adaptive,
+      initial_clip_norm=initial_clip_norm, target_quantile=target_quantile,
+      clip_learning_rate=clip_learning_rate,
+      clipped_count_stddev=clipped_count_stddev,
+      per_layer_quantiles=per_layer_quantiles,
+      noise_placement=noise_placement, noise_seed=noise_seed,
+      record_aggregation_factory=record_aggregation_factory)
+
+
+def extract_dp_event(aggregator_state) -> dp_accounting.DpEvent:
+  """The `DpEvent` of the last round, from a DP aggregator's state."""
+  return tff.aggregators.differential_privacy.extract_dp_event_from_state(
+      aggregator_state)
