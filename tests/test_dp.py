@@ -350,3 +350,15 @@ def test_dp_factory_trains_keras_model_in_weighted_fed_avg():
   reference.compose(dp_accounting.GaussianDpEvent(0.5))
   assert accountant.get_epsilon(1e-5) == pytest.approx(
       reference.get_epsilon(1e-5), rel=1e-6)
+
+
+def test_seeded_adaptive_round_is_reproducible_including_count_noise():
+  clients = [collections.OrderedDict(a=np.full(3000, 0.01, np.float32),
+                                     b=np.zeros(5000, np.float32))] * 3
+  process = dp.dp_factory('clip', 1.0, 100.0, clip_norm='adaptive',
+                          noise_seed=11).create(VALUE_TYPE)
+  state = process.initialize()
+  first, again = (process.next(state, clients) for _ in range(2))
+  assert (first.measurements['dp_query_metrics']['clip_norm'] ==
+          again.measurements['dp_query_metrics']['clip_norm'])
+  np.testing.assert_array_equal(first.result['b'], again.result['b'])

@@ -58,7 +58,7 @@ __all__ = [
     'ActualCountNormalizedQuery',
     'AdaptiveBoundedSumQuery',
     'BoundedGaussianSumQuery',
-    'PerLayerQuantileEstimatorQuery',
+    'CountQuantileEstimatorQuery',
     'adaptive_noise_multipliers',
     'dp_factory',
     'extract_dp_event',
@@ -217,39 +217,46 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
     return metrics
 
 
-class PerLayerQuantileEstimatorQuery(tfp.QuantileEstimatorQuery):
-  """H quantile estimators at once: one norm per layer tracks its own quantile.
+class CountQuantileEstimatorQuery(tfp.QuantileEstimatorQuery):
+  """tensorflow-privacy's quantile estimator, for one norm or one per layer.
 
-  The record is the vector of a client's per-layer norms; its contribution to
-  the count is the vector of indicators (||u_h|| <= C_h) - 1/2, whose L2 norm
-  is sqrt(H)/2: the below-estimate Gaussian query is built with that
-  sensitivity, so its `GaussianDpEvent` carries noise multiplier
-  sigma_b / (sqrt(H)/2) and accounting needs nothing special.
-  `below_estimate_stddev=None` gives the noise-free (exact count) variant.
+  Andrew et al. 2021. The record is a client's norm (scalar) or its vector of
+  per-layer norms [H]; its contribution to the count is (norm <= C) - 1/2
+  per entry, whose L2 norm is at most sqrt(H)/2. The below-estimate count is
+  a `BoundedGaussianSumQuery` with that sensitivity, so (a) its
+  `GaussianDpEvent` carries noise multiplier sigma_b / (sqrt(H)/2) and the
+  accounting needs nothing special, and (b) its noise can be seeded like the
+  value noise (`noise_seed`), which tensorflow-privacy's stateful
+  `GaussianSumQuery` cannot. `below_estimate_stddev=None` gives the
+  noise-free (exact count) estimator.
   """
 
-  def __init__(self, initial_estimates, target_quantile, learning_rate,
+  def __init__(self, initial_estimate, target_quantile, learning_rate,
                below_estimate_stddev, expected_num_records,
-               geometric_update=True):
-    self._num_layers = int(np.asarray(initial_estimates).size)
-    self._exact = below_estimate_stddev is None
-    super().__init__(np.asarray(initial_estimates, np.float32),
-                     target_quantile, learning_rate, below_estimate_stddev,
-                     expected_num_records, geometric_update)
+               geometric_update=True, noise_seed=None):
+    initial_estimate = np.asarray(initial_estimate, np.float32)
+    self._shape = initial_estimate.shape
+    self._num_counts = int(initial_estimate.size)
+    self._count_noise_seed = noise_seed
+    super().__init__(initial_estimate, target_quantile, learning_rate,
+                     below_estimate_stddev, expected_num_records,
+                     geometric_update)
 
   def _construct_below_estimate_query(self, below_estimate_stddev,
                                       expected_num_records):
     if below_estimate_stddev is None:
       return tfp.NoPrivacyAverageQuery()
+    sensitivity = 0.5 * math.sqrt(self._num_counts)
     return tfp.NormalizedQuery(
-        tfp.GaussianSumQuery(l2_norm_clip=0.5 * math.sqrt(self._num_layers),
-                             stddev=below_estimate_stddev),
+        BoundedGaussianSumQuery(
+            'clip', sensitivity, below_estimate_stddev / sensitivity,
+            noise_seed=self._count_noise_seed),
         denominator=expected_num_records)
 
   def initial_sample_state(self, template=None):
     del template
     return self._below_estimate_query.initial_sample_state(
-        tf.zeros([self._num_layers], tf.float32))
+        tf.zeros(self._shape, tf.float32))
 
   def preprocess_record(self, params, record):
     below = tf.cast(record <= params.current_estimate, tf.float32) - 0.5
@@ -447,19 +454,14 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
       sum_query = BoundedGaussianSumQuery(
           method, initial, value_z, fractions, cfg['noise_seed'],
           cfg['noise_placement'], n)
-      exact = z == 0
-      if per_layer_quantiles:
-        estimator = PerLayerQuantileEstimatorQuery(
-            initial, cfg['target_quantile'], cfg['clip_learning_rate'],
-            None if exact else count_stddev, n, geometric_update=True)
-      elif exact:
-        estimator = tfp.NoPrivacyQuantileEstimatorQuery(
-            initial, cfg['target_quantile'], cfg['clip_learning_rate'],
-            geometric_update=True)
-      else:
-        estimator = tfp.QuantileEstimatorQuery(
-            initial, cfg['target_quantile'], cfg['clip_learning_rate'],
-            count_stddev, n, geometric_update=True)
+      # The count noise gets its own seed stream (seed + 1): reusing the
+      # value noise's seed would correlate the two releases.
+      count_seed = (None if cfg['noise_seed'] is None else
+                    cfg['noise_seed'] + 1)
+      estimator = CountQuantileEstimatorQuery(
+          initial, cfg['target_quantile'], cfg['clip_learning_rate'],
+          None if z == 0 else count_stddev, n, geometric_update=True,
+          noise_seed=count_seed)
       query = AdaptiveBoundedSumQuery(sum_query, estimator,
                                       per_layer_quantiles)
     if cfg['denominator'] == 'expected':
