@@ -1,0 +1,221 @@
+r"""User-level (epsilon, delta) of DP federated training, from its DpEvents.
+
+Epsilon of `rounds` rounds of sampled Gaussian noise, with the RDP accountant
+(and its optimal order) and the PLD accountant:
+
+  python -m scripts.accountant --noise_multiplier=1.0 --clients_per_round=100 \
+      --population_size=10000 --rounds=5000 --delta=1e-6
+
+The noise multiplier that meets a target epsilon:
+
+  python -m scripts.accountant --target_epsilon=2 --clients_per_round=100 \
+      --population_size=10000 --rounds=5000 --delta=1e-6
+
+Population extrapolation (McMahan et al. 2018; seed 002, Table 1): the same
+noise on the average (sigma_DP = z / n) with a larger cohort and population:
+
+  python -m scripts.accountant --noise_multiplier=1.0 --clients_per_round=100 \
+      --population_size=10000 --rounds=5000 --delta=1e-6 --extrapolate
+
+`--sampling` must be what the training loop does: `poisson` (each client
+joins independently with probability q = clients_per_round / population_size;
+add-or-remove-one adjacency) or `fixed_size` (exactly clients_per_round
+distinct clients per round; replace-one adjacency, RDP only). See
+`tff_clip/accounting.py` for what each number means.
+
+Imports no TensorFlow, so it answers in about a second.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app
+from absl import flags
+import dp_accounting
+
+from tff_clip import accounting
+
+_NOISE_MULTIPLIER = flags.DEFINE_float(
+    'noise_multiplier', None,
+    'Noise std / clip norm, on the sum of the clipped client updates.')
+_TARGET_EPSILON = flags.DEFINE_float(
+    'target_epsilon', None,
+    'Instead of --noise_multiplier: find the smallest noise multiplier whose '
+    'epsilon is <= this.')
+_CLIENTS_PER_ROUND = flags.DEFINE_float(
+    'clients_per_round', None,
+    'Cohort size n: expected (may be fractional) for Poisson sampling, exact '
+    'for fixed-size sampling.')
+_POPULATION_SIZE = flags.DEFINE_integer(
+    'population_size', None, 'Number of clients K sampled from.')
+_ROUNDS = flags.DEFINE_integer('rounds', None, 'Number of training rounds.')
+_DELTA = flags.DEFINE_float('delta', None, 'Target delta, in (0, 1).')
+_SAMPLING = flags.DEFINE_enum(
+    'sampling', accounting.POISSON, list(accounting.SAMPLINGS),
+    'How each cohort is drawn; must be what the training loop does.')
+_ACCOUNTANTS = flags.DEFINE_list(
+    'accountants', list(accounting.ACCOUNTANTS),
+    'Accountants to run: rdp, pld (PLD cannot do fixed-size sampling).')
+_PLD_VALUE_DISCRETIZATION_INTERVAL = flags.DEFINE_float(
+    'pld_value_discretization_interval', None,
+    'PLD grid; default: 1e-4 x the RDP epsilon (see tff_clip.accounting).')
+_EXTRAPOLATE = flags.DEFINE_bool(
+    'extrapolate', False,
+    'Also print the population extrapolation table (sigma_DP = z/n and the '
+    'clip norm held fixed).')
+_COHORT_SCALES = flags.DEFINE_list(
+    'extrapolate_cohort_scales',
+    [str(a) for a, _ in accounting.DEFAULT_EXTRAPOLATION_SCALES],
+    'Factors on clients_per_round, one per table row.')
+_POPULATION_SCALES = flags.DEFINE_list(
+    'extrapolate_population_scales',
+    [str(b) for _, b in accounting.DEFAULT_EXTRAPOLATION_SCALES],
+    'Factors on population_size, one per table row.')
+
+flags.mark_flags_as_required(
+    ['clients_per_round', 'population_size', 'rounds', 'delta'])
+
+
+def _clients_per_round():
+  value = _CLIENTS_PER_ROUND.value
+  return int(value) if float(value).is_integer() else value
+
+
+def _accountants() -> list[str]:
+  names = [name.strip().lower() for name in _ACCOUNTANTS.value]
+  for name in names:
+    if name not in accounting.ACCOUNTANTS:
+      raise ValueError(f'`accountants` must be among {accounting.ACCOUNTANTS};'
+                       f' got {name!r}.')
+  return names
+
+
+def _floats(flag) -> list[float]:
+  try:
+    return [float(value) for value in flag.value]
+  except ValueError:
+    raise ValueError(f'`{flag.name}` must be a comma-separated list of '
+                     f'numbers; got {",".join(flag.value)!r}.') from None
+
+
+def _scales() -> list[tuple[float, float]]:
+  cohort = _floats(_COHORT_SCALES)
+  population = _floats(_POPULATION_SCALES)
+  if len(cohort) != len(population):
+    raise ValueError('`extrapolate_cohort_scales` and '
+                     '`extrapolate_population_scales` must have the same '
+                     f'length; got {len(cohort)} and {len(population)}.')
+  return list(zip(cohort, population))
+
+
+def _describe_guarantee(guarantee: accounting.PrivacyGuarantee) -> str:
+  if guarantee.accountant == accounting.RDP:
+    note = ''
+    if guarantee.rdp_order == max(accounting.RDP_ORDERS):
+      note = ', the largest order tried: RDP is loose here, prefer PLD'
+    return (f'RDP epsilon = {guarantee.epsilon:.5g}  '
+            f'(optimal RDP order {guarantee.rdp_order:g}{note})')
+  return (f'PLD epsilon = {guarantee.epsilon:.5g}  (value discretization '
+          f'interval {guarantee.value_discretization_interval:.2g})')
+
+
+def _unavailable(accountant: str, error: Exception) -> str:
+  return f'{accountant.upper()} epsilon = n/a  ({error})'
+
+
+def _epsilon_lines(noise_multiplier, clients_per_round, population_size,
+                   rounds, delta, sampling, accountants) -> list[str]:
+  lines = [f'noise_multiplier = {noise_multiplier:g}']
+  for accountant in accountants:
+    try:
+      guarantee = accounting.compute_training_epsilon(
+          noise_multiplier, clients_per_round, population_size, rounds, delta,
+          sampling, accountant, _PLD_VALUE_DISCRETIZATION_INTERVAL.value)
+      lines.append('  ' + _describe_guarantee(guarantee))
+    except dp_accounting.UnsupportedEventError as error:
+      lines.append('  ' + _unavailable(accountant, error))
+  return lines
+
+
+def _calibration_lines(target_epsilon, clients_per_round, population_size,
+                       rounds, delta, sampling, accountants):
+  """Lines with the calibrated z per accountant, and the first z found."""
+  lines = [f'Noise multiplier for epsilon <= {target_epsilon:g}:']
+  calibrated = None
+  for accountant in accountants:
+    try:
+      noise_multiplier = accounting.calibrate_noise_multiplier(
+          target_epsilon, clients_per_round, population_size, rounds, delta,
+          sampling, accountant,
+          value_discretization_interval=(
+              _PLD_VALUE_DISCRETIZATION_INTERVAL.value))
+    except dp_accounting.UnsupportedEventError as error:
+      lines.append(f'  {accountant.upper()}: n/a  ({error})')
+      continue
+    guarantee = accounting.compute_training_epsilon(
+        noise_multiplier, clients_per_round, population_size, rounds, delta,
+        sampling, accountant, _PLD_VALUE_DISCRETIZATION_INTERVAL.value)
+    lines.append(f'  noise_multiplier = {noise_multiplier:.6f}  gives '
+                 f'{_describe_guarantee(guarantee)}')
+    if calibrated is None:
+      calibrated = noise_multiplier
+  return lines, calibrated
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if (_NOISE_MULTIPLIER.value is None) == (_TARGET_EPSILON.value is None):
+    raise app.UsageError(
+        'Pass exactly one of --noise_multiplier and --target_epsilon.')
+  sampling = _SAMPLING.value
+  clients_per_round = _clients_per_round()
+  population_size = _POPULATION_SIZE.value
+  rounds = _ROUNDS.value
+  delta = _DELTA.value
+  # Everything is computed before anything is printed, so a bad argument
+  # gives only its error (which names it).
+  try:
+    accountants = _accountants()
+    scales = _scales() if _EXTRAPOLATE.value else None
+    if _TARGET_EPSILON.value is not None:
+      lines, noise_multiplier = _calibration_lines(
+          _TARGET_EPSILON.value, clients_per_round, population_size, rounds,
+          delta, sampling, accountants)
+    else:
+      noise_multiplier = _NOISE_MULTIPLIER.value
+      lines = _epsilon_lines(noise_multiplier, clients_per_round,
+                             population_size, rounds, delta, sampling,
+                             accountants)
+    if scales is not None:
+      if not noise_multiplier:
+        raise ValueError('`--extrapolate` needs a positive noise multiplier.')
+      rows = accounting.extrapolate_population(
+          noise_multiplier, clients_per_round, population_size, rounds, delta,
+          scales, sampling,
+          [a for a in accountants if not (
+              a == accounting.PLD and sampling == accounting.FIXED_SIZE)])
+      lines += [
+          '',
+          f'Population extrapolation (sigma_DP = z / n = '
+          f'{noise_multiplier / clients_per_round:.4g} and clip norm fixed, '
+          f'{rounds} rounds, delta = {delta:g}):',
+          accounting.format_extrapolation_table(rows),
+      ]
+  except ValueError as error:
+    print(f'error: {error}', file=sys.stderr)
+    return 2
+
+  adjacency = ('add-or-remove-one client' if sampling == accounting.POISSON
+               else 'replace-one client')
+  print(f'{rounds} rounds, {sampling} sampling of {clients_per_round:g} of '
+        f'{population_size:,} clients per round '
+        f'(q = {clients_per_round / population_size:.6g}), delta = {delta:g}; '
+        f'user-level DP, {adjacency} adjacency')
+  print('\n'.join(lines))
+  return 0
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,506 @@
+"""Specification of the privacy ledger (`tff_clip.accounting`).
+
+Parameters are chosen so that the file runs in well under a minute: PLD
+compositions use few rounds or the relative grid, and the (slow, ~0.5 s per
+evaluation) fixed-size RDP is exercised only a few times.
+"""
+
+import json
+import math
+
+import dp_accounting
+from dp_accounting import pld
+from dp_accounting import rdp
+import numpy as np
+import pytest
+
+from tff_clip import accounting
+
+DELTA = 1e-6
+# A typical cross-device setting: z = 1, n = 100 of K = 10,000, 300 rounds.
+Z, N, K, ROUNDS = 1.0, 100, 10_000, 300
+NR = dp_accounting.NeighboringRelation
+
+
+def _poisson_rounds(noise_multiplier, q, rounds):
+  return dp_accounting.SelfComposedDpEvent(
+      dp_accounting.PoissonSampledDpEvent(
+          q, dp_accounting.GaussianDpEvent(noise_multiplier)), rounds)
+
+
+# ----------------------------------------------------------------------------
+# Agreement with a direct dp_accounting composition.
+
+
+def test_poisson_rdp_epsilon_agrees_with_direct_dp_accounting_composition():
+  direct = rdp.RdpAccountant()
+  direct.compose(_poisson_rounds(Z, N / K, ROUNDS))
+  epsilon, order = direct.get_epsilon_and_optimal_order(DELTA)
+
+  guarantee = accounting.compute_training_epsilon(Z, N, K, ROUNDS, DELTA)
+
+  assert guarantee.epsilon == pytest.approx(epsilon, rel=1e-12)
+  assert guarantee.rdp_order == order
+  assert guarantee.accountant == 'rdp'
+  assert guarantee.adjacency == 'add-or-remove-one client'
+
+
+def test_poisson_pld_epsilon_agrees_with_direct_dp_accounting_composition():
+  direct = pld.PLDAccountant(value_discretization_interval=1e-3)
+  direct.compose(_poisson_rounds(Z, N / K, ROUNDS))
+
+  guarantee = accounting.compute_training_epsilon(
+      Z, N, K, ROUNDS, DELTA, accountant='pld',
+      value_discretization_interval=1e-3)
+
+  assert guarantee.epsilon == pytest.approx(direct.get_epsilon(DELTA),
+                                            rel=1e-12)
+  assert guarantee.value_discretization_interval == 1e-3
+
+
+def test_training_event_is_self_composed_sampled_gaussian():
+  assert accounting.training_event(Z, N, K, ROUNDS) == _poisson_rounds(
+      Z, N / K, ROUNDS)
+  assert accounting.training_event(
+      Z, N, K, ROUNDS, sampling='fixed_size') == (
+          dp_accounting.SelfComposedDpEvent(
+              dp_accounting.SampledWithoutReplacementDpEvent(
+                  K, N, dp_accounting.GaussianDpEvent(Z)), ROUNDS))
+
+
+def test_fixed_size_rdp_is_replace_one_with_sensitivity_two_clip_norms():
+  # google/differential-privacy#378: under replace-one a clipped sum moves by
+  # 2C, so dp_accounting must see noise multiplier z / 2.
+  direct = rdp.RdpAccountant(neighboring_relation=NR.REPLACE_ONE)
+  direct.compose(
+      dp_accounting.SelfComposedDpEvent(
+          dp_accounting.SampledWithoutReplacementDpEvent(
+              K, N, dp_accounting.GaussianDpEvent(Z / 2)), ROUNDS))
+
+  guarantee = accounting.compute_training_epsilon(
+      Z, N, K, ROUNDS, DELTA, sampling='fixed_size')
+
+  assert guarantee.epsilon == pytest.approx(direct.get_epsilon(DELTA),
+                                            rel=1e-12)
+  assert guarantee.adjacency == 'replace-one client'
+
+
+def test_fixed_size_full_participation_is_gaussian_of_sensitivity_two():
+  # n = K: no sampling; replacing one client's update (norm <= C) by another
+  # moves the sum by up to 2C, i.e. a Gaussian with multiplier z / 2.
+  gaussian = rdp.RdpAccountant()
+  gaussian.compose(
+      dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(Z / 2),
+                                        ROUNDS))
+
+  guarantee = accounting.compute_training_epsilon(
+      Z, K, K, ROUNDS, DELTA, sampling='fixed_size')
+
+  assert guarantee.epsilon == pytest.approx(gaussian.get_epsilon(DELTA),
+                                            rel=1e-12)
+
+
+def test_pld_refuses_fixed_size_sampling_instead_of_guessing():
+  with pytest.raises(dp_accounting.UnsupportedEventError,
+                     match='fixed-size sampling'):
+    accounting.compute_training_epsilon(
+        Z, N, K, ROUNDS, DELTA, sampling='fixed_size', accountant='pld')
+
+
+@pytest.mark.parametrize('noise_multiplier, clients_per_round, rounds', [
+    (1.0, 100, 300),
+    (0.8, 1000, 200),
+    (3.0, 300, 2000),
+    (10.0, 100, 10),
+])
+def test_pld_epsilon_is_at_most_rdp_epsilon(noise_multiplier,
+                                             clients_per_round, rounds):
+  rdp_epsilon = accounting.compute_training_epsilon(
+      noise_multiplier, clients_per_round, K, rounds, DELTA).epsilon
+  pld_epsilon = accounting.compute_training_epsilon(
+      noise_multiplier, clients_per_round, K, rounds, DELTA,
+      accountant='pld').epsilon
+
+  assert 0 < pld_epsilon <= rdp_epsilon
+
+
+def test_relative_pld_grid_is_as_tight_as_a_fine_fixed_grid():
+  fine = accounting.compute_training_epsilon(
+      5.0, N, K, 100, DELTA, accountant='pld',
+      value_discretization_interval=1e-6).epsilon
+  relative = accounting.compute_training_epsilon(
+      5.0, N, K, 100, DELTA, accountant='pld').epsilon
+
+  assert fine <= relative <= fine * 1.003
+
+
+def test_composed_gaussians_on_one_cohort_are_their_equivalent_gaussian():
+  # Adaptive clipping releases a noisy sum and a noisy count on the same
+  # cohort (tff_clip.dp); PLD accepts only one Gaussian under sampling.
+  noise = dp_accounting.ComposedDpEvent([
+      dp_accounting.GaussianDpEvent(1.2),
+      dp_accounting.GaussianDpEvent(2.0),
+  ])
+  equivalent_noise_multiplier = (1.2**-2 + 2.0**-2)**-0.5
+  event = dp_accounting.SelfComposedDpEvent(
+      accounting.round_event(noise, N, K), 50)
+
+  for accountant in ('rdp', 'pld'):
+    composed = accounting.compute_epsilon(event, DELTA, accountant,
+                                          value_discretization_interval=1e-3)
+    single = accounting.compute_training_epsilon(
+        equivalent_noise_multiplier, N, K, 50, DELTA, accountant=accountant,
+        value_discretization_interval=1e-3)
+    assert composed.epsilon == pytest.approx(single.epsilon, rel=1e-9)
+
+
+@pytest.mark.parametrize('sampling, accountant', [('poisson', 'rdp'),
+                                                  ('poisson', 'pld'),
+                                                  ('fixed_size', 'rdp')])
+def test_zero_noise_gives_infinite_epsilon(sampling, accountant):
+  guarantee = accounting.compute_training_epsilon(
+      0.0, N, K, 10, DELTA, sampling=sampling, accountant=accountant)
+
+  assert guarantee.epsilon == math.inf
+
+
+def test_huge_noise_never_rounds_to_zero_epsilon():
+  # dp_accounting's RDP at order 1.1 is exactly 0.0 here (true value 5e-15
+  # per round), which would make compute_epsilon claim epsilon = 0.
+  guarantee = accounting.compute_training_epsilon(1000.0, 100, 1_000_000,
+                                                  5000, DELTA)
+
+  assert guarantee.epsilon > 0
+
+
+def test_epsilon_grows_with_rounds_and_shrinks_with_noise():
+  def epsilon(noise_multiplier, rounds):
+    return accounting.compute_training_epsilon(noise_multiplier, N, K, rounds,
+                                               DELTA).epsilon
+
+  assert epsilon(1.0, 100) < epsilon(1.0, 200)
+  assert epsilon(2.0, 100) < epsilon(1.0, 100)
+
+
+# ----------------------------------------------------------------------------
+# Calibration.
+
+
+@pytest.mark.parametrize('sampling, accountant, rounds', [
+    ('poisson', 'rdp', 1000),
+    ('poisson', 'pld', 1000),
+    ('fixed_size', 'rdp', 1000),
+])
+def test_calibration_round_trips(sampling, accountant, rounds):
+  target = 3.0
+  # A coarse PLD grid keeps this fast; the round trip holds on any grid.
+  grid = 1e-3 if accountant == 'pld' else None
+  noise_multiplier = accounting.calibrate_noise_multiplier(
+      target, N, K, rounds, DELTA, sampling=sampling, accountant=accountant,
+      tolerance=1e-4, value_discretization_interval=grid)
+
+  epsilon = accounting.compute_training_epsilon(
+      noise_multiplier, N, K, rounds, DELTA, sampling=sampling,
+      accountant=accountant, value_discretization_interval=grid).epsilon
+
+  assert epsilon <= target
+  assert epsilon == pytest.approx(target, rel=1e-3)
+
+
+def test_pld_calibration_on_default_grid_meets_the_target_it_reports():
+  # The search grid (1e-4 x target) differs from compute_epsilon's default
+  # (1e-4 x RDP epsilon); the result must still meet the reported epsilon.
+  noise_multiplier = accounting.calibrate_noise_multiplier(
+      8.0, N, K, 100, DELTA, accountant='pld', tolerance=1e-3)
+
+  epsilon = accounting.compute_training_epsilon(
+      noise_multiplier, N, K, 100, DELTA, accountant='pld').epsilon
+
+  assert 8.0 * 0.99 < epsilon <= 8.0
+  assert noise_multiplier < accounting.calibrate_noise_multiplier(
+      8.0, N, K, 100, DELTA)  # PLD is tighter than RDP.
+
+
+def test_calibration_refuses_pld_with_fixed_size_sampling():
+  with pytest.raises(dp_accounting.UnsupportedEventError):
+    accounting.calibrate_noise_multiplier(
+        3.0, N, K, 100, DELTA, sampling='fixed_size', accountant='pld')
+
+
+# ----------------------------------------------------------------------------
+# Bad input: ValueError naming the argument.
+
+
+@pytest.mark.parametrize('kwargs, name', [
+    (dict(noise_multiplier=-0.1), 'noise_multiplier'),
+    (dict(noise_multiplier=math.nan), 'noise_multiplier'),
+    (dict(delta=0.0), 'delta'),
+    (dict(delta=1.0), 'delta'),
+    (dict(delta=1.5), 'delta'),
+    (dict(clients_per_round=0), 'clients_per_round'),
+    (dict(clients_per_round=-5), 'clients_per_round'),
+    (dict(clients_per_round=K + 1), 'clients_per_round'),
+    (dict(population_size=0), 'population_size'),
+    (dict(population_size=10.5), 'population_size'),
+    (dict(rounds=0), 'rounds'),
+    (dict(rounds=2.5), 'rounds'),
+    (dict(rounds=True), 'rounds'),
+    (dict(sampling='stratified'), 'sampling'),
+    (dict(accountant='moments'), 'accountant'),
+    (dict(sampling='fixed_size', clients_per_round=10.5), 'clients_per_round'),
+])
+def test_bad_input_raises_value_error_naming_the_argument(kwargs, name):
+  arguments = dict(noise_multiplier=Z, clients_per_round=N, population_size=K,
+                   rounds=10, delta=DELTA)
+  arguments.update(kwargs)
+
+  with pytest.raises(ValueError, match=f'`{name}`'):
+    accounting.compute_training_epsilon(**arguments)
+
+
+def test_delta_message_states_the_range_and_the_value():
+  with pytest.raises(ValueError,
+                     match=r'`delta` must be in \(0, 1\); got 1\.5'):
+    accounting.compute_training_epsilon(Z, N, K, 10, 1.5)
+
+
+def test_sampling_probability_outside_unit_interval_is_refused():
+  event = dp_accounting.PoissonSampledDpEvent(
+      1.5, dp_accounting.GaussianDpEvent(Z))
+
+  with pytest.raises(ValueError, match='`sampling_probability`'):
+    accounting.compute_epsilon(event, DELTA)
+
+
+@pytest.mark.parametrize('target_epsilon', [0.0, -1.0, math.inf])
+def test_calibration_refuses_impossible_target_epsilon(target_epsilon):
+  with pytest.raises(ValueError, match='`target_epsilon`'):
+    accounting.calibrate_noise_multiplier(target_epsilon, N, K, 100, DELTA)
+
+
+def test_calibration_reports_an_unreachable_target_epsilon():
+  # With delta = 1e-12 the RDP accountant's orders (<= 1024) cannot go below
+  # epsilon ~ 0.02 for any noise_multiplier <= 2**20.
+  with pytest.raises(ValueError, match='`target_epsilon`.*unreachable'):
+    accounting.calibrate_noise_multiplier(0.01, N, K, 100, 1e-12)
+
+
+# ----------------------------------------------------------------------------
+# The ledger.
+
+
+def _poisson_ledger(rounds):
+  ledger = accounting.PrivacyLedger()
+  for round_num in range(1, rounds + 1):
+    ledger.record_gaussian_round(round_num, Z, N, K)
+  return ledger
+
+
+def test_ledger_epsilon_is_the_composition_of_its_recorded_events():
+  ledger = accounting.PrivacyLedger()
+  for round_num in range(1, 201):
+    # The noise multiplier changes half-way (e.g. a schedule).
+    noise_multiplier = 1.0 if round_num <= 100 else 1.5
+    ledger.record_gaussian_round(round_num, noise_multiplier, N, K)
+  # The same rounds, composed directly with dp_accounting.
+  rounds = dp_accounting.ComposedDpEvent(
+      [_poisson_rounds(1.0, N / K, 100),
+       _poisson_rounds(1.5, N / K, 100)])
+  direct_rdp = rdp.RdpAccountant().compose(rounds)
+  direct_pld = pld.PLDAccountant(value_discretization_interval=1e-3).compose(
+      rounds)
+
+  assert ledger.epsilon(DELTA) == pytest.approx(
+      direct_rdp.get_epsilon(DELTA), rel=1e-12)
+  assert ledger.epsilon(
+      DELTA, 'pld', value_discretization_interval=1e-3) == pytest.approx(
+          direct_pld.get_epsilon(DELTA), rel=1e-12)
+  assert ledger.composed_event() == rounds
+
+
+def test_ledger_of_identical_rounds_matches_compute_training_epsilon():
+  ledger = _poisson_ledger(ROUNDS)
+
+  assert ledger.guarantee(DELTA) == accounting.compute_training_epsilon(
+      Z, N, K, ROUNDS, DELTA)
+  assert ledger.composed_event() == dp_accounting.ComposedDpEvent(
+      [_poisson_rounds(Z, N / K, ROUNDS)])
+
+
+def test_ledger_refuses_a_round_recorded_twice():
+  ledger = _poisson_ledger(3)
+
+  with pytest.raises(ValueError, match='`round_num` 2 is already recorded'):
+    ledger.record_gaussian_round(2, Z, N, K)
+  assert len(ledger) == 3
+
+
+def test_ledger_refuses_mixing_poisson_and_fixed_size_rounds():
+  ledger = _poisson_ledger(2)
+
+  with pytest.raises(ValueError, match='replace-one'):
+    ledger.record_gaussian_round(3, Z, N, K, sampling='fixed_size')
+  assert len(ledger) == 2
+
+
+def test_ledger_refuses_what_is_not_a_dp_event():
+  with pytest.raises(TypeError):
+    accounting.PrivacyLedger().record(1, {'noise_multiplier': 1.0})
+
+
+def test_ledger_serialisation_round_trips_through_json():
+  ledger = accounting.PrivacyLedger()
+  for round_num in range(5):
+    ledger.record_gaussian_round(round_num, 1.0 + (round_num % 2), N, K)
+  ledger.record(
+      7,
+      accounting.round_event(
+          dp_accounting.ComposedDpEvent([
+              dp_accounting.GaussianDpEvent(1.0),
+              dp_accounting.GaussianDpEvent(4.0)
+          ]), N, K))
+
+  restored = accounting.PrivacyLedger.from_dict(
+      json.loads(json.dumps(ledger.to_dict())))
+
+  assert restored.rounds == ledger.rounds == (0, 1, 2, 3, 4, 7)
+  assert restored.events == ledger.events
+  assert restored.epsilon(DELTA) == ledger.epsilon(DELTA)
+
+
+def test_restored_ledger_still_refuses_recorded_rounds():
+  restored = accounting.PrivacyLedger.from_dict(_poisson_ledger(3).to_dict())
+
+  with pytest.raises(ValueError, match='already recorded'):
+    restored.record_gaussian_round(3, Z, N, K)
+  restored.record_gaussian_round(4, Z, N, K)
+  assert restored.rounds == (1, 2, 3, 4)
+
+
+def test_ledger_dict_with_a_round_twice_is_refused():
+  data = _poisson_ledger(2).to_dict()
+  data['groups'].append(dict(data['groups'][0]))
+
+  with pytest.raises(ValueError, match='already recorded'):
+    accounting.PrivacyLedger.from_dict(data)
+
+
+def test_event_dicts_never_name_modules_to_import():
+  with pytest.raises(ValueError):
+    accounting.event_from_dict({'type': 'os.system', 'command': 'true'})
+
+
+def test_events_from_tff_state_are_stored_as_plain_python():
+  # TFF returns NumPy scalars, and tuples for lists, in extracted events.
+  from_tff = dp_accounting.ComposedDpEvent(
+      events=(dp_accounting.GaussianDpEvent(np.float32(1.5)),
+              dp_accounting.GaussianDpEvent(np.float32(3.0))))
+  plain = dp_accounting.ComposedDpEvent(events=[
+      dp_accounting.GaussianDpEvent(1.5),
+      dp_accounting.GaussianDpEvent(3.0)
+  ])
+  ledger = accounting.PrivacyLedger()
+  ledger.record(1, accounting.round_event(from_tff, N, K))
+  ledger.record(2, accounting.round_event(plain, N, K))
+
+  assert ledger.events[0] == ledger.events[1]
+  assert ledger.composed_event().events[0].count == 2
+  json.dumps(ledger.to_dict())
+
+
+def test_epsilon_history_is_the_epsilon_of_each_prefix():
+  ledger = accounting.PrivacyLedger()
+  for round_num in range(1, 51):
+    ledger.record_gaussian_round(round_num, 1.0 if round_num % 2 else 2.0, N,
+                                 K)
+
+  history = ledger.epsilon_history(DELTA)
+
+  assert [r for r, _ in history] == list(range(1, 51))
+  epsilons = [e for _, e in history]
+  assert epsilons == sorted(epsilons)
+  for round_num in (1, 2, 25, 50):
+    odd, even = (round_num + 1) // 2, round_num // 2
+    prefix = dp_accounting.ComposedDpEvent(
+        [_poisson_rounds(1.0, N / K, odd)] +
+        ([_poisson_rounds(2.0, N / K, even)] if even else []))
+    assert epsilons[round_num - 1] == pytest.approx(
+        accounting.compute_epsilon(prefix, DELTA).epsilon, rel=1e-12)
+  assert epsilons[-1] == pytest.approx(ledger.epsilon(DELTA), rel=1e-12)
+
+
+def test_empty_ledger_has_zero_epsilon():
+  assert accounting.PrivacyLedger().epsilon(DELTA) == 0
+  assert accounting.PrivacyLedger().epsilon_history(DELTA) == []
+
+
+def test_ledger_records_the_event_of_a_tff_dp_aggregator():
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  factory = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+      noise_multiplier=1.3, clients_per_round=3, clip=1.0)
+  process = factory.create(tff.TensorType(np.float32, [2]))
+  state = process.initialize()
+  ledger = accounting.PrivacyLedger()
+  for round_num in (1, 2):
+    output = process.next(state, [np.ones(2, np.float32)] * 3)
+    state = output.state
+    noise_event = (
+        tff.aggregators.differential_privacy.extract_dp_event_from_state(
+            state))
+    ledger.record(round_num, accounting.round_event(noise_event, 3, 100))
+
+  assert ledger.epsilon(DELTA) == pytest.approx(
+      accounting.compute_training_epsilon(1.3, 3, 100, 2, DELTA).epsilon,
+      rel=1e-6)
+
+
+# ----------------------------------------------------------------------------
+# Population extrapolation (McMahan et al. 2018; seed 002, Table 1).
+
+
+def test_extrapolation_keeps_noise_per_client_fixed():
+  rows = accounting.extrapolate_population(
+      0.5, 100, 10_000, 1000, DELTA, scales=[(1, 1), (10, 10), (10, 100)])
+
+  assert [(r.clients_per_round, r.population_size) for r in rows] == [
+      (100, 10_000), (1000, 100_000), (1000, 1_000_000)]
+  for row in rows:
+    assert row.noise_multiplier / row.clients_per_round == pytest.approx(
+        0.5 / 100, rel=1e-12)
+    assert row.sampling_probability == pytest.approx(
+        row.clients_per_round / row.population_size)
+
+
+@pytest.mark.parametrize('sampling', ['poisson', 'fixed_size'])
+def test_extrapolated_epsilon_decreases_as_population_grows(sampling):
+  rows = accounting.extrapolate_population(
+      0.5, 100, 10_000, 1000, DELTA, scales=[(1, 1), (1, 10), (1, 100)],
+      sampling=sampling)
+
+  epsilons = [row.guarantees['rdp'].epsilon for row in rows]
+  assert all(a > b for a, b in zip(epsilons, epsilons[1:]))
+
+
+def test_extrapolation_rows_are_training_epsilons():
+  row, = accounting.extrapolate_population(
+      0.5, 100, 10_000, 1000, DELTA, scales=[(4, 40)],
+      accountants=('rdp', 'pld'))
+
+  for accountant in ('rdp', 'pld'):
+    assert row.guarantees[accountant] == accounting.compute_training_epsilon(
+        2.0, 400, 400_000, 1000, DELTA, accountant=accountant)
+
+
+def test_extrapolation_table_lists_n_k_q_z_and_epsilon():
+  rows = accounting.extrapolate_population(
+      0.5, 100, 10_000, 1000, DELTA, scales=[(1, 1), (10, 100)])
+
+  table = accounting.format_extrapolation_table(rows)
+
+  lines = table.splitlines()
+  assert len(lines) == 3
+  for column in ('n (clients/round)', 'K (population)', 'q', 'z',
+                 'RDP epsilon', 'RDP order'):
+    assert column in lines[0]
+  assert '1,000,000' in lines[2]
