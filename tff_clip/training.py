@@ -1,0 +1,640 @@
+"""The training program behind `python -m scripts.train`.
+
+Data flows one way, one call site per arrow: task (`tasks.get_task`) ->
+client work (`algorithms.build_fedavg`: local training, optional per-step
+clipping, BLUR, LUS) -> bounding (`aggregators`) -> noise (`dp`) -> mean ->
+server optimizer -> ledger (`accounting.PrivacyLedger`) and metrics.
+
+Everything a round does depends only on (seed, round number) and the
+checkpointed state: the cohort (`sampling.ClientSampler`), the client data
+order (seeded shuffles), the DP noise (stateless seeds kept in the aggregator
+state). So a run killed at any moment and started again with the same
+command resumes from its last checkpoint and produces the same per-round
+metrics as an uninterrupted run, and its ledger never counts a round twice
+nor forgets one. (That reproducibility is for simulation: seeded noise is
+predictable noise. The library's default, `noise_seed=None`, is not.)
+
+Outputs under `root_output_dir/experiment_name/`:
+  config.json     the configuration (a rerun must match it to resume)
+  metrics.csv     one row per round (`tff.program.CSVFileReleaseManager`)
+  tensorboard/    the same metrics (`tff.program.TensorBoardReleaseManager`)
+  ledger.json     the DP events of every round and epsilon per round
+  checkpoints/    program state (`tff.program.FileProgramStateManager`)
+  summary.json    final figures; plot.png: accuracy, loss, clip norm, epsilon
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Any, Optional, Union
+
+from absl import logging
+import numpy as np
+
+from tff_clip import accounting
+from tff_clip import sampling as sampling_lib
+
+__all__ = [
+    'BOUNDINGS', 'CLIENT_OPTIMIZERS', 'EXECUTORS', 'SERVER_OPTIMIZERS',
+    'ConfigError', 'TrainConfig', 'run', 'validate',
+]
+
+BOUNDINGS = ('none', 'clip', 'normalize', 'per_layer_clip',
+             'per_layer_normalize')
+CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
+SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
+EXECUTORS = ('local', 'gpu', 'remote')
+# The honest-extrapolation point of the summary: a production-scale cohort.
+EXTRAPOLATION_POPULATION = 1_000_000
+EXTRAPOLATION_CLIENTS_PER_ROUND = 1_000
+
+
+class ConfigError(ValueError):
+  """A configuration that cannot run; raised before any training starts."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Everything a run depends on (the flags of `scripts.train`)."""
+  task: str = 'digits'
+  data_source: str = 'offline'
+  num_clients: Optional[int] = None
+  partition: Optional[str] = None
+  partition_alpha: Optional[float] = None
+  bounding: str = 'clip'
+  clip_norm: Union[float, str] = 'adaptive'
+  initial_clip_norm: float = 0.1
+  split: str = 'dim'
+  target_quantile: float = 0.5
+  clip_learning_rate: float = 0.2
+  noise_multiplier: Optional[float] = 0.5
+  target_epsilon: Optional[float] = None
+  delta: float = 1e-5
+  clients_per_round: int = 20
+  sampling: str = 'uniform'
+  rounds: int = 30
+  client_optimizer: str = 'sgd'
+  client_learning_rate: float = 0.1
+  server_optimizer: str = 'sgd'
+  server_learning_rate: float = 1.0
+  server_momentum: float = 0.9
+  local_epochs: int = 1
+  local_steps: Optional[int] = None
+  batch_size: int = 16
+  local_clip: Optional[float] = None
+  blur_lambda: Optional[float] = None
+  blur_clip_norm: Optional[float] = None
+  lus_sparsity: Optional[float] = None
+  eval_every: int = 5
+  root_output_dir: str = 'runs'
+  experiment_name: str = 'default'
+  seed: int = 0
+  executor: str = 'local'
+  max_concurrent_clients: Optional[int] = None
+  workers: tuple = ()
+  worker_timeout_s: float = 30.0
+  checkpoint_every: int = 1
+  cache_dir: Optional[str] = None
+  progress: bool = True
+
+  @property
+  def output_dir(self) -> str:
+    return os.path.join(self.root_output_dir, self.experiment_name)
+
+  @property
+  def private(self) -> bool:
+    return self.noise_multiplier is not None or self.target_epsilon is not None
+
+  def to_json(self) -> dict[str, Any]:
+    out = dataclasses.asdict(self)
+    out['workers'] = list(self.workers)
+    return out
+
+  def identity(self) -> dict[str, Any]:
+    """What must match for a rerun to resume (not how it is executed)."""
+    out = self.to_json()
+    for key in ('executor', 'max_concurrent_clients', 'workers',
+                'worker_timeout_s', 'progress', 'root_output_dir'):
+      out.pop(key)
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Validation: everything checkable before data, TFF or training.
+
+
+def _positive(value, name, kind=float, allow_none=False):
+  if value is None and allow_none:
+    return
+  ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and
+        (kind is float or float(value).is_integer()) and math.isfinite(value)
+        and value > 0)
+  if not ok:
+    raise ConfigError(f'`{name}` must be a positive '
+                      f'{"int" if kind is int else "number"}; got {value!r}.')
+
+
+def _one_of(value, name, choices):
+  if value not in choices:
+    raise ConfigError(f'`{name}` must be one of {", ".join(choices)}; got '
+                      f'{value!r}.')
+
+
+def validate(config: TrainConfig) -> None:
+  """Raises `ConfigError` naming the flag for any configuration that cannot run."""
+  _one_of(config.bounding, 'bounding', BOUNDINGS)
+  _one_of(config.sampling, 'sampling', sampling_lib.SAMPLINGS)
+  _one_of(config.client_optimizer, 'client_optimizer', CLIENT_OPTIMIZERS)
+  _one_of(config.server_optimizer, 'server_optimizer', SERVER_OPTIMIZERS)
+  _one_of(config.executor, 'executor', EXECUTORS)
+  if config.split not in ('uniform', 'dim'):
+    raise ConfigError(f"`split` must be one of uniform, dim; got "
+                      f"{config.split!r}.")
+  if isinstance(config.clip_norm, str):
+    if config.clip_norm != 'adaptive':
+      raise ConfigError("`clip_norm` must be a positive number or 'adaptive'; "
+                        f'got {config.clip_norm!r}.')
+  else:
+    _positive(config.clip_norm, 'clip_norm')
+  _positive(config.initial_clip_norm, 'initial_clip_norm')
+  if not 0.0 <= config.target_quantile <= 1.0:
+    raise ConfigError('`target_quantile` must be in [0, 1]; got '
+                      f'{config.target_quantile!r}.')
+  _positive(config.clip_learning_rate, 'clip_learning_rate')
+  if config.noise_multiplier is not None and config.target_epsilon is not None:
+    raise ConfigError('Give `noise_multiplier` or `target_epsilon`, not both.')
+  if config.noise_multiplier is not None and (
+      not math.isfinite(config.noise_multiplier) or
+      config.noise_multiplier < 0):
+    raise ConfigError('`noise_multiplier` must be >= 0; got '
+                      f'{config.noise_multiplier!r}.')
+  if config.target_epsilon is not None:
+    _positive(config.target_epsilon, 'target_epsilon')
+  if config.private and config.bounding == 'none':
+    raise ConfigError(
+        'Noise without bounding has no sensitivity: set `bounding` (clip, '
+        'normalize, per_layer_clip, per_layer_normalize) or drop '
+        '`noise_multiplier`/`target_epsilon`.')
+  if not 0.0 < config.delta < 1.0:
+    raise ConfigError(f'`delta` must be in (0, 1); got {config.delta!r}.')
+  _positive(config.clients_per_round, 'clients_per_round', int)
+  _positive(config.rounds, 'rounds', int)
+  _positive(config.client_learning_rate, 'client_learning_rate')
+  _positive(config.server_learning_rate, 'server_learning_rate')
+  _positive(config.local_epochs, 'local_epochs', int)
+  _positive(config.local_steps, 'local_steps', int, allow_none=True)
+  _positive(config.batch_size, 'batch_size', int)
+  _positive(config.local_clip, 'local_clip', allow_none=True)
+  _positive(config.blur_lambda, 'blur_lambda', allow_none=True)
+  _positive(config.blur_clip_norm, 'blur_clip_norm', allow_none=True)
+  if config.blur_lambda is not None:
+    if config.blur_clip_norm is None and isinstance(config.clip_norm, str):
+      raise ConfigError('`blur_lambda` needs S: give `blur_clip_norm`, or a '
+                        'fixed numeric `clip_norm`.')
+    if config.blur_lambda * config.client_learning_rate >= 1.0:
+      raise ConfigError(
+          f'`blur_lambda` ({config.blur_lambda}) must be below 1 / '
+          f'client_learning_rate ({1 / config.client_learning_rate:g}).')
+  if config.lus_sparsity is not None and not 0.0 <= config.lus_sparsity < 1.0:
+    raise ConfigError('`lus_sparsity` must be in [0, 1); got '
+                      f'{config.lus_sparsity!r}.')
+  _positive(config.eval_every, 'eval_every', int)
+  _positive(config.checkpoint_every, 'checkpoint_every', int)
+  _positive(config.max_concurrent_clients, 'max_concurrent_clients', int,
+            allow_none=True)
+  if config.executor == 'remote' and not config.workers:
+    raise ConfigError('`executor=remote` needs `workers` (host:port,...).')
+  for worker in config.workers:
+    host, _, port = str(worker).rpartition(':')
+    if not host or not port.isdigit():
+      raise ConfigError(f'`workers` entries must be host:port; got {worker!r}.')
+  if not config.experiment_name or os.sep in config.experiment_name:
+    raise ConfigError('`experiment_name` must be a non-empty name without '
+                      f'{os.sep!r}; got {config.experiment_name!r}.')
+
+
+def prepare_output_dir(config: TrainConfig) -> bool:
+  """Creates or checks the output directory; True when a run can resume there.
+
+  An existing directory is reused only by the same configuration (so a
+  killed run resumes); another configuration there is refused rather than
+  mixed with or written over.
+  """
+  out = config.output_dir
+  config_path = os.path.join(out, 'config.json')
+  try:
+    os.makedirs(out, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f'`root_output_dir`: cannot create {out!r}: {e}') from e
+  if not os.access(out, os.W_OK):
+    raise ConfigError(f'`root_output_dir`: {out!r} is not writable.')
+  if os.path.exists(config_path):
+    with open(config_path) as f:
+      previous = json.load(f)
+    previous_identity = dict(previous)
+    for key in ('executor', 'max_concurrent_clients', 'workers',
+                'worker_timeout_s', 'progress', 'root_output_dir'):
+      previous_identity.pop(key, None)
+    if previous_identity != config.identity():
+      changed = sorted(k for k in set(previous_identity) | set(
+          config.identity()) if previous_identity.get(k) !=
+                       config.identity().get(k))
+      raise ConfigError(
+          f'{out!r} holds a run with a different configuration (differs in: '
+          f'{", ".join(changed)}). Nothing was changed; choose another '
+          '`experiment_name` or `root_output_dir`, or delete that directory.')
+    return True
+  if os.listdir(out):
+    raise ConfigError(
+        f'{out!r} is not empty and holds no tff_clip run; nothing was '
+        'changed. Choose another `experiment_name` or `root_output_dir`.')
+  _atomic_write_json(config_path, config.to_json())
+  return False
+
+
+def _atomic_write_json(path: str, data) -> None:
+  tmp = f'{path}.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(data, f, indent=2, sort_keys=True, default=float)
+  os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------
+# Building blocks (TFF imported lazily so `validate` stays instant).
+
+
+def set_execution_context(config: TrainConfig) -> None:
+  """Local C++ runtime, the same on visible GPUs, or remote TFF workers."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_clip import execution  # pylint: disable=g-import-not-at-top
+  if config.executor == 'gpu':
+    gpus = tf.config.list_physical_devices('GPU')
+    if not gpus:
+      raise ConfigError(
+          '`executor=gpu` but TensorFlow sees no GPU. Install '
+          '`tensorflow[and-cuda]==2.14.1` (pip install -e ".[gpu]") on a '
+          'machine with an NVIDIA driver, or use --executor=local.')
+    logging.info('GPUs visible: %s', gpus)
+  if config.executor in ('local', 'gpu'):
+    execution.set_local_cpp_context(
+        max_concurrent_clients=config.max_concurrent_clients)
+  else:
+    contexts = [
+        execution.create_remote_async_context(
+            worker, timeout_s=config.worker_timeout_s)
+        for worker in config.workers
+    ]
+    tff.backends.native.set_mergeable_comp_execution_context(contexts)
+
+
+def build_task(config: TrainConfig):
+  import tasks  # pylint: disable=g-import-not-at-top
+  # The task's own shuffle is off: the training loop shuffles every client's
+  # data with a seed of (seed, round, client), so a resumed run sees the
+  # same order as an uninterrupted one.
+  return tasks.get_task(
+      config.task, data_source=config.data_source,
+      num_clients=config.num_clients, partition=config.partition,
+      partition_alpha=config.partition_alpha, seed=config.seed,
+      train_batch_size=config.batch_size, local_epochs=config.local_epochs,
+      shuffle_buffer_size=1, cache_dir=config.cache_dir)
+
+
+def _client_optimizer(config):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  lr = config.client_learning_rate
+  return {
+      'sgd': lambda: tff.learning.optimizers.build_sgdm(lr),
+      'sgdm': lambda: tff.learning.optimizers.build_sgdm(lr, momentum=0.9),
+      'adam': lambda: tff.learning.optimizers.build_adam(lr),
+  }[config.client_optimizer]()
+
+
+def _server_optimizer(config):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_clip import optimizers  # pylint: disable=g-import-not-at-top
+  lr = config.server_learning_rate
+  return {
+      'sgd': lambda: tff.learning.optimizers.build_sgdm(lr),
+      'sgdm': lambda: tff.learning.optimizers.build_sgdm(
+          lr, momentum=config.server_momentum),
+      'adam': lambda: tff.learning.optimizers.build_adam(lr),
+      'lamb': lambda: optimizers.build_lamb(lr),
+      'lars': lambda: optimizers.build_lars(lr),
+  }[config.server_optimizer]()
+
+
+def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
+  """The model aggregator: bounding, then (when private) noise, then mean."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_clip import aggregators, dp  # pylint: disable=g-import-not-at-top
+  if config.bounding == 'none':
+    return None
+  if noise_multiplier is not None:
+    return dp.dp_factory(
+        config.bounding, noise_multiplier, float(config.clients_per_round),
+        clip_norm=config.clip_norm, split=config.split,
+        initial_clip_norm=config.initial_clip_norm,
+        target_quantile=config.target_quantile,
+        clip_learning_rate=config.clip_learning_rate,
+        noise_seed=config.seed)
+  if config.clip_norm == 'adaptive':
+    # CE-FedAvg with a moving threshold (seed 000), noise-free.
+    clip_norm = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
+        initial_estimate=config.initial_clip_norm,
+        target_quantile=config.target_quantile,
+        learning_rate=config.clip_learning_rate, multiplier=1.0,
+        increment=0.0, secure_estimation=False)
+  else:
+    clip_norm = float(config.clip_norm)
+  return aggregators.bounding_factory(config.bounding, clip_norm, config.split)
+
+
+def build_process(config: TrainConfig, task, noise_multiplier):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_clip import algorithms  # pylint: disable=g-import-not-at-top
+  blur_clip_norm = config.blur_clip_norm
+  if config.blur_lambda is not None and blur_clip_norm is None:
+    blur_clip_norm = float(config.clip_norm)
+  return algorithms.build_fedavg(
+      task.model_fn,
+      client_optimizer=_client_optimizer(config),
+      server_optimizer=_server_optimizer(config),
+      local_clip_norm=config.local_clip,
+      blur_strength=config.blur_lambda,
+      blur_clip_norm=blur_clip_norm if config.blur_lambda else None,
+      lus_sparsity=config.lus_sparsity,
+      model_aggregator=build_aggregator(config, noise_multiplier),
+      # DP-FedAvg weighs clients uniformly (the sensitivity must not depend
+      # on private example counts); otherwise FedAvg's example weighting.
+      client_weighting=(tff.learning.ClientWeighting.UNIFORM
+                        if noise_multiplier is not None else None))
+
+
+def _client_dataset(task, client_id, config, round_num):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  dataset = task.datasets.train_data.create_tf_dataset_for_client(client_id)
+  seed = int(np.random.default_rng(
+      [config.seed, round_num, abs(hash(client_id)) % (2**31)]).integers(2**31))
+  dataset = dataset.shuffle(1000, seed=seed, reshuffle_each_iteration=True)
+  preprocess = task.datasets.train_preprocess_fn
+  if preprocess is not None:
+    dataset = preprocess(dataset)
+  if config.local_steps is not None:
+    dataset = dataset.repeat().take(config.local_steps)
+  del tf
+  return dataset
+
+
+def _test_dataset(task):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  test = task.datasets.test_data
+  if isinstance(test, tff.simulation.datasets.ClientData):
+    test = test.create_tf_dataset_from_all_clients()
+  preprocess = task.datasets.eval_preprocess_fn
+  return preprocess(test) if preprocess is not None else test
+
+
+def _flatten(prefix, value, out):
+  if isinstance(value, (dict, collections.OrderedDict)):
+    for key, item in value.items():
+      _flatten(f'{prefix}/{key}' if prefix else str(key), item, out)
+  elif isinstance(value, (list, tuple)) and not hasattr(value, '_fields'):
+    for i, item in enumerate(value):
+      _flatten(f'{prefix}/{i}', item, out)
+  else:
+    array = np.asarray(value)
+    if array.size == 1 and array.dtype.kind in 'fiub':
+      out[prefix] = float(array)
+
+
+# ----------------------------------------------------------------------------
+# Checkpoints.
+
+
+def _save_checkpoint(manager, program_state, round_num):
+  asyncio.run(manager.save(program_state, round_num))
+
+
+def _load_checkpoint(manager, template):
+  """Latest loadable checkpoint; a torn one (killed mid-save) is skipped."""
+  versions = asyncio.run(manager.get_versions()) or []
+  for version in sorted(versions, reverse=True):
+    try:
+      return asyncio.run(manager.load(version, template)), version
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('Checkpoint %d unreadable (%s); trying an older one.',
+                      version, e)
+      asyncio.run(manager._remove(version))  # pylint: disable=protected-access
+  return None, 0
+
+
+# ----------------------------------------------------------------------------
+# The loop.
+
+
+def resolve_noise_multiplier(config: TrainConfig, population: int):
+  """z from the flags: given, calibrated from `target_epsilon`, or None."""
+  if config.clients_per_round > population:
+    raise ConfigError(
+        f'`clients_per_round` ({config.clients_per_round}) exceeds the '
+        f'number of training clients ({population}).')
+  if config.target_epsilon is None:
+    return config.noise_multiplier
+  return accounting.calibrate_noise_multiplier(
+      config.target_epsilon, clients_per_round=config.clients_per_round,
+      population_size=population, rounds=config.rounds, delta=config.delta,
+      sampling=sampling_lib.accounting_sampling(config.sampling))
+
+
+def run(config: TrainConfig) -> dict[str, Any]:
+  """Trains (or resumes) per `config`; returns the summary."""
+  validate(config)
+  resuming = prepare_output_dir(config)
+  set_execution_context(config)
+
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_clip import dp  # pylint: disable=g-import-not-at-top
+
+  tf.random.set_seed(config.seed)
+  task = build_task(config)
+  client_ids = list(task.datasets.train_data.client_ids)
+  noise_multiplier = resolve_noise_multiplier(config, len(client_ids))
+  sampler = sampling_lib.ClientSampler(client_ids, config.clients_per_round,
+                                       config.sampling, config.seed)
+  process = build_process(config, task, noise_multiplier)
+  evaluation = tff.learning.algorithms.build_fed_eval(task.model_fn)
+  test_data = _test_dataset(task)
+
+  out = config.output_dir
+  manager = tff.program.FileProgramStateManager(
+      os.path.join(out, 'checkpoints'), prefix='round_', keep_total=2,
+      keep_first=False)
+  state = process.initialize()
+  ledger = accounting.PrivacyLedger()
+  start_round = 1
+  if resuming:
+    template = collections.OrderedDict(
+        learning=state, ledger=np.asarray('{}'))
+    loaded, version = _load_checkpoint(manager, template)
+    if loaded is not None:
+      state = loaded['learning']
+      ledger = accounting.PrivacyLedger.from_dict(
+          json.loads(str(np.asarray(loaded['ledger']).item().decode()
+                         if isinstance(np.asarray(loaded['ledger']).item(),
+                                       bytes)
+                         else np.asarray(loaded['ledger']).item())))
+      start_round = version + 1
+      logging.info('Resuming %s from round %d.', out, version)
+
+  csv_manager = tff.program.CSVFileReleaseManager(
+      os.path.join(out, 'metrics.csv'), key_fieldname='round')
+  tb_manager = tff.program.TensorBoardReleaseManager(
+      os.path.join(out, 'tensorboard'))
+  acct_sampling = sampling_lib.accounting_sampling(config.sampling)
+
+  progress = None
+  if config.progress:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    progress = tqdm(total=config.rounds, initial=start_round - 1,
+                    desc=config.experiment_name, unit='round')
+  last_eval = {}
+  for round_num in range(start_round, config.rounds + 1):
+    started = time.perf_counter()
+    cohort = sampler.sample(round_num)
+    data = [_client_dataset(task, cid, config, round_num) for cid in cohort]
+    if data:
+      output = process.next(state, data)
+      state = output.state
+      metrics = {}
+      _flatten('', output.metrics, metrics)
+    else:  # Poisson sampling drew nobody: no update, but the round counts.
+      metrics = {}
+    if noise_multiplier is not None:
+      if data:  # The event the aggregator actually ran this round.
+        ledger.record(round_num, accounting.round_event(
+            dp.extract_dp_event(state.aggregator), config.clients_per_round,
+            len(client_ids), acct_sampling))
+      else:  # An empty Poisson cohort still counts as a sampled round.
+        ledger.record_gaussian_round(round_num, noise_multiplier,
+                                     config.clients_per_round, len(client_ids),
+                                     acct_sampling)
+      epsilon = ledger.epsilon(config.delta)
+    else:
+      epsilon = math.inf
+    row = collections.OrderedDict(round=round_num, clients=len(cohort))
+    row['train_loss'] = metrics.get('client_work/train/loss', math.nan)
+    row['train_accuracy'] = _first(metrics, 'client_work/train/', 'accuracy')
+    row['clip_norm'] = _first(metrics, 'aggregator/', 'clip_norm')
+    row['clipped_fraction'] = metrics.get('aggregator/clipped_fraction',
+                                          math.nan)
+    row['epsilon'] = epsilon
+    if round_num % config.eval_every == 0 or round_num == config.rounds:
+      eval_state = evaluation.set_model_weights(
+          evaluation.initialize(), process.get_model_weights(state))
+      eval_metrics = {}
+      _flatten('', evaluation.next(eval_state, [test_data]).metrics,
+               eval_metrics)
+      last_eval = {
+          'eval_loss': _first(eval_metrics, 'client_work/eval/', 'loss'),
+          'eval_accuracy': _first(eval_metrics, 'client_work/eval/',
+                                  'accuracy'),
+      }
+    row['eval_loss'] = last_eval.get('eval_loss', math.nan) if (
+        round_num % config.eval_every == 0 or round_num == config.rounds
+    ) else math.nan
+    row['eval_accuracy'] = last_eval.get('eval_accuracy', math.nan) if (
+        round_num % config.eval_every == 0 or round_num == config.rounds
+    ) else math.nan
+    if task.problem is not None:
+      row['objective'] = float(task.problem.report(
+          process.get_model_weights(state).trainable))
+    row['seconds'] = time.perf_counter() - started
+    # Checkpoint first, then release: a kill between the two re-runs this
+    # round on resume (same seeds, same result) and the CSV row is rewritten.
+    if round_num % config.checkpoint_every == 0 or round_num == config.rounds:
+      _save_checkpoint(manager, collections.OrderedDict(
+          learning=state, ledger=np.asarray(json.dumps(ledger.to_dict()))),
+                       round_num)
+      _atomic_write_json(os.path.join(out, 'ledger.json'),
+                         _ledger_report(ledger, config, noise_multiplier))
+    release = {k: v for k, v in row.items() if k != 'round'}
+    asyncio.run(csv_manager.release(release, key=round_num))
+    asyncio.run(tb_manager.release(
+        {k: v for k, v in release.items() if math.isfinite(v)},
+        key=round_num))
+    if progress is not None:
+      progress.update(1)
+      progress.set_postfix(collections.OrderedDict(
+          loss=f'{row["train_loss"]:.3f}',
+          acc=f'{last_eval.get("eval_accuracy", math.nan):.3f}',
+          clip=f'{row["clip_norm"]:.3g}', eps=f'{epsilon:.3g}'))
+  if progress is not None:
+    progress.close()
+
+  summary = _summary(config, ledger, noise_multiplier, last_eval,
+                     len(client_ids))
+  _atomic_write_json(os.path.join(out, 'summary.json'), summary)
+  _atomic_write_json(os.path.join(out, 'ledger.json'),
+                     _ledger_report(ledger, config, noise_multiplier))
+  from tff_clip import plotting  # pylint: disable=g-import-not-at-top
+  plotting.plot_metrics(os.path.join(out, 'metrics.csv'),
+                        os.path.join(out, 'plot.png'),
+                        title=config.experiment_name)
+  return summary
+
+
+def _first(metrics, prefix, suffix):
+  for key, value in metrics.items():
+    if key.startswith(prefix) and key.endswith(suffix):
+      return value
+  for key, value in metrics.items():
+    if key.endswith(suffix):
+      return value
+  return math.nan
+
+
+def _ledger_report(ledger, config, noise_multiplier):
+  report = {'delta': config.delta, 'noise_multiplier': noise_multiplier,
+            'sampling': config.sampling, 'ledger': ledger.to_dict()}
+  if len(ledger):
+    report['epsilon_per_round'] = [
+        [r, e] for r, e in ledger.epsilon_history(config.delta)]
+  return report
+
+
+def _summary(config, ledger, noise_multiplier, last_eval, population):
+  summary = collections.OrderedDict(
+      experiment=config.experiment_name, task=config.task,
+      rounds=config.rounds, population_size=population,
+      clients_per_round=config.clients_per_round, sampling=config.sampling,
+      noise_multiplier=noise_multiplier, delta=config.delta,
+      final_eval_accuracy=last_eval.get('eval_accuracy', math.nan),
+      final_eval_loss=last_eval.get('eval_loss', math.nan))
+  if noise_multiplier is not None and len(ledger):
+    summary['epsilon'] = ledger.epsilon(config.delta)
+    if noise_multiplier > 0:
+      # Same noise on the average (z / n fixed) at production scale.
+      scaled_z = (noise_multiplier / config.clients_per_round *
+                  EXTRAPOLATION_CLIENTS_PER_ROUND)
+      summary['extrapolated'] = collections.OrderedDict(
+          population_size=EXTRAPOLATION_POPULATION,
+          clients_per_round=EXTRAPOLATION_CLIENTS_PER_ROUND,
+          noise_multiplier=scaled_z,
+          epsilon=accounting.compute_training_epsilon(
+              scaled_z, clients_per_round=EXTRAPOLATION_CLIENTS_PER_ROUND,
+              population_size=EXTRAPOLATION_POPULATION, rounds=config.rounds,
+              delta=config.delta,
+              sampling=sampling_lib.accounting_sampling(config.sampling)
+          ).epsilon)
+  else:
+    summary['epsilon'] = math.inf
+  return summary
