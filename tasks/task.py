@@ -1,0 +1,242 @@
+"""The `Task` type and the data plumbing every task module shares.
+
+A `Task` is a `tff.simulation.baselines.BaselineTask` (so `task.model_fn()`
+is a `tff.learning.models.VariableModel` and `task.datasets` a
+`BaselineTaskDatasets`) that also records its name, where its data came from
+and, for the papers' synthetic problems, the exact problem (optimum,
+objective) so training can report f(w) - f(w*).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import attrs
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tasks import partitions
+
+__all__ = [
+    'BuildArgs',
+    'DATA_SOURCES',
+    'Task',
+    'centralized_dataset',
+    'classification_model_fn',
+    'client_data_from_arrays',
+    'count_parameters',
+    'federate_arrays',
+    'pool_client_data',
+    'refederate',
+    'select_clients',
+    'stratified_split',
+]
+
+# 'online': the real data set (downloaded on first use, then cached).
+# 'offline': the default stand-in that needs no network (real data where the
+#   project has it: scikit-learn digits, tinyshakespeare.txt).
+# 'synthetic': TFF's own `get_synthetic()` sets, where TFF has one.
+DATA_SOURCES = ('online', 'offline', 'synthetic')
+
+
+@attrs.define(frozen=True)
+class Task(tff.simulation.baselines.BaselineTask):
+  """A `BaselineTask` that says what it is.
+
+  Attributes:
+    datasets: the task's `tff.simulation.baselines.BaselineTaskDatasets`.
+    model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.
+    name: the registry name (`tasks.TASK_NAMES`).
+    data_source: one of `DATA_SOURCES`.
+    model_description: the model, in words.
+    data_description: the data and its partition, in words.
+    problem: for the papers' synthetic problems, the exact problem (see
+      `tasks.synthetic`): `problem.optimum`, `problem.objective(weights)`,
+      `problem.excess_loss(weights)`, `problem.report(weights)`. `None` for
+      learning tasks.
+  """
+  name: str = attrs.field(kw_only=True)
+  data_source: str = attrs.field(kw_only=True)
+  model_description: str = attrs.field(kw_only=True)
+  data_description: str = attrs.field(kw_only=True)
+  problem: Optional[Any] = attrs.field(default=None, kw_only=True)
+
+  @property
+  def num_clients(self) -> int:
+    """Number of training clients."""
+    return len(self.datasets.train_data.client_ids)
+
+  def num_parameters(self) -> int:
+    """Number of trainable scalars of the model."""
+    return count_parameters(self.model_fn)
+
+
+def count_parameters(model_fn) -> int:
+  """Trainable scalars of `model_fn()`'s model (a Keras or TFF model)."""
+  with tf.Graph().as_default():
+    model = model_fn()
+    return int(sum(np.prod(v.shape) for v in model.trainable_variables))
+
+
+@attrs.frozen
+class BuildArgs:
+  """The `get_task` arguments every task builder receives, already checked."""
+  data_source: str
+  num_clients: Optional[int]
+  partition: Optional[str]
+  partition_alpha: Optional[float]
+  classes_per_client: Optional[int]
+  shards_per_client: Optional[int]
+  seed: int
+  train_client_spec: tff.simulation.baselines.ClientSpec
+  eval_client_spec: tff.simulation.baselines.ClientSpec
+  cache_dir: Optional[str]
+  download: bool
+
+  def describe_partition(self, partition: str, alpha=None) -> str:
+    if partition == 'dirichlet':
+      return f'dirichlet(alpha={alpha})'
+    if partition == 'classes_per_client':
+      return f'{self.classes_per_client or 2} classes per client'
+    if partition == 'shards':
+      return f'{self.shards_per_client or 5} single-class shards per client'
+    if partition == 'small_large':
+      return '2 large + 8 small classes per client'
+    return partition
+
+
+def classification_model_fn(keras_model_fn, input_spec):
+  """A `model_fn` for softmax classifiers over sparse integer labels."""
+
+  def model_fn() -> tff.learning.models.VariableModel:
+    return tff.learning.models.from_keras_model(
+        keras_model=keras_model_fn(),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(),
+        input_spec=input_spec,
+        metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+
+  return model_fn
+
+
+def stratified_split(labels: np.ndarray, test_fraction: float, seed: int):
+  """(train_indices, test_indices): `test_fraction` of each class held out."""
+  rng = np.random.default_rng(seed)
+  train, test = [], []
+  for c in np.unique(labels):
+    members = rng.permutation(np.flatnonzero(labels == c))
+    num_test = int(round(test_fraction * members.size))
+    test.append(members[:num_test])
+    train.append(members[num_test:])
+  return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def centralized_dataset(arrays: Mapping[str, np.ndarray]) -> tf.data.Dataset:
+  return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(arrays))
+
+
+def client_data_from_arrays(
+    arrays: Mapping[str, np.ndarray],
+    client_indices) -> tff.simulation.datasets.ClientData:
+  """In-memory `ClientData`: client k holds `arrays[key][client_indices[k]]`.
+
+  Client ids are zero-padded numbers, so their sorted order is client order.
+  """
+  width = len(str(max(len(client_indices) - 1, 0)))
+  return tff.simulation.datasets.TestClientData({
+      str(k).zfill(width): collections.OrderedDict(
+          (key, value[ix]) for key, value in arrays.items())
+      for k, ix in enumerate(client_indices)
+  })
+
+
+def pool_client_data(client_data: tff.simulation.datasets.ClientData
+                    ) -> collections.OrderedDict:
+  """All examples of all clients, as numpy arrays (in client-id order)."""
+  spec = client_data.element_type_structure
+  parts = collections.OrderedDict((key, []) for key in spec)
+  for batch in client_data.create_tf_dataset_from_all_clients().batch(4096):
+    for key in spec:
+      parts[key].append(batch[key].numpy())
+  if not parts or not next(iter(parts.values())):
+    raise ValueError('The client data holds no examples.')
+  return collections.OrderedDict(
+      (key, np.concatenate(value)) for key, value in parts.items())
+
+
+def select_clients(client_data: tff.simulation.datasets.ClientData,
+                   num_clients: Optional[int],
+                   seed: int) -> tff.simulation.datasets.ClientData:
+  """A seeded random subset of `num_clients` clients (all when `None`)."""
+  ids = list(client_data.client_ids)
+  if num_clients is None or num_clients == len(ids):
+    return client_data
+  if num_clients > len(ids):
+    raise ValueError(
+        f'`num_clients` ({num_clients}) is larger than the {len(ids)} clients '
+        'of this data set.')
+  chosen = np.random.default_rng(seed).choice(len(ids), num_clients,
+                                              replace=False)
+  return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
+      sorted(ids[i] for i in chosen), client_data.serializable_dataset_fn)
+
+
+def federate_arrays(arrays: Mapping[str, np.ndarray],
+                    label_key: str,
+                    args: BuildArgs,
+                    *,
+                    default_num_clients: int,
+                    default_partition: str,
+                    default_alpha: Optional[float] = None):
+  """Partitions centralized arrays into clients by their labels.
+
+  Returns:
+    (client_data, description): the `ClientData` and the partition in words.
+  """
+  partition = args.partition or default_partition
+  alpha = args.partition_alpha
+  if partition == 'dirichlet' and alpha is None and args.partition is None:
+    alpha = default_alpha
+  num_clients = args.num_clients or default_num_clients
+  client_indices = partitions.partition_labels(
+      arrays[label_key], num_clients, partition, seed=args.seed,
+      partition_alpha=alpha, classes_per_client=args.classes_per_client,
+      shards_per_client=args.shards_per_client)
+  return (client_data_from_arrays(arrays, client_indices),
+          f'{num_clients} clients, {args.describe_partition(partition, alpha)}')
+
+
+def refederate(client_data: tff.simulation.datasets.ClientData,
+               label_key: str,
+               args: BuildArgs):
+  """Natural clients (optionally a subset), or the pooled data re-partitioned.
+
+  With `args.partition` unset the data keeps its own clients (EMNIST writers,
+  CIFAR-100's Pachinko allocation); `args.num_clients` then picks a seeded
+  subset. With a partition, all training examples are pooled into memory and
+  split by `tasks.partitions` (how seed 000 builds its non-IID EMNIST).
+
+  Returns:
+    (client_data, description).
+  """
+  if args.partition is None:
+    stray = [name for name, value in (
+        ('partition_alpha', args.partition_alpha),
+        ('classes_per_client', args.classes_per_client),
+        ('shards_per_client', args.shards_per_client)) if value is not None]
+    if stray:
+      raise ValueError(
+          f'{", ".join("`" + s + "`" for s in stray)} needs an explicit '
+          '`partition`: without one this data keeps its natural clients.')
+    selected = select_clients(client_data, args.num_clients, args.seed)
+    total = len(client_data.client_ids)
+    count = len(selected.client_ids)
+    return selected, (f'natural clients ({count} of {total})'
+                      if count != total else f'natural clients ({total})')
+  pooled = pool_client_data(client_data)
+  return federate_arrays(
+      pooled, label_key, args,
+      default_num_clients=len(client_data.client_ids),
+      default_partition=args.partition)
