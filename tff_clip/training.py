@@ -32,6 +32,7 @@ import json
 import math
 import os
 import time
+import zlib
 from typing import Any, Optional, Union
 
 from absl import logging
@@ -77,7 +78,7 @@ class TrainConfig:
   target_epsilon: Optional[float] = None
   delta: float = 1e-5
   clients_per_round: int = 20
-  sampling: str = 'uniform'
+  sampling: str = 'poisson'
   rounds: int = 30
   client_optimizer: str = 'sgd'
   client_learning_rate: float = 0.1
@@ -181,6 +182,15 @@ def validate(config: TrainConfig) -> None:
         'Noise without bounding has no sensitivity: set `bounding` (clip, '
         'normalize, per_layer_clip, per_layer_normalize) or drop '
         '`noise_multiplier`/`target_epsilon`.')
+  if (config.clip_norm == 'adaptive' and config.noise_multiplier and
+      config.noise_multiplier >= 0.1 * config.clients_per_round):
+    # Andrew et al.: the clipped-count noise sigma_b = n/20 must exceed z/2
+    # (per-layer quantiles need more; `dp.dp_factory` checks that at build).
+    raise ConfigError(
+        f'`noise_multiplier` {config.noise_multiplier} is too large for '
+        f'adaptive clipping with `clients_per_round` {config.clients_per_round}'
+        f' (needs z < n/10): raise clients_per_round, lower the noise, or use '
+        'a fixed `clip_norm`.')
   if not 0.0 < config.delta < 1.0:
     raise ConfigError(f'`delta` must be in (0, 1); got {config.delta!r}.')
   _positive(config.clients_per_round, 'clients_per_round', int)
@@ -286,11 +296,14 @@ def set_execution_context(config: TrainConfig) -> None:
     execution.set_local_cpp_context(
         max_concurrent_clients=config.max_concurrent_clients)
   else:
-    contexts = [
-        execution.create_remote_async_context(
-            worker, timeout_s=config.worker_timeout_s)
-        for worker in config.workers
-    ]
+    try:
+      contexts = [
+          execution.create_remote_async_context(
+              worker, timeout_s=config.worker_timeout_s)
+          for worker in config.workers
+      ]
+    except TimeoutError as e:
+      raise ConfigError(f'`workers`: {e}') from e
     tff.backends.native.set_mergeable_comp_execution_context(contexts)
 
 
@@ -378,11 +391,27 @@ def build_process(config: TrainConfig, task, noise_multiplier):
                         if noise_multiplier is not None else None))
 
 
+def initial_model_weights(task, seed: int):
+  """The model's initial weights as numpy, a function of the seed alone.
+
+  TFF traces `initialize` into its own graph, where Keras initializers ignore
+  the global seed: two processes would start from different weights. So the
+  model is built once eagerly under the seed and its weights set explicitly.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  tf.keras.utils.set_random_seed(seed)
+  weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
+  return tf.nest.map_structure(lambda v: v.numpy(), weights)
+
+
 def _client_dataset(task, client_id, config, round_num):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   dataset = task.datasets.train_data.create_tf_dataset_for_client(client_id)
+  # crc32, not hash(): str hashes are salted per process.
   seed = int(np.random.default_rng(
-      [config.seed, round_num, abs(hash(client_id)) % (2**31)]).integers(2**31))
+      [config.seed, round_num, zlib.crc32(str(client_id).encode())]
+  ).integers(2**31))
   dataset = dataset.shuffle(1000, seed=seed, reshuffle_each_iteration=True)
   preprocess = task.datasets.train_preprocess_fn
   if preprocess is not None:
@@ -464,13 +493,15 @@ def run(config: TrainConfig) -> dict[str, Any]:
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip import dp  # pylint: disable=g-import-not-at-top
 
-  tf.random.set_seed(config.seed)
   task = build_task(config)
   client_ids = list(task.datasets.train_data.client_ids)
   noise_multiplier = resolve_noise_multiplier(config, len(client_ids))
   sampler = sampling_lib.ClientSampler(client_ids, config.clients_per_round,
                                        config.sampling, config.seed)
-  process = build_process(config, task, noise_multiplier)
+  try:
+    process = build_process(config, task, noise_multiplier)
+  except ValueError as e:  # E.g. noise too large for per-layer quantiles.
+    raise ConfigError(str(e)) from e
   evaluation = tff.learning.algorithms.build_fed_eval(task.model_fn)
   test_data = _test_dataset(task)
 
@@ -478,7 +509,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
   manager = tff.program.FileProgramStateManager(
       os.path.join(out, 'checkpoints'), prefix='round_', keep_total=2,
       keep_first=False)
-  state = process.initialize()
+  state = process.set_model_weights(process.initialize(),
+                                    initial_model_weights(task, config.seed))
   ledger = accounting.PrivacyLedger()
   start_round = 1
   if resuming:
@@ -571,7 +603,12 @@ def run(config: TrainConfig) -> dict[str, Any]:
     asyncio.run(tb_manager.release(
         {k: v for k, v in release.items() if math.isfinite(v)},
         key=round_num))
-    if progress is not None:
+    if progress is None:
+      print(f'round {round_num}/{config.rounds} loss={row["train_loss"]:.4f} '
+            f'eval_accuracy={row["eval_accuracy"]:.4f} '
+            f'clip_norm={row["clip_norm"]:.4g} epsilon={epsilon:.4g}',
+            flush=True)
+    else:
       progress.update(1)
       progress.set_postfix(collections.OrderedDict(
           loss=f'{row["train_loss"]:.3f}',

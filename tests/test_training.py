@@ -1,0 +1,219 @@
+"""Specification of the training program (`scripts.train`, `tff_clip.training`)."""
+
+import csv
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import portpicker
+import pytest
+
+from tff_clip import execution
+from tff_clip import training
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# A small, fast run: 4 rounds of DP-FedAvg with adaptive clipping on digits.
+SMALL = ['--rounds=4', '--clients_per_round=6', '--eval_every=2',
+         '--progress=false', '--seed=3']
+
+
+def _train(args, **popen_kwargs):
+  env = dict(os.environ, PYTHONUNBUFFERED='1', TF_CPP_MIN_LOG_LEVEL='3')
+  return subprocess.Popen(
+      [sys.executable, '-m', 'scripts.train', *args], cwd=REPO, env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      **popen_kwargs)
+
+
+def _rows(path):
+  with open(path, newline='') as f:
+    return list(csv.DictReader(f))
+
+
+# Exactly equal: what is a function of seeds and counts alone. Up to 1e-3:
+# losses and accuracies, since TF's CPU kernels in TFF's C++ worker reduce in
+# a thread-dependent order (float sums are not associative), which moves a
+# round's model by ~1e-7 and its loss by ~1e-4 after a few rounds.
+EXACT = ('round', 'clients', 'clip_norm', 'epsilon')
+
+
+def _assert_same_metrics(rows_a, rows_b):
+  assert [r['round'] for r in rows_a] == [r['round'] for r in rows_b]
+  for a, b in zip(rows_a, rows_b):
+    for key in a:
+      if key == 'seconds':
+        continue
+      np.testing.assert_allclose(
+          float(a[key]), float(b[key]), rtol=1e-12 if key in EXACT else 1e-3,
+          err_msg=f'round {a["round"]}, {key}')
+
+
+# ----------------------------------------------------------------------------
+# Bad input: refused before any training, naming the flag.
+
+
+@pytest.mark.parametrize('changes, flag', [
+    (dict(bounding='squash'), 'bounding'),
+    (dict(bounding='none', noise_multiplier=1.0), 'bounding'),
+    (dict(noise_multiplier=1.0, target_epsilon=3.0), 'target_epsilon'),
+    (dict(noise_multiplier=-0.5), 'noise_multiplier'),
+    (dict(clip_norm=0.0), 'clip_norm'),
+    (dict(clip_norm='sometimes'), 'clip_norm'),
+    (dict(delta=1.5), 'delta'),
+    (dict(sampling='stratified'), 'sampling'),
+    (dict(clients_per_round=0), 'clients_per_round'),
+    (dict(rounds=0), 'rounds'),
+    (dict(blur_lambda=20.0, clip_norm=1.0), 'blur_lambda'),
+    (dict(lus_sparsity=1.0), 'lus_sparsity'),
+    (dict(executor='remote'), 'workers'),
+    (dict(executor='remote', workers=('nohost',)), 'workers'),
+    (dict(executor='tpu'), 'executor'),
+])
+def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
+  config = dataclasses.replace(training.TrainConfig(), **changes)
+  with pytest.raises(training.ConfigError, match=flag):
+    training.validate(config)
+
+
+def test_cli_refuses_noise_without_bounding_before_training(tmp_path):
+  proc = _train(['--bounding=none', '--noise_multiplier=1.0',
+                 f'--root_output_dir={tmp_path}'])
+  output, _ = proc.communicate(timeout=60)
+  assert proc.returncode != 0
+  assert 'bounding' in output
+  assert not any(tmp_path.iterdir())  # Nothing written.
+
+
+def test_unwritable_output_dir_is_refused(tmp_path):
+  blocker = tmp_path / 'file'
+  blocker.write_text('not a directory')
+  config = training.TrainConfig(root_output_dir=str(blocker / 'runs'))
+  with pytest.raises(training.ConfigError, match='root_output_dir'):
+    training.prepare_output_dir(config)
+
+
+def test_other_configuration_in_existing_dir_is_refused_untouched(tmp_path):
+  config = training.TrainConfig(root_output_dir=str(tmp_path),
+                                experiment_name='run')
+  assert training.prepare_output_dir(config) is False
+  marker = tmp_path / 'run' / 'metrics.csv'
+  marker.write_text('round\n1\n')
+  other = dataclasses.replace(config, rounds=99)
+  with pytest.raises(training.ConfigError, match='rounds'):
+    training.prepare_output_dir(other)
+  assert marker.read_text() == 'round\n1\n'
+  assert training.prepare_output_dir(config) is True  # Same config resumes.
+
+
+def test_foreign_nonempty_dir_is_refused(tmp_path):
+  (tmp_path / 'run').mkdir()
+  (tmp_path / 'run' / 'notes.txt').write_text('mine')
+  config = training.TrainConfig(root_output_dir=str(tmp_path),
+                                experiment_name='run')
+  with pytest.raises(training.ConfigError, match='not empty'):
+    training.prepare_output_dir(config)
+
+
+def test_unanswering_worker_is_a_clear_error_fast(tmp_path):
+  port = portpicker.pick_unused_port()
+  config = training.TrainConfig(
+      root_output_dir=str(tmp_path), executor='remote',
+      workers=(f'127.0.0.1:{port}',), worker_timeout_s=1.0)
+  try:
+    with pytest.raises(training.ConfigError, match=f'127.0.0.1:{port}'):
+      training.run(config)
+  finally:
+    execution.set_local_cpp_context()
+
+
+# ----------------------------------------------------------------------------
+# Kill -9 mid-run, rerun the same command: nothing lost, nothing recounted.
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+  root = tmp_path_factory.mktemp('uninterrupted')
+  proc = _train([*SMALL, f'--root_output_dir={root}',
+                 '--experiment_name=run'])
+  output, _ = proc.communicate(timeout=600)
+  assert proc.returncode == 0, output
+  return root / 'run', output
+
+
+def test_default_outputs_are_written(uninterrupted):
+  run_dir, output = uninterrupted
+  for name in ('config.json', 'metrics.csv', 'ledger.json', 'plot.png',
+               'summary.json'):
+    assert (run_dir / name).exists(), name
+  assert any((run_dir / 'tensorboard').iterdir())
+  assert 'epsilon' in output and 'final eval accuracy' in output
+  ledger = json.loads((run_dir / 'ledger.json').read_text())
+  assert [r for r, _ in ledger['epsilon_per_round']] == [1, 2, 3, 4]
+  epsilons = [e for _, e in ledger['epsilon_per_round']]
+  assert epsilons == sorted(epsilons) and epsilons[0] > 0
+
+
+def test_killed_run_resumes_with_identical_metrics_and_ledger(uninterrupted,
+                                                              tmp_path):
+  run_dir, _ = uninterrupted
+  args = [*SMALL, f'--root_output_dir={tmp_path}', '--experiment_name=run']
+  proc = _train(args)
+  for line in proc.stdout:  # Blocks on the child's output; no timed sleep.
+    if line.startswith('round 2/4'):
+      break
+  proc.send_signal(signal.SIGKILL)
+  proc.wait(timeout=60)
+  assert proc.returncode == -signal.SIGKILL
+  done = _rows(tmp_path / 'run' / 'metrics.csv')
+  assert 2 <= len(done) < 4
+
+  proc = _train(args)
+  output, _ = proc.communicate(timeout=600)
+  assert proc.returncode == 0, output
+  assert 'round 1/4' not in output  # Resumed, not restarted.
+
+  _assert_same_metrics(_rows(run_dir / 'metrics.csv'),
+                       _rows(tmp_path / 'run' / 'metrics.csv'))
+  ledger_a = json.loads((run_dir / 'ledger.json').read_text())
+  ledger_b = json.loads((tmp_path / 'run' / 'ledger.json').read_text())
+  np.testing.assert_allclose(ledger_b['epsilon_per_round'],
+                             ledger_a['epsilon_per_round'], rtol=1e-12)
+  assert ledger_b['ledger'] == ledger_a['ledger']
+
+
+# ----------------------------------------------------------------------------
+# Two TFF workers on 127.0.0.1 give the local run's metrics.
+
+
+def test_two_remote_workers_match_the_local_run(tmp_path):
+  workers = [execution.start_worker() for _ in range(2)]
+  base = training.TrainConfig(rounds=2, clients_per_round=6, eval_every=1,
+                              root_output_dir=str(tmp_path), progress=False)
+  try:
+    training.run(dataclasses.replace(base, experiment_name='local'))
+    training.run(dataclasses.replace(
+        base, experiment_name='remote', executor='remote',
+        workers=tuple(f'127.0.0.1:{port}' for _, port in workers)))
+  finally:
+    execution.set_local_cpp_context()
+    for proc, _ in workers:
+      proc.terminate()
+      proc.wait()
+  _assert_same_metrics(_rows(tmp_path / 'local' / 'metrics.csv'),
+                       _rows(tmp_path / 'remote' / 'metrics.csv'))
+
+
+def test_too_many_clients_per_round_is_refused_before_training(tmp_path):
+  config = training.TrainConfig(root_output_dir=str(tmp_path),
+                                clients_per_round=10_000)
+  try:
+    with pytest.raises(training.ConfigError, match='clients_per_round'):
+      training.run(config)
+  finally:
+    execution.set_local_cpp_context()
+  assert not (tmp_path / 'default' / 'metrics.csv').exists()
