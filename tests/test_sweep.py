@@ -1,0 +1,70 @@
+"""Specification of the sweep runner (`scripts.sweep`)."""
+
+import csv
+import json
+import pathlib
+import subprocess
+import sys
+
+from absl import app
+import pytest
+
+from scripts import sweep
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_grid_expands_to_every_combination():
+  grid = sweep.parse_grid(['bounding=clip,normalize', 'noise_multiplier=0,1'])
+  labels = [label for label, _ in sweep.cells(grid)]
+  assert labels == ['bounding=clip_noise_multiplier=0',
+                    'bounding=clip_noise_multiplier=1',
+                    'bounding=normalize_noise_multiplier=0',
+                    'bounding=normalize_noise_multiplier=1']
+
+
+@pytest.mark.parametrize('entry', ['bounding', 'seed=1,2', '=1'])
+def test_malformed_or_reserved_grid_is_a_usage_error(entry):
+  with pytest.raises(app.UsageError):
+    sweep.parse_grid([entry])
+
+
+def _fake_run(directory, accuracy, epsilon, seconds):
+  directory.mkdir(parents=True)
+  (directory / 'summary.json').write_text(json.dumps(
+      {'final_eval_accuracy': accuracy, 'epsilon': epsilon}))
+  (directory / 'metrics.csv').write_text(
+      'round,clipped_fraction,seconds\n'
+      f'1,0.5,{seconds}\n2,0.25,{seconds}\n')
+
+
+def test_summary_reports_mean_and_std_over_seeds(tmp_path):
+  grid = sweep.parse_grid(['bounding=clip'])
+  _fake_run(tmp_path / 'bounding=clip_seed0', 0.8, 2.0, 1.0)
+  _fake_run(tmp_path / 'bounding=clip_seed1', 0.6, 2.0, 3.0)
+  rows = sweep.summarise(str(tmp_path), grid, seeds=2)
+  assert rows[0]['accuracy_mean'] == pytest.approx(0.7)
+  assert rows[0]['accuracy_std'] == pytest.approx(0.1414, rel=1e-3)
+  assert rows[0]['epsilon'] == pytest.approx(2.0)
+  assert rows[0]['clipped_fraction'] == pytest.approx(0.375)
+  assert rows[0]['seconds_per_round'] == pytest.approx(2.0)
+  assert '0.7000 ± 0.1414' in (tmp_path / 'summary.md').read_text()
+  with open(tmp_path / 'summary.csv', newline='') as f:
+    assert list(csv.DictReader(f))[0]['seeds_done'] == '2'
+
+
+def test_sweep_runs_cells_then_skips_them_when_rerun(tmp_path):
+  command = [sys.executable, '-m', 'scripts.sweep',
+             f'--root_output_dir={tmp_path}', '--sweep_name=s',
+             '--grid=bounding=clip,normalize', '--seeds=1', '--',
+             '--rounds=2', '--clients_per_round=6', '--eval_every=2',
+             '--clip_norm=1.0']
+  first = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                         timeout=900, check=False)
+  assert first.returncode == 0, first.stdout + first.stderr
+  summary = (tmp_path / 's' / 'summary.md').read_text()
+  assert 'clip' in summary and 'normalize' in summary
+  second = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert second.returncode == 0
+  assert second.stdout.count('done, skipped') == 2
