@@ -46,6 +46,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_clip import bounding
+from tff_clip import checks
 
 __all__ = [
     'BOUNDINGS',
@@ -68,20 +69,10 @@ InnerFactory = Union[tff.aggregators.UnweightedAggregationFactory,
 # Argument checks, at construction time: long before any tracing.
 
 
-def check_positive_float(value, label: str) -> float:
-  if isinstance(value, bool) or not isinstance(
-      value, (int, float, np.integer, np.floating)):
-    raise TypeError(f'`{label}` must be a float; got {value!r}.')
-  if not math.isfinite(value) or value <= 0:
-    raise ValueError(f'`{label}` must be a positive finite float; got '
-                     f'{value!r}.')
-  return float(value)
-
-
 def check_norm_source(clip_norm, label: str = 'clip_norm') -> NormSource:
   if isinstance(clip_norm, tff.templates.EstimationProcess):
     return clip_norm
-  return check_positive_float(clip_norm, label)
+  return checks.positive_float(clip_norm, label)
 
 
 def check_value_type(value_type, label: str = 'value_type'):

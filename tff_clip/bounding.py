@@ -37,6 +37,8 @@ from typing import Any, NamedTuple, Union
 import numpy as np
 import tensorflow as tf
 
+from tff_clip import checks
+
 __all__ = [
     'BoundedUpdate',
     'ExplicitBudgets',
@@ -247,15 +249,6 @@ def layer_l2_norms(structure) -> tf.Tensor:
 # Per-layer budgets.
 
 
-def _check_clip_norm_value(clip_norm, label='clip_norm'):
-  if isinstance(clip_norm, bool) or not isinstance(
-      clip_norm, (int, float, np.floating, np.integer)):
-    raise TypeError(f'`{label}` must be a float; got {clip_norm!r}.')
-  if not math.isfinite(clip_norm) or clip_norm <= 0:
-    raise ValueError(
-        f'`{label}` must be a positive finite float; got {clip_norm!r}.')
-
-
 def check_split(split: Split, num_layers: int | None = None,
                 label: str = 'split'):
   """Validates `split` (and, when known, its length against the layer count)."""
@@ -317,7 +310,7 @@ def layer_budget_fractions(structure_or_type_spec, split: Split,
     budgets = split.values
     total = math.sqrt(float(np.sum(budgets**2)))
     if clip_norm is not None:
-      _check_clip_norm_value(clip_norm)
+      checks.positive_float(clip_norm, 'clip_norm')
       if not math.isclose(total, clip_norm, rel_tol=1e-5):
         raise ValueError(
             '`split` budgets break the sum rule: sqrt(sum(b**2)) = '
@@ -341,7 +334,7 @@ def layer_budgets(structure_or_type_spec, clip_norm, split: Split) -> tf.Tensor:
   """
   static = not tf.is_tensor(clip_norm)
   if static:
-    _check_clip_norm_value(clip_norm)
+    checks.positive_float(clip_norm, 'clip_norm')
   fractions = layer_budget_fractions(
       structure_or_type_spec, split, clip_norm if static else None)
   exact = (tf.constant(clip_norm, tf.float64) if static else
@@ -411,7 +404,7 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
   if not per_layer and clip_norm is None:
     raise ValueError(f'`clip_norm` is required for method {method!r}.')
   if not per_layer and not tf.is_tensor(clip_norm):
-    _check_clip_norm_value(clip_norm)
+    checks.positive_float(clip_norm, 'clip_norm')
 
   leaves = _leaves(structure)
   dtype = _compute_dtype(leaves)

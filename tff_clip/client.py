@@ -49,6 +49,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_clip import bounding
+from tff_clip import checks
 
 __all__ = [
     'blur_penalty',
@@ -71,22 +72,8 @@ _LEARNING_RATE_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
 # Argument checks, at build time: long before any tracing.
 
 
-def _is_real(value) -> bool:
-  return not isinstance(value, (bool, np.bool_)) and isinstance(
-      value, (int, float, np.integer, np.floating))
-
-
-def _check_positive(value, label: str) -> float:
-  if not _is_real(value):
-    raise TypeError(f'`{label}` must be a float; got {value!r}.')
-  if not math.isfinite(value) or value <= 0:
-    raise ValueError(
-        f'`{label}` must be a positive finite float; got {value!r}.')
-  return float(value)
-
-
 def _check_sparsity_value(value, label: str) -> float:
-  if not _is_real(value):
+  if not checks.is_real(value):
     raise TypeError(
         f'`{label}` must be a float in [0, 1) or one such float per layer; '
         f'got {value!r}.')
@@ -151,13 +138,13 @@ def check_client_work_args(client_optimizer=None,
           '`blur_clip_norm` is given but `blur_strength` is None; BLUR needs '
           'both (or neither).')
   else:
-    strength = _check_positive(blur_strength, 'blur_strength')
+    strength = checks.positive_float(blur_strength, 'blur_strength')
     if blur_clip_norm is None:
       raise ValueError(
           '`blur_clip_norm` is required with `blur_strength`: it is S in the '
           'BLUR penalty max(0, ||w - w_t||^2 - S^2), the clip norm of the DP '
           'bound the update will go through.')
-    _check_positive(blur_clip_norm, 'blur_clip_norm')
+    checks.positive_float(blur_clip_norm, 'blur_clip_norm')
     if client_optimizer is not None:
       learning_rate = _learning_rate(client_optimizer, 'client_optimizer')
       # Seed 004, Lemma 2: a step outside the ball scales w - w_t by
@@ -171,7 +158,7 @@ def check_client_work_args(client_optimizer=None,
   if lus_sparsity is not None:
     _check_sparsity(lus_sparsity)
   if model_clip_norm is not None:
-    _check_positive(model_clip_norm, 'model_clip_norm')
+    checks.positive_float(model_clip_norm, 'model_clip_norm')
     if blur_strength is not None or lus_sparsity is not None:
       raise ValueError(
           '`model_clip_norm` (model clipping, a baseline that sends clipped '

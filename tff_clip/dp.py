@@ -53,6 +53,7 @@ import tensorflow_privacy as tfp
 
 from tff_clip import aggregators
 from tff_clip import bounding
+from tff_clip import checks
 
 __all__ = [
     'ActualCountNormalizedQuery',
@@ -396,15 +397,6 @@ def adaptive_noise_multipliers(noise_multiplier: float,
 # The factory.
 
 
-def _check_nonnegative(value, label):
-  if isinstance(value, bool) or not isinstance(
-      value, (int, float, np.integer, np.floating)):
-    raise TypeError(f'`{label}` must be a float; got {value!r}.')
-  if not math.isfinite(value) or value < 0:
-    raise ValueError(f'`{label}` must be a finite float >= 0; got {value!r}.')
-  return float(value)
-
-
 class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
                         tff.aggregators.WeightedAggregationFactory):
   """Bounding + Gaussian noise + mean, as an aggregation factory.
@@ -540,23 +532,23 @@ def dp_factory(
   if bounding_method not in bounding.BOUNDINGS:
     raise ValueError(f'`bounding` must be one of {bounding.BOUNDINGS}; got '
                      f'{bounding_method!r}.')
-  noise_multiplier = _check_nonnegative(noise_multiplier, 'noise_multiplier')
-  clients_per_round = aggregators.check_positive_float(clients_per_round,
+  noise_multiplier = checks.nonnegative_float(noise_multiplier, 'noise_multiplier')
+  clients_per_round = checks.positive_float(clients_per_round,
                                                        'clients_per_round')
   adaptive = isinstance(clip_norm, str)
   if adaptive:
     if clip_norm != 'adaptive':
       raise ValueError("`clip_norm` must be a positive float or 'adaptive'; "
                        f'got {clip_norm!r}.')
-    initial_clip_norm = aggregators.check_positive_float(initial_clip_norm,
+    initial_clip_norm = checks.positive_float(initial_clip_norm,
                                                          'initial_clip_norm')
     if not 0.0 <= target_quantile <= 1.0:
       raise ValueError('`target_quantile` must be in [0, 1]; got '
                        f'{target_quantile!r}.')
-    clip_learning_rate = aggregators.check_positive_float(
+    clip_learning_rate = checks.positive_float(
         clip_learning_rate, 'clip_learning_rate')
     if clipped_count_stddev is not None:
-      clipped_count_stddev = _check_nonnegative(clipped_count_stddev,
+      clipped_count_stddev = checks.nonnegative_float(clipped_count_stddev,
                                                 'clipped_count_stddev')
     count_stddev = (clipped_count_stddev if clipped_count_stddev is not None
                     else 0.05 * clients_per_round)
@@ -564,7 +556,7 @@ def dp_factory(
                                      and per_layer_quantiles):
       adaptive_noise_multipliers(noise_multiplier, count_stddev)
   else:
-    clip_norm = aggregators.check_positive_float(clip_norm, 'clip_norm')
+    clip_norm = checks.positive_float(clip_norm, 'clip_norm')
   if bounding_method.startswith('per_layer'):
     bounding.check_split(split)
     if isinstance(split, bounding.ExplicitBudgets) and adaptive:
