@@ -217,3 +217,15 @@ def test_too_many_clients_per_round_is_refused_before_training(tmp_path):
   finally:
     execution.set_local_cpp_context()
   assert not (tmp_path / 'default' / 'metrics.csv').exists()
+
+
+def test_target_epsilon_calibrates_the_noise_multiplier():
+  from tff_clip import accounting  # pylint: disable=g-import-not-at-top
+  config = training.TrainConfig(noise_multiplier=None, target_epsilon=8.0,
+                                rounds=20, clients_per_round=10)
+  z = training.resolve_noise_multiplier(config, population=50)
+  achieved = accounting.compute_training_epsilon(
+      z, clients_per_round=10, population_size=50, rounds=20,
+      delta=config.delta, sampling=accounting.POISSON).epsilon
+  assert achieved <= 8.0
+  assert achieved == pytest.approx(8.0, rel=1e-3)

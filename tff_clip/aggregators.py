@@ -38,7 +38,6 @@ factories in `tff_clip.dp` report none of them.
 from __future__ import annotations
 
 import collections
-import math
 from typing import Optional, Union
 
 import numpy as np
@@ -132,11 +131,7 @@ class _BoundingFactoryBase:
           raise ValueError(
               '`split`: explicit budgets need a fixed float `clip_norm`; with '
               'an adaptive norm use a split name or per-layer weights.')
-        total = math.sqrt(float(np.sum(split.values**2)))
-        if not math.isclose(total, self._clip_norm, rel_tol=1e-5):
-          raise ValueError(
-              '`split` budgets break the sum rule: sqrt(sum(b**2)) = '
-              f'{total:.6g} but clip_norm = {self._clip_norm:.6g}.')
+        bounding.check_sum_rule(split, self._clip_norm)
     self._split = split
     self._inner = inner_agg_factory
 
@@ -154,7 +149,7 @@ class _BoundingFactoryBase:
     num_layers = len(tf.nest.flatten(
         tff.types.type_to_tf_tensor_specs(value_type)))
     vector_norm = per_layer and report_shape == (num_layers,)
-    if report_shape not in ((),) and not vector_norm:
+    if report_shape != () and not vector_norm:
       raise TypeError(
           f'`clip_norm` process reports shape {report_shape}; expected a '
           f'scalar{" or one norm per layer (" + str(num_layers) + ",)" if per_layer else ""}.')
@@ -172,7 +167,7 @@ class _BoundingFactoryBase:
     def bound_fn(value, norm):
       if per_layer:
         budgets = (norm if vector_norm else
-                   norm * tf.constant(fractions, tf.float32))
+                   bounding.budgets_from_fractions(norm, fractions))
         result = bounding.bound(value, method, budgets=budgets)
       else:
         result = bounding.bound(value, method, clip_norm=norm)
@@ -201,7 +196,7 @@ class _BoundingFactoryBase:
       def budgets_fn(norm):
         if vector_norm:
           return norm, tf.sqrt(tf.reduce_sum(tf.square(norm)))
-        return norm * tf.constant(fractions, tf.float32), norm
+        return bounding.budgets_from_fractions(norm, fractions), norm
 
     @tff.tensorflow.computation(bound_fn.type_signature.result[2],
                                 bound_fn.type_signature.result[3])

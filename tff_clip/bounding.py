@@ -44,6 +44,9 @@ __all__ = [
     'ExplicitBudgets',
     'SPLITS',
     'bound',
+    'budgets_from_fractions',
+    'check_split',
+    'check_sum_rule',
     'clip',
     'clip_per_layer',
     'global_l2_norm',
@@ -311,10 +314,7 @@ def layer_budget_fractions(structure_or_type_spec, split: Split,
     total = math.sqrt(float(np.sum(budgets**2)))
     if clip_norm is not None:
       checks.positive_float(clip_norm, 'clip_norm')
-      if not math.isclose(total, clip_norm, rel_tol=1e-5):
-        raise ValueError(
-            '`split` budgets break the sum rule: sqrt(sum(b**2)) = '
-            f'{total:.6g} but clip_norm = {clip_norm:.6g}.')
+      check_sum_rule(split, clip_norm)
     if total == 0:
       raise ValueError('`split` budgets are all zero.')
     return budgets / total
@@ -337,9 +337,24 @@ def layer_budgets(structure_or_type_spec, clip_norm, split: Split) -> tf.Tensor:
     checks.positive_float(clip_norm, 'clip_norm')
   fractions = layer_budget_fractions(
       structure_or_type_spec, split, clip_norm if static else None)
-  exact = (tf.constant(clip_norm, tf.float64) if static else
-           tf.cast(clip_norm, tf.float64)) * tf.constant(fractions, tf.float64)
-  return round_down_to_float32(exact)
+  return budgets_from_fractions(clip_norm, fractions)
+
+
+def budgets_from_fractions(clip_norm, fractions: np.ndarray) -> tf.Tensor:
+  """C * f_h as float32 [H], computed in float64 and rounded down."""
+  norm = (tf.cast(clip_norm, tf.float64) if tf.is_tensor(clip_norm) else
+          tf.constant(clip_norm, tf.float64))
+  return round_down_to_float32(norm * tf.constant(fractions, tf.float64))
+
+
+def check_sum_rule(budgets: ExplicitBudgets, clip_norm: float) -> float:
+  """Raises unless sqrt(sum(b**2)) == clip_norm (rel. 1e-5); returns the root."""
+  total = math.sqrt(float(np.sum(budgets.values**2)))
+  if not math.isclose(total, clip_norm, rel_tol=1e-5):
+    raise ValueError(
+        '`split` budgets break the sum rule: sqrt(sum(b**2)) = '
+        f'{total:.6g} but clip_norm = {clip_norm:.6g}.')
+  return total
 
 
 def round_down_to_float32(values: tf.Tensor) -> tf.Tensor:

@@ -161,9 +161,7 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
     """Per-layer budgets for a (scalar or vector) clip norm state."""
     if self._vector:
       return clip_norm
-    return bounding.round_down_to_float32(
-        tf.cast(clip_norm, tf.float64) * tf.constant(self._fractions,
-                                                     tf.float64))
+    return bounding.budgets_from_fractions(clip_norm, self._fractions)
 
   def sensitivity(self, clip_norm):
     """L2 sensitivity S of the sum: C, or sqrt(sum C_h^2) for budget vectors."""
