@@ -15,32 +15,22 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+import tiny_model  # pylint: disable=g-bad-import-order
 from tff_clip import client
 
 CLIENT_LEARNING_RATE = 0.1
 BATCH_SIZE = 2
-INITIAL_KERNEL = np.array([[0.5, -0.2], [0.1, 0.3], [-0.4, 0.2]], np.float32)
-INITIAL_BIAS = np.array([0.1, -0.1], np.float32)
+INITIAL_KERNEL = tiny_model.INITIAL_KERNEL
+INITIAL_BIAS = tiny_model.INITIAL_BIAS
 TRUE_KERNEL = np.array([[2.0, -1.0], [1.0, 3.0], [-2.0, 1.5]], np.float32)
-INPUT_SPEC = collections.OrderedDict(
-    x=tf.TensorSpec([None, 3], tf.float32),
-    y=tf.TensorSpec([None, 2], tf.float32))
+INPUT_SPEC = tiny_model.INPUT_SPEC
 
 
 # ----------------------------------------------------------------------------
 # Helpers.
 
 
-def _model_fn():
-  keras_model = tf.keras.Sequential([
-      tf.keras.layers.Dense(
-          2, input_shape=(3,),
-          kernel_initializer=tf.keras.initializers.Constant(INITIAL_KERNEL),
-          bias_initializer=tf.keras.initializers.Constant(INITIAL_BIAS))
-  ])
-  return tff.learning.models.from_keras_model(
-      keras_model, loss=tf.keras.losses.MeanSquaredError(),
-      input_spec=INPUT_SPEC)
+_model_fn = tiny_model.model_fn
 
 
 def _examples(seed, num_examples, kernel=TRUE_KERNEL, noise=0.1):

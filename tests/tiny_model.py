@@ -1,0 +1,26 @@
+"""A 3 -> 2 linear Keras model with fixed weights, shared by the client tests."""
+
+import collections
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+INITIAL_KERNEL = np.array([[0.5, -0.2], [0.1, 0.3], [-0.4, 0.2]], np.float32)
+INITIAL_BIAS = np.array([0.1, -0.1], np.float32)
+INPUT_SPEC = collections.OrderedDict(
+    x=tf.TensorSpec([None, 3], tf.float32),
+    y=tf.TensorSpec([None, 2], tf.float32))
+
+
+def model_fn():
+  """Dense(2) on 3 features, mean squared error, deterministic weights."""
+  keras_model = tf.keras.Sequential([
+      tf.keras.layers.Dense(
+          2, input_shape=(3,),
+          kernel_initializer=tf.keras.initializers.Constant(INITIAL_KERNEL),
+          bias_initializer=tf.keras.initializers.Constant(INITIAL_BIAS))
+  ])
+  return tff.learning.models.from_keras_model(
+      keras_model, loss=tf.keras.losses.MeanSquaredError(),
+      input_spec=INPUT_SPEC)
