@@ -35,10 +35,11 @@ def _rows(path):
     return list(csv.DictReader(f))
 
 
-# Exactly equal: what is a function of seeds and counts alone. Up to 1e-3:
-# losses and accuracies, since TF's CPU kernels in TFF's C++ worker reduce in
-# a thread-dependent order (float sums are not associative), which moves a
-# round's model by ~1e-7 and its loss by ~1e-4 after a few rounds.
+# Exactly equal: what is a function of seeds and counts alone. Losses to
+# 2e-3 relative and accuracies to 1.5 points: TF's CPU kernels in TFF's C++
+# worker (and the merge of two workers' partial sums) add in a run-dependent
+# order, and float sums are not associative. That moves a round's model by
+# ~1e-7, its loss by ~1e-4, and can flip a test example on the boundary.
 EXACT = ('round', 'clients', 'clip_norm', 'epsilon')
 
 
@@ -48,9 +49,12 @@ def _assert_same_metrics(rows_a, rows_b):
     for key in a:
       if key == 'seconds':
         continue
-      np.testing.assert_allclose(
-          float(a[key]), float(b[key]), rtol=1e-12 if key in EXACT else 1e-3,
-          err_msg=f'round {a["round"]}, {key}')
+      tolerance = (dict(rtol=1e-12) if key in EXACT else
+                   dict(rtol=0, atol=0.015) if 'accuracy' in key else
+                   dict(rtol=2e-3))
+      np.testing.assert_allclose(float(a[key]), float(b[key]),
+                                 err_msg=f'round {a["round"]}, {key}',
+                                 **tolerance)
 
 
 # ----------------------------------------------------------------------------
@@ -171,6 +175,8 @@ def test_killed_run_resumes_with_identical_metrics_and_ledger(uninterrupted,
   assert proc.returncode == -signal.SIGKILL
   done = _rows(tmp_path / 'run' / 'metrics.csv')
   assert 2 <= len(done) < 4
+  checkpoints = sorted((tmp_path / 'run' / 'checkpoints').iterdir())
+  assert checkpoints  # Killed after at least one checkpoint.
 
   proc = _train(args)
   output, _ = proc.communicate(timeout=600)

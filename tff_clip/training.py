@@ -569,6 +569,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
     row['clipped_fraction'] = metrics.get('aggregator/clipped_fraction',
                                           math.nan)
     row['epsilon'] = epsilon
+    row['eval_loss'] = row['eval_accuracy'] = math.nan
     if round_num % config.eval_every == 0 or round_num == config.rounds:
       eval_state = evaluation.set_model_weights(
           evaluation.initialize(), process.get_model_weights(state))
@@ -580,29 +581,26 @@ def run(config: TrainConfig) -> dict[str, Any]:
           'eval_accuracy': _first(eval_metrics, 'client_work/eval/',
                                   'accuracy'),
       }
-    row['eval_loss'] = last_eval.get('eval_loss', math.nan) if (
-        round_num % config.eval_every == 0 or round_num == config.rounds
-    ) else math.nan
-    row['eval_accuracy'] = last_eval.get('eval_accuracy', math.nan) if (
-        round_num % config.eval_every == 0 or round_num == config.rounds
-    ) else math.nan
+      row.update(last_eval)
     if task.problem is not None:
       row['objective'] = float(task.problem.report(
           process.get_model_weights(state).trainable))
     row['seconds'] = time.perf_counter() - started
-    # Checkpoint first, then release: a kill between the two re-runs this
-    # round on resume (same seeds, same result) and the CSV row is rewritten.
+    # Release first, then checkpoint: a kill between the two resumes from
+    # the previous checkpoint and re-runs this round (same seeds, same
+    # result), whose CSV row is then rewritten (the CSV release manager drops
+    # rows >= the released key). The other order would lose this round's row.
+    release = {k: v for k, v in row.items() if k != 'round'}
+    asyncio.run(csv_manager.release(release, key=round_num))
+    asyncio.run(tb_manager.release(
+        {k: v for k, v in release.items() if math.isfinite(v)},
+        key=round_num))
     if round_num % config.checkpoint_every == 0 or round_num == config.rounds:
       _save_checkpoint(manager, collections.OrderedDict(
           learning=state, ledger=np.asarray(json.dumps(ledger.to_dict()))),
                        round_num)
       _atomic_write_json(os.path.join(out, 'ledger.json'),
                          _ledger_report(ledger, config, noise_multiplier))
-    release = {k: v for k, v in row.items() if k != 'round'}
-    asyncio.run(csv_manager.release(release, key=round_num))
-    asyncio.run(tb_manager.release(
-        {k: v for k, v in release.items() if math.isfinite(v)},
-        key=round_num))
     if progress is None:
       print(f'round {round_num}/{config.rounds} loss={row["train_loss"]:.4f} '
             f'eval_accuracy={row["eval_accuracy"]:.4f} '
