@@ -1,7 +1,7 @@
 r"""Federated training with bounded (and optionally private) client updates.
 
 With no flags: federated scikit-learn digits (real handwritten digits, offline),
-DP-FedAvg with adaptive clipping, 30 rounds, about two minutes on 2 cores:
+DP-FedAvg with adaptive clipping, 30 rounds, about a minute on 2 cores:
 
   .venv/bin/python -m scripts.train
 
