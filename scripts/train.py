@@ -19,9 +19,13 @@ from absl import logging
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-# pylint: disable=g-import-not-at-top
+# pylint: disable=g-import-not-at-top,unused-import
+# TensorFlow is imported here, before absl's app.run: imported for the first
+# time inside app.run's main, Keras (2.14) then builds functional models from
+# graph tensors and `Flatten` fails with "Attempt to convert a value (None)".
+import tensorflow as tf
 from tff_clip import training
-# pylint: enable=g-import-not-at-top
+# pylint: enable=g-import-not-at-top,unused-import
 
 _D = training.TrainConfig()
 

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -59,12 +60,13 @@ def test_sweep_runs_cells_then_skips_them_when_rerun(tmp_path):
              '--grid=bounding=clip,normalize', '--seeds=1', '--',
              '--rounds=2', '--clients_per_round=6', '--eval_every=2',
              '--clip_norm=1.0']
+  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
   first = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                         timeout=900, check=False)
+                         timeout=900, check=False, env=env)
   assert first.returncode == 0, first.stdout + first.stderr
   summary = (tmp_path / 's' / 'summary.md').read_text()
   assert 'clip' in summary and 'normalize' in summary
   second = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                          timeout=300, check=False)
+                          timeout=300, check=False, env=env)
   assert second.returncode == 0
   assert second.stdout.count('done, skipped') == 2

@@ -24,6 +24,9 @@ SMALL = ['--rounds=4', '--clients_per_round=6', '--eval_every=2',
 
 def _train(args, **popen_kwargs):
   env = dict(os.environ, PYTHONUNBUFFERED='1', TF_CPP_MIN_LOG_LEVEL='3')
+  # As from a user's shell: TensorFlow sets TF2_BEHAVIOR=1 in this (pytest)
+  # process, and inheriting it would hide import-order bugs of the script.
+  env.pop('TF2_BEHAVIOR', None)
   return subprocess.Popen(
       [sys.executable, '-m', 'scripts.train', *args], cwd=REPO, env=env,
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -37,6 +37,10 @@ from typing import Any, Optional, Union
 
 from absl import logging
 import numpy as np
+# Imported eagerly on purpose: a program whose first TensorFlow import happens
+# inside absl's app.run main gets Keras (2.14) building functional models
+# from graph tensors ("Attempt to convert a value (None)" in Flatten).
+import tensorflow as tf  # pylint: disable=unused-import
 
 from tff_clip import accounting
 from tff_clip import sampling as sampling_lib
@@ -494,6 +498,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
   from tff_clip import dp  # pylint: disable=g-import-not-at-top
 
   task = build_task(config)
+  initial_weights = initial_model_weights(task, config.seed)
   client_ids = list(task.datasets.train_data.client_ids)
   noise_multiplier = resolve_noise_multiplier(config, len(client_ids))
   sampler = sampling_lib.ClientSampler(client_ids, config.clients_per_round,
@@ -510,7 +515,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
       os.path.join(out, 'checkpoints'), prefix='round_', keep_total=2,
       keep_first=False)
   state = process.set_model_weights(process.initialize(),
-                                    initial_model_weights(task, config.seed))
+                                    initial_weights)
   ledger = accounting.PrivacyLedger()
   start_round = 1
   if resuming:
