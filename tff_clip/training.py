@@ -60,6 +60,11 @@ EXTRAPOLATION_POPULATION = 1_000_000
 EXTRAPOLATION_CLIENTS_PER_ROUND = 1_000
 
 
+# How a run is executed, not what it computes: these may change on resume.
+EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'workers',
+                  'worker_timeout_s', 'progress', 'root_output_dir')
+
+
 class ConfigError(ValueError):
   """A configuration that cannot run; raised before any training starts."""
 
@@ -124,8 +129,7 @@ class TrainConfig:
   def identity(self) -> dict[str, Any]:
     """What must match for a rerun to resume (not how it is executed)."""
     out = self.to_json()
-    for key in ('executor', 'max_concurrent_clients', 'workers',
-                'worker_timeout_s', 'progress', 'root_output_dir'):
+    for key in EXECUTION_KEYS:
       out.pop(key)
     return out
 
@@ -250,15 +254,12 @@ def prepare_output_dir(config: TrainConfig) -> bool:
     raise ConfigError(f'`root_output_dir`: {out!r} is not writable.')
   if os.path.exists(config_path):
     with open(config_path) as f:
-      previous = json.load(f)
-    previous_identity = dict(previous)
-    for key in ('executor', 'max_concurrent_clients', 'workers',
-                'worker_timeout_s', 'progress', 'root_output_dir'):
-      previous_identity.pop(key, None)
-    if previous_identity != config.identity():
-      changed = sorted(k for k in set(previous_identity) | set(
-          config.identity()) if previous_identity.get(k) !=
-                       config.identity().get(k))
+      previous = {k: v for k, v in json.load(f).items()
+                  if k not in EXECUTION_KEYS}
+    current = config.identity()
+    if previous != current:
+      changed = sorted(k for k in set(previous) | set(current)
+                       if previous.get(k) != current.get(k))
       raise ConfigError(
           f'{out!r} holds a run with a different configuration (differs in: '
           f'{", ".join(changed)}). Nothing was changed; choose another '
