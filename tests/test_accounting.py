@@ -504,3 +504,14 @@ def test_extrapolation_table_lists_n_k_q_z_and_epsilon():
                  'RDP epsilon', 'RDP order'):
     assert column in lines[0]
   assert '1,000,000' in lines[2]
+
+
+def test_ledger_refuses_an_event_it_cannot_account_when_recorded():
+  ledger = accounting.PrivacyLedger()
+  ledger.record(1, accounting.gaussian_round_event(1.0, N, K))
+  with pytest.raises(ValueError, match='`event` cannot be accounted'):
+    ledger.record(2, dp_accounting.PoissonSampledDpEvent(
+        0.1, dp_accounting.UnsupportedDpEvent()))
+  assert ledger.rounds == (1,)
+  assert ledger.epsilon(DELTA) == pytest.approx(
+      accounting.compute_training_epsilon(1.0, N, K, 1, DELTA).epsilon)

@@ -271,7 +271,9 @@ def test_fedavg_trains_three_rounds_with_each_factory(method,
     m = output.metrics['aggregator']
     assert m['clip_norm'] == pytest.approx(1.0)
     assert 0.0 <= m['clipped_fraction'] <= 1.0
-    assert m['max_norm'] >= m['mean_norm'] > 0.0
+    # The mean of float32 norms is rounded once (relative 2^-24).
+    assert m['max_norm'] >= m['mean_norm'] * (1 - 2**-23)
+    assert m['mean_norm'] > 0.0
     assert m['nonfinite_count'] == 0
     assert np.isfinite(output.metrics['client_work']['train']['loss'])
     # Server SGD at rate 1 applies the mean of bounded updates: its norm is

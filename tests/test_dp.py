@@ -278,12 +278,33 @@ def test_adaptive_round_is_exactly_as_private_as_requested_z(per_layer):
 
 
 def test_too_small_count_noise_for_per_layer_quantiles_is_rejected():
-  # sigma_b = 12/20 = 0.6 suffices for one count (z < 2 sigma_b) but not for
-  # two per-layer counts (needs sigma_b > sqrt(2) z / 2 = 0.707).
+  # sigma_b = 0.6 suffices for one count (z < 2 sigma_b) but not for two
+  # per-layer counts (needs sigma_b > sqrt(2) z / 2 = 0.707).
   factory = dp.dp_factory('per_layer_clip', 1.0, 12.0, clip_norm='adaptive',
-                          per_layer_quantiles=True)
+                          per_layer_quantiles=True, clipped_count_stddev=0.6)
   with pytest.raises(ValueError, match='clipped_count_stddev'):
     factory.create(VALUE_TYPE)
+
+
+@pytest.mark.parametrize('z', [0.0, 0.3, 1.0, 5.0, 20.0])
+@pytest.mark.parametrize('n', [1.0, 3.0, 20.0, 1000.0])
+@pytest.mark.parametrize('num_layers', [1, 6, 50])
+def test_default_count_noise_builds_for_every_z_n_and_layer_count(
+    z, n, num_layers):
+  structure = [tf.zeros([2])] * num_layers
+  factory = dp.dp_factory('per_layer_clip', z, n, clip_norm='adaptive',
+                          per_layer_quantiles=True)
+  query = _adaptive_query(factory, structure)
+  sample = query.initial_sample_state(
+      [tf.TensorSpec([2])] * num_layers)
+  _, _, event = query.get_noised_result(sample, query.initial_global_state())
+  if z == 0:
+    return
+  # Value and count releases compose to one Gaussian mechanism with z
+  # (RDP of Gaussians adds as z^-2), and the value noise grows by <= 10%.
+  value_z, count_z = (float(e.noise_multiplier) for e in event.events)
+  assert (value_z**-2 + count_z**-2)**-0.5 == pytest.approx(z, rel=1e-5)
+  assert z <= value_z <= 1.1 * z * (1 + 1e-6)
 
 
 # ----------------------------------------------------------------------------
@@ -300,8 +321,12 @@ def test_too_small_count_noise_for_per_layer_quantiles_is_rejected():
     (dict(clip_learning_rate=-0.1), 'clip_learning_rate'),
     (dict(target_quantile=1.5), 'target_quantile'),
     (dict(initial_clip_norm=-1.0), 'initial_clip_norm'),
-    (dict(noise_multiplier=5.0, clients_per_round=10.0),
-     'clipped_count_stddev'),
+    (dict(noise_multiplier=5.0, clients_per_round=10.0,
+          clipped_count_stddev=0.5), 'clipped_count_stddev'),
+    (dict(clipped_count_stddev=0.0), 'clipped_count_stddev'),
+    (dict(clipped_count_stddev=-0.0), 'clipped_count_stddev'),
+    (dict(target_quantile='0.5'), 'target_quantile'),
+    (dict(noise_seed=1.5), 'noise_seed'),
     (dict(denominator='median'), 'denominator'),
     (dict(noise_placement='server'), 'noise_placement'),
     (dict(bounding_method='squash'), 'bounding'),
@@ -362,3 +387,129 @@ def test_seeded_adaptive_round_is_reproducible_including_count_noise():
   assert (first.measurements['dp_query_metrics']['clip_norm'] ==
           again.measurements['dp_query_metrics']['clip_norm'])
   np.testing.assert_array_equal(first.result['b'], again.result['b'])
+
+
+# ----------------------------------------------------------------------------
+# Noise secrecy: fresh OS entropy unless a `noise_seed` is given.
+
+
+def _one_noisy_round(factory, global_seed=None):
+  if global_seed is not None:  # What a script does for reproducible init.
+    tf.random.set_seed(global_seed)
+  process = factory.create(VALUE_TYPE)
+  return process.next(process.initialize(), _zeros(2)).result['b']
+
+
+@pytest.mark.parametrize('placement', dp.NOISE_PLACEMENTS)
+@pytest.mark.parametrize('adaptive', [False, True])
+def test_unseeded_noise_differs_between_builds_even_under_a_global_seed(
+    placement, adaptive):
+  def build():
+    return dp.dp_factory('clip', 1.0, 10.0,
+                         clip_norm='adaptive' if adaptive else 1.0,
+                         noise_placement=placement)
+  first = _one_noisy_round(build(), global_seed=0)
+  second = _one_noisy_round(build(), global_seed=0)
+  assert np.std(first) > 0
+  assert not np.any(first == second)
+
+
+def test_unseeded_noise_differs_between_initializations_of_one_process():
+  process = dp.dp_factory('clip', 1.0, 10.0, clip_norm=1.0).create(VALUE_TYPE)
+  first = process.next(process.initialize(), _zeros(1)).result['a']
+  second = process.next(process.initialize(), _zeros(1)).result['a']
+  assert not np.any(first == second)
+
+
+@pytest.mark.parametrize('placement', dp.NOISE_PLACEMENTS)
+def test_seeded_noise_is_the_same_across_builds_and_global_seeds(placement):
+  def build():
+    return dp.dp_factory('clip', 1.0, 10.0, clip_norm='adaptive',
+                         noise_placement=placement, noise_seed=123)
+  first = _one_noisy_round(build(), global_seed=1)
+  second = _one_noisy_round(build(), global_seed=2)
+  np.testing.assert_array_equal(first, second)
+
+
+def test_seeded_client_noise_differs_between_clients():
+  # Two clients with different updates must not draw the same noise, or the
+  # sum's noise would be 2x one draw (std 2 sigma/sqrt(n), not sqrt(2)...).
+  process = dp.dp_factory('clip', 1.0, 2.0, clip_norm=1.0, noise_seed=5,
+                          noise_placement='client',
+                          denominator='actual').create(VALUE_TYPE)
+  state = process.initialize()
+  one = collections.OrderedDict(a=np.zeros(3000, np.float32),
+                                b=np.zeros(5000, np.float32))
+  two = collections.OrderedDict(a=np.full(3000, 1e-6, np.float32),
+                                b=np.zeros(5000, np.float32))
+  alone = [process.next(state, [c]).result['b'] for c in (one, two)]
+  assert not np.any(alone[0] == alone[1])
+
+
+def test_noise_key_is_not_released_in_measurements():
+  process = dp.dp_factory('per_layer_clip', 1.0, 10.0,
+                          clip_norm='adaptive').create(VALUE_TYPE)
+  output = process.next(process.initialize(), _zeros(1))
+  released = tf.nest.flatten(output.measurements)
+  assert not any(np.asarray(x).dtype == np.int64 for x in released)
+
+
+# ----------------------------------------------------------------------------
+# Exact sensitivity in low precision.
+
+
+@pytest.mark.parametrize('dtype', [tf.float16, tf.bfloat16])
+@pytest.mark.parametrize('method', bounding.BOUNDINGS)
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), scale=st.floats(1e-3, 1e3))
+def test_bounded_norm_in_low_precision_is_at_most_c(dtype, method, seed,
+                                                    scale):
+  rng = np.random.default_rng(seed)
+  structure = [tf.constant(rng.normal(size=size) * scale, dtype)
+               for size in (7, 300)]
+  clip_norm = 1.0
+  budgets = bounding.layer_budgets(structure, clip_norm, 'dim')
+  result = bounding.bound(structure, method, clip_norm=clip_norm,
+                          budgets=budgets).value
+  assert all(x.dtype == dtype for x in result)
+  # The exact norm of the stored values (float64 of the dtype's numbers).
+  stored = [np.asarray(tf.cast(x, tf.float64)) for x in result]
+  assert math.sqrt(sum(np.sum(x**2) for x in stored)) <= clip_norm
+  if method.startswith('per_layer'):
+    for x, budget in zip(stored, np.asarray(budgets, np.float64)):
+      assert np.linalg.norm(x) <= budget
+
+
+@pytest.mark.parametrize('dtype', [tf.float16, tf.bfloat16])
+def test_4096_low_precision_records_sum_in_float32(dtype):
+  # Noise off: the query's sum of 4096 records at norm C must match the
+  # float64 sum of the same bounded records to float32 rounding. Summed in
+  # float16, partial sums above 2048 lose whole units: ~10% off here.
+  num_clients, size = 4096, 4
+  value_type = tff.types.TensorType(dtype.as_numpy_dtype, [size])
+  query = dp.dp_factory('clip', 0.0, float(num_clients),
+                        clip_norm=1.0)._build_query(value_type)  # pylint: disable=protected-access
+  rng = np.random.default_rng(0)
+  records = tf.constant(rng.normal(size=(num_clients, size)) + 3.0, dtype)
+  state = query.initial_global_state()
+  params = query.derive_sample_params(state)
+
+  @tf.function
+  def total():
+    sample = query.initial_sample_state(tf.TensorSpec([size], dtype))
+    for i in tf.range(num_clients):
+      sample = query.accumulate_record(params, sample, records[i])
+    return sample
+
+  sample = total()
+  bounded = np.stack([
+      np.asarray(tf.cast(bounding.clip(records[i], 1.0), tf.float64))
+      for i in range(num_clients)])
+  expected = bounded.sum(axis=0)
+  summed = np.asarray(tf.nest.flatten(sample)[0], np.float64)
+  # float32 accumulation of 4096 terms of size <= 1: error <= 4096 * 2^-24 *
+  # sum|x| (sequential bound), far below the float16 failure.
+  np.testing.assert_allclose(summed, expected,
+                             atol=num_clients * 2**-24 * np.abs(bounded).sum(0).max())
+  mean, _, _ = query.get_noised_result(sample, state)
+  assert tf.nest.flatten(mean)[0].dtype == dtype

@@ -1158,14 +1158,22 @@ class PrivacyLedger:
       raise ValueError(f'`round_num` {round_num} is already recorded; a round '
                        'must never be counted twice.')
     event = _canonical(event)
-    # Fail now, not at the first epsilon, on an uncomposable mixture.
-    _neighboring_relation(
+    # Fail now, not at the first epsilon, on an uncomposable mixture or on an
+    # event the accountant cannot interpret: a ledger never holds a release
+    # it cannot account.
+    relation = _neighboring_relation(
         dp_accounting.ComposedDpEvent(self._distinct + [event]))
     try:
       index = self._distinct.index(event)
     except ValueError:
+      try:
+        rdp_values = _compose(RDP, _accounting_view(event, relation),
+                              relation, None, event).rdp
+      except dp_accounting.UnsupportedEventError as error:
+        raise ValueError(f'`event` cannot be accounted: {error}') from error
       index = len(self._distinct)
       self._distinct.append(event)
+      self._rdp_cache[(index, relation)] = rdp_values
     self._event_index[round_num] = index
     self._round_nums.append(round_num)
 

@@ -10,10 +10,11 @@ clipping code of Pelikan et al., NeurIPS 2025 -- seed 002 -- uses), in
 order of the Keras model's variables). Every [H] vector here uses that order.
 
 Guarantees, for every function here and every split:
-  * the L2 norm of the bounded structure is <= the clip norm (up to the float
-    rounding of the leaf dtype), for any finite input of any float dtype
-    (float16, bfloat16, float32, float64), zero tensors, empty tensors and
-    scalars;
+  * the exact L2 norm of the bounded structure, as stored in its own dtype,
+    is <= the clip norm (per-layer: each leaf <= its budget), for any finite
+    input of any float dtype (float16, bfloat16, float32, float64), zero
+    tensors, empty tensors and scalars: bounds aim a hair below C to absorb
+    every rounding on the way (`rounding_margins`);
   * an update with a NaN or an Inf anywhere is replaced by zeros (and reported
     through `BoundedUpdate.nonfinite`), never propagated;
   * a non-finite or negative clip norm (possible only for a norm computed in
@@ -57,6 +58,7 @@ __all__ = [
     'normalize',
     'normalize_per_layer',
     'round_down_to_float32',
+    'rounding_margins',
 ]
 
 SPLITS = ('uniform', 'dim')
@@ -77,7 +79,7 @@ class ExplicitBudgets:
   def __init__(self, budgets: Sequence[float]):
     values = np.asarray(budgets, dtype=np.float64).reshape(-1)
     if values.size == 0 or not np.all(np.isfinite(values)) or np.any(
-        values < 0):
+        np.signbit(values)):
       raise ValueError(
           '`split` budgets must be a non-empty sequence of finite, '
           f'non-negative floats; got {budgets!r}.')
@@ -204,23 +206,24 @@ def _all_finite(leaves):
 def _norms(leaves, compute_dtype):
   """Returns (layer_norms [H], global_norm, all_finite, fast) in float64.
 
-  One pass over the data in `compute_dtype` in the usual case (`fast` True);
-  a rescaled float64 computation only when a sum of squares overflowed (huge or
-  non-finite input) or underflowed (tiny or zero input).
+  One pass over the data, summing squares in float64 (so the norm a bound
+  divides by is exact to ~1e-13, whatever the leaf dtype); `fast` is True
+  when every layer's sum of squares is also within `compute_dtype`'s range,
+  so that scaling in `compute_dtype` cannot overflow or underflow. Otherwise
+  (huge, tiny, zero or non-finite input) a rescaled float64 computation.
   """
   wide = tf.float64
   if not leaves:
     zero = tf.constant(0, wide)
     return tf.zeros([0], wide), zero, tf.constant(True), tf.constant(True)
-  tiny = tf.constant(np.finfo(compute_dtype.as_numpy_dtype).tiny,
-                     compute_dtype)
-  sumsq = _sum_of_squares(leaves, compute_dtype)
-  fast_ok = tf.reduce_all(tf.math.is_finite(sumsq) & (sumsq >= tiny))
+  info = np.finfo(compute_dtype.as_numpy_dtype)
+  sumsq = _sum_of_squares(leaves, wide)
+  fast_ok = tf.reduce_all(tf.math.is_finite(sumsq) &
+                          (sumsq >= float(info.tiny)) &
+                          (sumsq <= float(info.max)))
 
   def fast():
-    wide_sumsq = tf.cast(sumsq, wide)
-    return (tf.sqrt(wide_sumsq), tf.sqrt(tf.reduce_sum(wide_sumsq)),
-            tf.constant(True))
+    return (tf.sqrt(sumsq), tf.sqrt(tf.reduce_sum(sumsq)), tf.constant(True))
 
   def robust():
     layer = _rescaled_layer_norms(leaves, wide)
@@ -383,6 +386,28 @@ def _sanitize_norm(norm, dtype):
                   tf.zeros_like(norm))
 
 
+def _unit_roundoff(dtype) -> float:
+  return float(np.finfo(tf.as_dtype(dtype).as_numpy_dtype).eps) / 2.0 if (
+      tf.as_dtype(dtype) != tf.bfloat16) else 2.0**-8
+
+
+def rounding_margins(leaves, compute_dtype) -> np.ndarray:
+  """Per-leaf factors 1 - m_h < 1 that make every bound exact after rounding.
+
+  A bound computed in exact arithmetic lands on C, but the norm it divides by
+  is a float64 sum of squares (relative error far below 1e-9), the factor and
+  the product are rounded in the compute dtype (u_c each), and the result is
+  rounded to the leaf's dtype (u_h per entry: 2^-11 for float16, 2^-8 for
+  bfloat16). Aiming at C (1 - m_h), m_h = 8 u_c + 2 u_h + 1e-9, keeps the
+  exact norm of the stored tensor <= C: the sensitivity the accounting
+  assumes. The shrink is 6e-7 relative for float32, 1e-3 for float16 and
+  8e-3 for bfloat16.
+  """
+  u_c = _unit_roundoff(compute_dtype)
+  return np.asarray([1.0 - 8.0 * u_c - 2.0 * _unit_roundoff(x.dtype) - 1e-9
+                     for x in leaves], np.float64)
+
+
 def _scale_leaves(leaves, factors, compute_dtype):
   # Multiply in the compute dtype and cast back: a float16 leaf times a large
   # normalisation factor must not overflow in float16 before the product.
@@ -430,6 +455,7 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
   zero = tf.zeros([], wide)
   one = tf.ones([], wide)
 
+  margins = rounding_margins(leaves, dtype)
   if per_layer:
     budgets = tf.reshape(_sanitize_norm(budgets, wide), [-1])
     if budgets.shape[0] is not None and budgets.shape[0] != len(leaves):
@@ -437,10 +463,11 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
           f'`budgets` has {budgets.shape[0]} entries but the structure has '
           f'{len(leaves)} leaves.')
     safe_layer = tf.where(layer > 0, layer, tf.ones_like(layer))
+    targets = budgets * tf.constant(margins, wide) if leaves else budgets
     if method == 'per_layer_clip':
-      factors = tf.minimum(tf.ones_like(layer), budgets / safe_layer)
+      factors = tf.minimum(tf.ones_like(layer), targets / safe_layer)
     else:
-      factors = tf.where(layer > 0, budgets / safe_layer, tf.zeros_like(layer))
+      factors = tf.where(layer > 0, targets / safe_layer, tf.zeros_like(layer))
     # A layer whose norm overflowed even float64 gets factor 0.
     factors = tf.where(tf.math.is_finite(factors), factors,
                        tf.zeros_like(factors))
@@ -448,11 +475,12 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
                    else tf.constant(False))
   else:
     norm = _sanitize_norm(clip_norm, wide)
+    target = norm * (float(margins.min()) if leaves else 1.0)
     safe_total = tf.where(total > 0, total, one)
     if method == 'clip':
-      factor = tf.minimum(one, norm / safe_total)
+      factor = tf.minimum(one, target / safe_total)
     else:
-      factor = tf.where(total > 0, norm / safe_total, zero)
+      factor = tf.where(total > 0, target / safe_total, zero)
     factor = tf.where(tf.math.is_finite(factor), factor, zero)
     factors = tf.fill([len(leaves)], factor)
     was_bounded = total > norm

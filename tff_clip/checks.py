@@ -33,6 +33,7 @@ def nonnegative_float(value, label: str) -> float:
   """`value` as a float; TypeError if not a number, ValueError unless >= 0 and finite."""
   if not is_real(value):
     raise TypeError(f'`{label}` must be a float; got {value!r}.')
-  if not math.isfinite(value) or value < 0:
+  # -0.0 is refused too: a sign bit in a norm or a std is a bug upstream.
+  if not math.isfinite(value) or value < 0 or math.copysign(1.0, value) < 0:
     raise ValueError(f'`{label}` must be a finite float >= 0; got {value!r}.')
   return float(value)

@@ -60,7 +60,9 @@ __all__ = [
     'AdaptiveBoundedSumQuery',
     'BoundedGaussianSumQuery',
     'CountQuantileEstimatorQuery',
+    'ResultDtypeQuery',
     'adaptive_noise_multipliers',
+    'default_clipped_count_stddev',
     'dp_factory',
     'extract_dp_event',
 ]
@@ -70,34 +72,76 @@ NOISE_PLACEMENTS = ('central', 'client')
 
 
 # ----------------------------------------------------------------------------
-# Noise.
+# Noise. The Gaussian mechanism's guarantee assumes the adversary cannot
+# predict the noise: every draw here comes either from a key drawn from OS
+# entropy when the graph runs (the default) or, only when the user passes
+# `noise_seed`, from that seed (reproducible, and then NOT private).
+
+_INT64 = np.iinfo(np.int64)
 
 
-def _gaussian_like(leaves, stddev, seed):
-  """One N(0, stddev^2) draw per coordinate of every leaf.
+def secret_key() -> tf.Tensor:
+  """A fresh [2] int64 key from OS entropy, drawn when the graph runs.
 
-  `seed` None: TF's stateful generator (fresh randomness, what a deployment
-  wants). An int64 [2] tensor: stateless draws, reproducible from the seed --
-  for experiments (resume, fixed-seed comparisons) only, since anyone who
-  knows the seed can subtract the noise.
+  The raw op with seed = seed2 = 0 makes its kernel seed itself from the OS
+  (TensorFlow's `GuardedPhiloxRandom::Init`), whatever global or op seed the
+  program set. `tf.random.uniform` would not do: after `tf.random.set_seed`
+  (which training scripts call for reproducible initialisation) its op seed,
+  and so the noise, would be a function of a public seed.
+  """
+  return tf.raw_ops.RandomUniformInt(
+      shape=tf.constant([2], tf.int32), minval=tf.constant(_INT64.min),
+      maxval=tf.constant(_INT64.max), seed=0, seed2=0)
+
+
+def _initial_key(noise_seed: Optional[int]) -> tf.Tensor:
+  if noise_seed is None:
+    return secret_key()
+  return tf.constant([noise_seed, 0], tf.int64)
+
+
+def _fold_in(key, data):
+  return tf.random.experimental.stateless_fold_in(key, tf.cast(data, tf.int64))
+
+
+def _fingerprint(leaves) -> tf.Tensor:
+  """An int64 fingerprint of a record: distinct records, distinct keys."""
+  flat = tf.concat([tf.reshape(tf.cast(x, tf.float64), [-1]) for x in leaves]
+                   + [tf.zeros([1], tf.float64)], axis=0)
+  digest = tf.fingerprint(tf.reshape(flat, [1, -1]))  # uint8 [1, 8]
+  return tf.bitcast(tf.reshape(digest, [8]), tf.int64)
+
+
+def _add_noise(structure, stddev, key=None):
+  """Adds N(0, stddev^2) to every coordinate, in float32 or wider.
+
+  `key`: a [2] int64 stateless key (one fold per leaf), or None for the raw
+  OS-seeded stateful kernel (client-side noise, where no server key may be
+  shipped to clients).
   """
   out = []
-  for i, leaf in enumerate(leaves):
+  for i, leaf in enumerate(tf.nest.flatten(structure)):
     shape = tf.shape(leaf)
-    if seed is None:
-      noise = tf.random.normal(shape, stddev=stddev, dtype=tf.float32)
+    if key is None:
+      noise = tf.raw_ops.RandomStandardNormal(
+          shape=shape, dtype=tf.float32, seed=0, seed2=0) * stddev
     else:
-      leaf_seed = tf.random.experimental.stateless_fold_in(seed, i)
-      noise = tf.random.stateless_normal(shape, leaf_seed, stddev=stddev,
-                                         dtype=tf.float32)
+      noise = tf.random.stateless_normal(shape, _fold_in(key, i),
+                                         stddev=stddev, dtype=tf.float32)
     out.append(leaf + tf.cast(noise, leaf.dtype))
-  return out
+  return tf.nest.pack_sequence_as(structure, out)
 
 
-def _add_noise(structure, stddev, seed=None):
-  leaves = tf.nest.flatten(structure)
-  return tf.nest.pack_sequence_as(structure,
-                                  _gaussian_like(leaves, stddev, seed))
+def _widen(structure):
+  """float16/bfloat16 leaves to float32: sums and noise in >= float32.
+
+  Summing n bounded float16 records in float16 rounds every partial sum: from
+  about 2048 records the rounding alone moves the sum by as much as a record,
+  doubling the sensitivity the accounting assumes.
+  """
+  return tf.nest.map_structure(
+      lambda x: tf.cast(x, tf.float32)
+      if x.dtype in (tf.float16, tf.bfloat16) else x, structure)
 
 
 # ----------------------------------------------------------------------------
@@ -116,7 +160,11 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
   """
 
   GlobalState = collections.namedtuple(
-      'GlobalState', ['clip_norm', 'noise_multiplier', 'noise_seed', 'round'])
+      'GlobalState', ['clip_norm', 'noise_multiplier', 'noise_key', 'round'])
+  # `client_noise_key` is all zeros unless client-side noise is seeded: the
+  # server's (secret) key is never broadcast to clients.
+  SampleParams = collections.namedtuple('SampleParams',
+                                        ['clip_norm', 'client_noise_key'])
 
   def __init__(self, bounding_method: str, clip_norm, noise_multiplier: float,
                layer_fractions: Optional[np.ndarray] = None,
@@ -145,17 +193,19 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
     self._placement = noise_placement
     self._expected_clients = expected_clients
 
-  def make_global_state(self, clip_norm, noise_multiplier, noise_seed,
-                        round_num):
-    return self.GlobalState(tf.cast(clip_norm, tf.float32),
-                            tf.cast(noise_multiplier, tf.float32),
-                            tf.cast(noise_seed, tf.int64),
-                            tf.cast(round_num, tf.int64))
-
   def initial_global_state(self):
-    seed = -1 if self._noise_seed is None else self._noise_seed
-    return self.make_global_state(self._clip_norm, self._noise_multiplier,
-                                  seed, 0)
+    # The key lives in the aggregator state: checkpointed (server-private),
+    # so a resumed run continues the same stream, and never released.
+    return self.GlobalState(tf.constant(self._clip_norm, tf.float32),
+                            tf.constant(self._noise_multiplier, tf.float32),
+                            _initial_key(self._noise_seed),
+                            tf.constant(0, tf.int64))
+
+  def initial_sample_state(self, template=None):
+    # Records are summed in >= float32 (see `_widen`).
+    return tf.nest.map_structure(
+        lambda spec: tf.zeros(spec.shape, _widen(tf.zeros([], spec.dtype)).dtype),
+        template)
 
   def budgets(self, clip_norm):
     """Per-layer budgets for a (scalar or vector) clip norm state."""
@@ -170,22 +220,32 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
     return clip_norm
 
   def derive_sample_params(self, global_state):
-    return global_state.clip_norm
+    client_key = tf.zeros([2], tf.int64)
+    if self._placement == 'client' and self._noise_seed is not None:
+      client_key = _fold_in(global_state.noise_key, global_state.round)
+    return self.SampleParams(global_state.clip_norm, client_key)
 
   def preprocess_record_impl(self, params, record):
-    """Returns (bounded record, `bounding.BoundedUpdate`)."""
+    """Returns (bounded record in >= float32, `bounding.BoundedUpdate`)."""
+    clip_norm = params.clip_norm
     if self._per_layer:
       result = bounding.bound(record, self._method,
-                              budgets=self.budgets(params))
+                              budgets=self.budgets(clip_norm))
     else:
-      result = bounding.bound(record, self._method, clip_norm=params)
-    value = result.value
+      result = bounding.bound(record, self._method, clip_norm=clip_norm)
+    value = _widen(result.value)
     if self._placement == 'client':
       # Seed 000 / seed 002 client-level form: each of the n expected clients
-      # adds N(0, (z S)^2 / n); their sum carries N(0, (z S)^2).
-      stddev = (self._noise_multiplier * self.sensitivity(params) /
+      # adds N(0, (z S)^2 / n); their sum carries N(0, (z S)^2). Fresh OS
+      # entropy on each client, or (seeded runs only) a key from the seed,
+      # the round and the record itself, so clients draw different noise.
+      stddev = (self._noise_multiplier * self.sensitivity(clip_norm) /
                 math.sqrt(self._expected_clients))
-      value = _add_noise(value, stddev)
+      key = None
+      if self._noise_seed is not None:
+        key = _fold_in(params.client_noise_key,
+                       _fingerprint(tf.nest.flatten(value)))
+      value = _add_noise(value, stddev, key)
     return value, result
 
   def preprocess_record(self, params, record):
@@ -195,11 +255,8 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
     stddev = global_state.noise_multiplier * self.sensitivity(
         global_state.clip_norm)
     if self._placement == 'central':
-      if self._noise_seed is None:
-        seed = None
-      else:
-        seed = tf.stack([global_state.noise_seed, global_state.round])
-      result = _add_noise(sample_state, stddev, seed)
+      result = _add_noise(sample_state, stddev,
+                          _fold_in(global_state.noise_key, global_state.round))
     else:
       result = sample_state
     new_state = global_state._replace(round=global_state.round + 1)
@@ -323,6 +380,40 @@ class AdaptiveBoundedSumQuery(tfp.SumAggregationDPQuery):
     return self._sum_query.derive_metrics(global_state.sum_state)
 
 
+class ResultDtypeQuery(tfp.SumAggregationDPQuery):
+  """Casts the released result back to the value's leaf dtypes, last.
+
+  The sum and the noise stay in >= float32 until the mean is final; only the
+  post-processed result is rounded to float16/bfloat16.
+  """
+
+  def __init__(self, query, dtypes):
+    self._query = query
+    self._dtypes = dtypes
+
+  def initial_global_state(self):
+    return self._query.initial_global_state()
+
+  def derive_sample_params(self, global_state):
+    return self._query.derive_sample_params(global_state)
+
+  def initial_sample_state(self, template=None):
+    return self._query.initial_sample_state(template)
+
+  def preprocess_record(self, params, record):
+    return self._query.preprocess_record(params, record)
+
+  def get_noised_result(self, sample_state, global_state):
+    result, new_state, event = self._query.get_noised_result(sample_state,
+                                                             global_state)
+    leaves = [tf.cast(x, d) for x, d in zip(tf.nest.flatten(result),
+                                             tf.nest.flatten(self._dtypes))]
+    return tf.nest.pack_sequence_as(result, leaves), new_state, event
+
+  def derive_metrics(self, global_state):
+    return self._query.derive_metrics(global_state)
+
+
 class ActualCountNormalizedQuery(tfp.SumAggregationDPQuery):
   """Mean over the clients actually present: noisy sum / exact count.
 
@@ -391,6 +482,33 @@ def adaptive_noise_multipliers(noise_multiplier: float,
   return remaining**-0.5
 
 
+# The value noise may rise by at most this factor to pay for the count noise.
+MAX_VALUE_NOISE_INFLATION = 1.1
+
+
+def default_clipped_count_stddev(noise_multiplier: float,
+                                 clients_per_round: float,
+                                 num_counts: int = 1) -> float:
+  """sigma_b = max(n / 20, sqrt(k) z / (2 sqrt(1 - r^-2))), r = 1.1.
+
+  Andrew et al. (2021) suggest sigma_b = n/20. From the composition
+  z^-2 = z_v^-2 + k (2 sigma_b)^-2 (`adaptive_noise_multipliers`), that is
+  infeasible whenever sqrt(k) z / 2 >= n / 20 -- e.g. per-layer quantiles
+  (k = H counts) at z = 1 with 20 clients -- and costs a large value-noise
+  inflation just above that. The second term is the sigma_b at which the
+  value noise is exactly r z: solving r^-2 z^-2 = z^-2 - k (2 sigma_b)^-2
+  for sigma_b. Taking the larger of the two keeps n/20 where it is cheap and
+  otherwise caps the inflation z_v / z at r = 1.1, so every z >= 0, n >= 1
+  and k >= 1 builds. Zero when z = 0 (the noise-free estimator).
+  """
+  if noise_multiplier == 0:
+    return 0.0
+  r = MAX_VALUE_NOISE_INFLATION
+  capped = (math.sqrt(num_counts) * noise_multiplier /
+            (2.0 * math.sqrt(1.0 - r**-2)))
+  return max(clients_per_round / 20.0, capped)
+
+
 # ----------------------------------------------------------------------------
 # The factory.
 
@@ -433,11 +551,11 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
           cfg['noise_placement'], n)
     else:
       per_layer_quantiles = per_layer and cfg['per_layer_quantiles']
+      num_counts = num_layers if per_layer_quantiles else 1
       count_stddev = cfg['clipped_count_stddev']
       if count_stddev is None:
-        count_stddev = 0.05 * n if z > 0 else 0.0
-      value_z = adaptive_noise_multipliers(
-          z, count_stddev, num_layers if per_layer_quantiles else 1)
+        count_stddev = default_clipped_count_stddev(z, n, num_counts)
+      value_z = adaptive_noise_multipliers(z, count_stddev, num_counts)
       initial = cfg['initial_clip_norm']
       if per_layer_quantiles:
         initial = (initial * fractions).astype(np.float32)
@@ -455,8 +573,12 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
       query = AdaptiveBoundedSumQuery(sum_query, estimator,
                                       per_layer_quantiles)
     if cfg['denominator'] == 'expected':
-      return tfp.NormalizedQuery(query, denominator=float(n))
-    return ActualCountNormalizedQuery(query)
+      query = tfp.NormalizedQuery(query, denominator=float(n))
+    else:
+      query = ActualCountNormalizedQuery(query)
+    dtypes = tf.nest.map_structure(
+        lambda spec: spec.dtype, tff.types.type_to_tf_tensor_specs(value_type))
+    return ResultDtypeQuery(query, dtypes)
 
   def create(self, value_type, weight_type=None):
     value_type = tff.types.to_type(value_type)
@@ -511,8 +633,9 @@ def dp_factory(
     target_quantile: gamma in [0, 1], the fraction of clients to leave
       unclipped (0.5: the median).
     clip_learning_rate: eta_C > 0 of the geometric update.
-    clipped_count_stddev: sigma_b, the count noise std (default n/20; 0 when
-      z = 0).
+    clipped_count_stddev: sigma_b > 0, the count noise std (default
+      `default_clipped_count_stddev`: n/20, raised where needed so the value
+      noise grows by at most 10%; unused when z = 0).
     per_layer_quantiles: per-layer adaptive boundings: True gives every layer
       its own norm C_h tracking its own quantile; False moves one C split by
       the static `split` fractions.
@@ -540,19 +663,19 @@ def dp_factory(
                        f'got {clip_norm!r}.')
     initial_clip_norm = checks.positive_float(initial_clip_norm,
                                                          'initial_clip_norm')
-    if not 0.0 <= target_quantile <= 1.0:
+    target_quantile = checks.nonnegative_float(target_quantile,
+                                               'target_quantile')
+    if target_quantile > 1.0:
       raise ValueError('`target_quantile` must be in [0, 1]; got '
                        f'{target_quantile!r}.')
     clip_learning_rate = checks.positive_float(
         clip_learning_rate, 'clip_learning_rate')
     if clipped_count_stddev is not None:
-      clipped_count_stddev = checks.nonnegative_float(clipped_count_stddev,
-                                                'clipped_count_stddev')
-    count_stddev = (clipped_count_stddev if clipped_count_stddev is not None
-                    else 0.05 * clients_per_round)
-    if noise_multiplier > 0 and not (bounding_method.startswith('per_layer')
-                                     and per_layer_quantiles):
-      adaptive_noise_multipliers(noise_multiplier, count_stddev)
+      clipped_count_stddev = checks.positive_float(clipped_count_stddev,
+                                                   'clipped_count_stddev')
+      if noise_multiplier > 0 and not (bounding_method.startswith('per_layer')
+                                       and per_layer_quantiles):
+        adaptive_noise_multipliers(noise_multiplier, clipped_count_stddev)
   else:
     clip_norm = checks.positive_float(clip_norm, 'clip_norm')
   if bounding_method.startswith('per_layer'):
