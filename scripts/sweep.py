@@ -6,15 +6,21 @@ r"""Run a grid of `scripts.train` configurations over seeds, then summarise.
 
 Every flag after `--` goes to each `scripts.train` run unchanged; `--grid`
 values override per cell, and `--seed` is 0..seeds-1. Cells run one after the
-other, each in its own process, under `root_output_dir/sweep_name/`. The sweep
-is resumable: a finished cell (its `summary.json` exists) is skipped, and an
-interrupted one resumes from its own checkpoint. At the end it writes
-`summary.csv` and `summary.md`: final accuracy mean +/- std over seeds,
-epsilon, clipped fraction, wall time per round.
+other, each in its own process, under `root_output_dir/sweep_name/`.
+
+A cell's identity is its full command: its directory is named by its grid
+values, seed and a hash of all its train flags, so changing any flag makes new
+cells instead of reusing old results. The sweep is resumable: every cell is
+handed to `scripts.train`, which reports a finished run without touching it
+and resumes an interrupted one. At the end it writes `summary.csv` and
+`summary.md`: final accuracy mean +/- std over seeds, epsilon, clipped
+fraction, wall time per round (where the runs released it), and the cells
+that failed.
 """
 
 import collections
 import csv
+import hashlib
 import itertools
 import json
 import math
@@ -62,6 +68,14 @@ def cells(grid):
     yield label.replace('/', '-'), setting
 
 
+def cell_name(label, seed, train_args, setting):
+  """`label_seedN_HASH`: HASH covers every train flag of the cell."""
+  flags_text = '\n'.join(sorted(train_args) + [
+      f'--{k}={v}' for k, v in setting.items()])
+  digest = hashlib.sha256(flags_text.encode()).hexdigest()[:8]
+  return f'{label}_seed{seed}_{digest}'
+
+
 def _read_csv(path):
   with open(path, newline='') as f:
     return list(csv.DictReader(f))
@@ -76,25 +90,30 @@ def _cell_result(run_dir):
   summary = json.load(open(os.path.join(run_dir, 'summary.json')))
   rows = _read_csv(os.path.join(run_dir, 'metrics.csv'))
   as_float = lambda r, k: float(r[k]) if r.get(k) not in (None, '') else math.nan
+  none_to = lambda v, default: default if v is None else v
   return dict(
-      accuracy=summary.get('final_eval_accuracy', math.nan),
-      epsilon=summary.get('epsilon', math.inf),
+      accuracy=none_to(summary.get('final_eval_accuracy'), math.nan),
+      epsilon=none_to(summary.get('epsilon'), math.inf),
       clipped_fraction=_mean([as_float(r, 'clipped_fraction') for r in rows]),
       seconds_per_round=_mean([as_float(r, 'seconds') for r in rows]))
 
 
-def summarise(sweep_dir, grid, seeds):
+def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
   """Writes summary.csv and summary.md; returns the rows."""
   rows = []
   for label, setting in cells(grid):
     results = []
+    failures = 0
     for seed in range(seeds):
-      run_dir = os.path.join(sweep_dir, f'{label}_seed{seed}')
+      name = cell_name(label, seed, train_args, setting)
+      run_dir = os.path.join(sweep_dir, name)
+      failures += name in failed
       if os.path.exists(os.path.join(run_dir, 'summary.json')):
         results.append(_cell_result(run_dir))
     accuracies = [r['accuracy'] for r in results]
     row = collections.OrderedDict(setting)
     row['seeds_done'] = len(results)
+    row['seeds_failed'] = failures
     row['accuracy_mean'] = _mean(accuracies)
     row['accuracy_std'] = (statistics.stdev(accuracies)
                            if len(accuracies) > 1 else 0.0)
@@ -112,15 +131,17 @@ def summarise(sweep_dir, grid, seeds):
   fmt = lambda v: ('n/a' if isinstance(v, float) and math.isnan(v) else
                    f'{v:.4g}' if isinstance(v, float) else str(v))
   lines = ['| ' + ' | '.join(list(grid) + [
-      'seeds', 'final accuracy', 'epsilon', 'clipped fraction',
+      'seeds', 'failed', 'final accuracy', 'epsilon', 'clipped fraction',
       's / round']) + ' |',
-           '|' + '---|' * (len(grid) + 5)]
+           '|' + '---|' * (len(grid) + 6)]
   for row in rows:
     accuracy = ('n/a' if row['seeds_done'] == 0 else
                 f'{row["accuracy_mean"]:.4f} ± {row["accuracy_std"]:.4f}')
     lines.append('| ' + ' | '.join(
         [str(row[k]) for k in grid] +
-        [str(row['seeds_done']), accuracy, fmt(row['epsilon']),
+        [str(row['seeds_done']),
+         str(row['seeds_failed']) if row['seeds_failed'] else '',
+         accuracy, fmt(row['epsilon']),
          fmt(row['clipped_fraction']), fmt(row['seconds_per_round'])]) + ' |')
   with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
     f.write('\n'.join(lines) + '\n')
@@ -140,8 +161,9 @@ def main(argv):
   os.makedirs(sweep_dir, exist_ok=True)
   plan = [(label, setting, seed) for label, setting in cells(grid)
           for seed in range(_SEEDS.value)]
+  failed = set()
   for i, (label, setting, seed) in enumerate(plan, 1):
-    name = f'{label}_seed{seed}'
+    name = cell_name(label, seed, train_args, setting)
     run_dir = os.path.join(sweep_dir, name)
     if os.path.exists(os.path.join(run_dir, 'summary.json')):
       print(f'[{i}/{len(plan)}] {name}: done, skipped', flush=True)
@@ -155,9 +177,10 @@ def main(argv):
       continue
     result = subprocess.run(command, check=False)
     if result.returncode != 0:
+      failed.add(name)
       print(f'[{i}/{len(plan)}] {name}: failed (exit {result.returncode}); '
             'rerun the sweep to retry it.', flush=True)
-  rows = summarise(sweep_dir, grid, _SEEDS.value)
+  rows = summarise(sweep_dir, grid, _SEEDS.value, train_args, failed)
   if rows:
     print(open(os.path.join(sweep_dir, 'summary.md')).read())
   print(f'summary: {sweep_dir}/summary.csv, {sweep_dir}/summary.md')

@@ -23,17 +23,30 @@ Modules:
   digits, emnist, cifar, shakespeare, stackoverflow, synthetic -- the tasks.
 """
 
-from tasks.partitions import PARTITION_NAMES
-from tasks.partitions import partition_labels
-from tasks.registry import DEFAULT_TASK
-from tasks.registry import describe
-from tasks.registry import describe_markdown
-from tasks.registry import get_task
-from tasks.registry import TASK_NAMES
-from tasks.registry import TaskRow
-from tasks.sources import DataNotAvailableError
-from tasks.task import DATA_SOURCES
-from tasks.task import Task
+import importlib as _importlib
+
+# Exports are loaded on first use (PEP 562), so that `tasks.names` -- what the
+# command line validates flags against -- imports without TensorFlow.
+_EXPORTS = {
+    'DATA_SOURCES': 'tasks.task',
+    'DEFAULT_TASK': 'tasks.registry',
+    'DataNotAvailableError': 'tasks.sources',
+    'PARTITION_NAMES': 'tasks.names',
+    'TASK_NAMES': 'tasks.names',
+    'Task': 'tasks.task',
+    'TaskRow': 'tasks.registry',
+    'describe': 'tasks.registry',
+    'describe_markdown': 'tasks.registry',
+    'get_task': 'tasks.registry',
+    'partition_labels': 'tasks.partitions',
+}
+
+
+def __getattr__(name):
+  if name in _EXPORTS:
+    return getattr(_importlib.import_module(_EXPORTS[name]), name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
 
 __all__ = [
     'DATA_SOURCES',

@@ -46,13 +46,7 @@ __all__ = [
     'small_large_partition',
 ]
 
-PARTITION_NAMES = (
-    'iid',
-    'dirichlet',
-    'classes_per_client',
-    'shards',
-    'small_large',
-)
+from tasks.names import PARTITION_NAMES  # pylint: disable=g-bad-import-order,wrong-import-position
 
 # Seed 000 (Zhang et al., Sec. 2): 8 x 5 + 2 x 230 = 500 examples per client,
 # so the two large classes hold 460 / 500 = 92% of a client's data.

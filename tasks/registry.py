@@ -21,6 +21,7 @@ from tasks import cifar
 from tasks import digits
 from tasks import emnist
 from tasks import models
+from tasks import names
 from tasks import partitions
 from tasks import shakespeare
 from tasks import stackoverflow
@@ -156,6 +157,12 @@ _SPECS = collections.OrderedDict((spec.name, spec) for spec in (
 ))
 
 TASK_NAMES = tuple(_SPECS)
+# The TensorFlow-free list the command line validates against must agree.
+if {n: tuple(s.data_sources) for n, s in _SPECS.items()} != {
+    n: tuple(v) for n, v in names.DATA_SOURCES.items()} or tuple(
+        n for n, s in _SPECS.items() if s.partitionable) != names.PARTITIONABLE:
+  raise ImportError('tasks/names.py disagrees with tasks/registry.py: update '
+                    'both when a task or data source is added.')
 
 
 def _spec(name: str) -> _TaskSpec:

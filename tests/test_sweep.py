@@ -41,8 +41,10 @@ def _fake_run(directory, accuracy, epsilon, seconds):
 
 def test_summary_reports_mean_and_std_over_seeds(tmp_path):
   grid = sweep.parse_grid(['bounding=clip'])
-  _fake_run(tmp_path / 'bounding=clip_seed0', 0.8, 2.0, 1.0)
-  _fake_run(tmp_path / 'bounding=clip_seed1', 0.6, 2.0, 3.0)
+  setting = {'bounding': 'clip'}
+  for seed, accuracy, seconds in ((0, 0.8, 1.0), (1, 0.6, 3.0)):
+    _fake_run(tmp_path / sweep.cell_name('bounding=clip', seed, (), setting),
+              accuracy, 2.0, seconds)
   rows = sweep.summarise(str(tmp_path), grid, seeds=2)
   assert rows[0]['accuracy_mean'] == pytest.approx(0.7)
   assert rows[0]['accuracy_std'] == pytest.approx(0.1414, rel=1e-3)
@@ -70,3 +72,19 @@ def test_sweep_runs_cells_then_skips_them_when_rerun(tmp_path):
                           timeout=300, check=False, env=env)
   assert second.returncode == 0
   assert second.stdout.count('done, skipped') == 2
+
+
+def test_a_changed_train_flag_makes_a_new_cell():
+  setting = {'bounding': 'clip'}
+  assert (sweep.cell_name('b', 0, ['--rounds=2'], setting) !=
+          sweep.cell_name('b', 0, ['--rounds=3'], setting))
+  assert (sweep.cell_name('b', 0, ['--rounds=2', '--seed=1'], setting) ==
+          sweep.cell_name('b', 0, ['--seed=1', '--rounds=2'], setting))
+
+
+def test_failed_cells_are_marked_in_the_table(tmp_path):
+  grid = sweep.parse_grid(['bounding=clip'])
+  name = sweep.cell_name('bounding=clip', 0, (), {'bounding': 'clip'})
+  rows = sweep.summarise(str(tmp_path), grid, seeds=1, failed={name})
+  assert rows[0]['seeds_failed'] == 1 and rows[0]['seeds_done'] == 0
+  assert '| clip | 0 | 1 | n/a |' in (tmp_path / 'summary.md').read_text()

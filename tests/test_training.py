@@ -17,9 +17,10 @@ from tff_clip import execution
 from tff_clip import training
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# A small, fast run: 4 rounds of DP-FedAvg with adaptive clipping on digits.
+# A small, fast run: 4 rounds of DP-FedAvg with adaptive clipping on digits,
+# with reproducible noise so that runs can be compared.
 SMALL = ['--rounds=4', '--clients_per_round=6', '--eval_every=2',
-         '--progress=false', '--seed=3']
+         '--progress=false', '--seed=3', '--noise_seed=11']
 
 
 def _train(args, **popen_kwargs):
@@ -43,7 +44,7 @@ def _rows(path):
 # worker (and the merge of two workers' partial sums) add in a run-dependent
 # order, and float sums are not associative. That moves a round's model by
 # ~1e-7, its loss by ~1e-4, and can flip a test example on the boundary.
-EXACT = ('round', 'clients', 'clip_norm', 'epsilon')
+EXACT = ('round', 'clip_norm', 'epsilon')
 
 
 def _assert_same_metrics(rows_a, rows_b):
@@ -87,13 +88,41 @@ def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
     training.validate(config)
 
 
-def test_cli_refuses_noise_without_bounding_before_training(tmp_path):
-  proc = _train(['--bounding=none', '--noise_multiplier=1.0',
-                 f'--root_output_dir={tmp_path}'])
+@pytest.mark.parametrize('args, flag', [
+    (['--bounding=none', '--noise_multiplier=1.0'], '--bounding'),
+    (['--bounding=squash'], '--bounding'),
+    (['--task=mnist'], '--task'),
+    (['--partition=stripes'], '--partition'),
+    (['--rounds=many'], '--rounds'),
+    (['--clients_per_round=0'], '--clients_per_round'),
+    (['--clip_norm=-0.0'], '--clip_norm'),
+    (['--clipped_count_stddev=0'], '--clipped_count_stddev'),
+    (['--target_quantile=0.5x'], '--target_quantile'),
+    (['--sampling=uniform'], '--sampling'),
+    (['--noise_seed=-1'], '--noise_seed'),
+    (['--no_such_flag=1'], 'no_such_flag'),
+])
+def test_cli_bad_flag_is_one_line_exit_2_and_writes_nothing(tmp_path, args,
+                                                            flag):
+  proc = _train([*args, f'--root_output_dir={tmp_path / "runs"}'])
   output, _ = proc.communicate(timeout=60)
-  assert proc.returncode != 0
-  assert 'bounding' in output
-  assert not any(tmp_path.iterdir())  # Nothing written.
+  assert proc.returncode == 2, output
+  assert output.count('\n') == 1 and output.startswith('error: '), output
+  assert flag in output
+  assert not (tmp_path / 'runs').exists()
+
+
+def test_cli_unreachable_target_epsilon_is_one_line_and_writes_nothing(
+    tmp_path):
+  # Checked after the task is built (the population size decides it).
+  proc = _train(['--noise_multiplier=none', '--target_epsilon=1e-6',
+                 f'--root_output_dir={tmp_path / "runs"}'])
+  output, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 2, output
+  errors = [line for line in output.splitlines() if line.startswith('error')]
+  assert len(errors) == 1 and '--target_epsilon' in errors[0], output
+  assert 'Traceback' not in output
+  assert not (tmp_path / 'runs').exists()
 
 
 def test_unwritable_output_dir_is_refused(tmp_path):
@@ -101,7 +130,7 @@ def test_unwritable_output_dir_is_refused(tmp_path):
   blocker.write_text('not a directory')
   config = training.TrainConfig(root_output_dir=str(blocker / 'runs'))
   with pytest.raises(training.ConfigError, match='root_output_dir'):
-    training.prepare_output_dir(config)
+    training.existing_run(config)
 
 
 def test_other_configuration_in_existing_dir_is_refused_untouched(tmp_path):
@@ -126,16 +155,17 @@ def test_foreign_nonempty_dir_is_refused(tmp_path):
     training.prepare_output_dir(config)
 
 
-def test_unanswering_worker_is_a_clear_error_fast(tmp_path):
-  port = portpicker.pick_unused_port()
+def test_unreachable_worker_is_a_clear_error_before_its_timeout(tmp_path):
+  port = portpicker.pick_unused_port()  # Nobody listens there.
   config = training.TrainConfig(
       root_output_dir=str(tmp_path), executor='remote',
-      workers=(f'127.0.0.1:{port}',), worker_timeout_s=1.0)
+      workers=(f'127.0.0.1:{port}',), worker_timeout_s=600.0)
   try:
     with pytest.raises(training.ConfigError, match=f'127.0.0.1:{port}'):
-      training.run(config)
+      training.run(config)  # Refused at once, not after 600 s.
   finally:
     execution.set_local_cpp_context()
+  assert not any(tmp_path.iterdir())
 
 
 # ----------------------------------------------------------------------------
@@ -185,6 +215,8 @@ def test_killed_run_resumes_with_identical_metrics_and_ledger(uninterrupted,
   output, _ = proc.communicate(timeout=600)
   assert proc.returncode == 0, output
   assert 'round 1/4' not in output  # Resumed, not restarted.
+  assert 'Resuming' in output
+  assert not list((tmp_path / 'run' / 'checkpoints').glob('*_temp*'))
 
   _assert_same_metrics(_rows(run_dir / 'metrics.csv'),
                        _rows(tmp_path / 'run' / 'metrics.csv'))
@@ -202,7 +234,8 @@ def test_killed_run_resumes_with_identical_metrics_and_ledger(uninterrupted,
 def test_two_remote_workers_match_the_local_run(tmp_path):
   workers = [execution.start_worker() for _ in range(2)]
   base = training.TrainConfig(rounds=2, clients_per_round=6, eval_every=1,
-                              root_output_dir=str(tmp_path), progress=False)
+                              root_output_dir=str(tmp_path), progress=False,
+                              noise_seed=5)
   try:
     training.run(dataclasses.replace(base, experiment_name='local'))
     training.run(dataclasses.replace(
@@ -238,3 +271,105 @@ def test_target_epsilon_calibrates_the_noise_multiplier():
       delta=config.delta, sampling=accounting.POISSON).epsilon
   assert achieved <= 8.0
   assert achieved == pytest.approx(8.0, rel=1e-3)
+
+
+# ----------------------------------------------------------------------------
+# What a DP run releases: secret noise, nothing data-dependent unaccounted.
+
+
+def _run(tmp_path, name, **changes):
+  config = training.TrainConfig(root_output_dir=str(tmp_path),
+                                experiment_name=name, progress=False,
+                                **changes)
+  return training.run(config), tmp_path / name
+
+
+def test_same_seed_runs_draw_different_noise_unless_noise_seed(tmp_path):
+  base = dict(rounds=2, clients_per_round=6, eval_every=1, seed=4,
+              sampling='fixed_size')
+  runs = {name: _rows(_run(tmp_path, name, **base, **extra)[1] /
+                      'metrics.csv')
+          for name, extra in (('a', {}), ('b', {}),
+                              ('c', dict(noise_seed=9)),
+                              ('d', dict(noise_seed=9)))}
+  # Round 1's clip norm moves by the noisy clipped count; round 2's eval
+  # loss moves with the noised model.
+  assert runs['a'][1]['eval_loss'] != runs['b'][1]['eval_loss']
+  _assert_same_metrics(runs['c'], runs['d'])
+  summary = json.loads((tmp_path / 'c' / 'summary.json').read_text())
+  assert 'NOT private' in summary['noise']
+  assert 'NOT private' not in json.loads(
+      (tmp_path / 'a' / 'summary.json').read_text())['noise']
+
+
+def _first_seed_with_an_empty_round(rounds, population, clients_per_round):
+  from tff_clip import sampling  # pylint: disable=g-import-not-at-top
+  ids = [str(i) for i in range(population)]
+  for seed in range(100):
+    sampler = sampling.ClientSampler(ids, clients_per_round, 'poisson', seed)
+    empty = [r for r in range(2, rounds + 1) if not sampler.sample(r)]
+    if empty:
+      return seed, empty[0]
+  raise AssertionError('no seed with an empty round')
+
+
+@pytest.fixture(scope='module')
+def sparse_poisson_run(tmp_path_factory):
+  # 1 expected client of 50: many rounds draw nobody.
+  seed, empty_round = _first_seed_with_an_empty_round(4, 50, 1)
+  root = tmp_path_factory.mktemp('poisson')
+  summary, run_dir = _run(root, 'run', rounds=4, clients_per_round=1,
+                          eval_every=1, seed=seed, clip_norm=1.0,
+                          noise_multiplier=1.0)
+  return summary, run_dir, empty_round
+
+
+def test_poisson_run_releases_no_cohort_size_nor_client_metrics(
+    sparse_poisson_run):
+  summary, run_dir, _ = sparse_poisson_run
+  rows = _rows(run_dir / 'metrics.csv')
+  assert set(rows[0]) == {'round', 'clip_norm', 'epsilon', 'eval_loss',
+                          'eval_accuracy'}
+  assert 'not_covered_by_epsilon' not in summary
+  for name in ('summary.json', 'ledger.json'):
+    text = (run_dir / name).read_text()
+    assert '"clients"' not in text and 'train_loss' not in text
+
+
+def test_empty_poisson_rounds_run_and_are_accounted(sparse_poisson_run):
+  summary, run_dir, empty_round = sparse_poisson_run
+  rows = _rows(run_dir / 'metrics.csv')
+  assert [int(r['round']) for r in rows] == [1, 2, 3, 4]
+  # The empty round still moved the model: its noise was added.
+  before, after = (float(rows[empty_round - 2]['eval_loss']),
+                   float(rows[empty_round - 1]['eval_loss']))
+  assert before != after
+  # dp_accounting's Poisson-sampled Gaussian composed over all 4 rounds.
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  accountant = dp_accounting.rdp.RdpAccountant()
+  accountant.compose(dp_accounting.PoissonSampledDpEvent(
+      1 / 50, dp_accounting.GaussianDpEvent(1.0)), 4)
+  assert summary['epsilon'] == pytest.approx(accountant.get_epsilon(1e-5),
+                                             rel=1e-6)
+
+
+def test_uncovered_metrics_are_released_only_on_request_and_labelled(
+    tmp_path):
+  summary, run_dir = _run(tmp_path, 'run', rounds=1, clients_per_round=6,
+                          release_uncovered_metrics=True)
+  assert {'clients', 'train_loss', 'seconds'} <= set(
+      _rows(run_dir / 'metrics.csv')[0])
+  assert {'clients', 'train_loss', 'seconds'} <= set(
+      summary['not_covered_by_epsilon'])
+
+
+def test_rerunning_a_finished_run_changes_nothing(sparse_poisson_run):
+  summary, run_dir, _ = sparse_poisson_run
+  before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+  seed, _ = _first_seed_with_an_empty_round(4, 50, 1)
+  again, _ = _run(run_dir.parent, 'run', rounds=4, clients_per_round=1,
+                  eval_every=1, seed=seed, clip_norm=1.0, noise_multiplier=1.0)
+  assert again == json.loads(before['summary.json'])
+  assert {p.name: p.read_bytes() for p in run_dir.iterdir()
+          if p.is_file()} == before
+  json.loads(before['summary.json'], parse_constant=pytest.fail)  # Strict.

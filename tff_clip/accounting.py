@@ -126,13 +126,7 @@ __all__ = [
     'training_event',
 ]
 
-POISSON = 'poisson'
-FIXED_SIZE = 'fixed_size'
-SAMPLINGS = (POISSON, FIXED_SIZE)
-
-RDP = 'rdp'
-PLD = 'pld'
-ACCOUNTANTS = (RDP, PLD)
+from tff_clip.names import ACCOUNTANTS, FIXED_SIZE, PLD, POISSON, RDP, SAMPLINGS  # pylint: disable=g-bad-import-order,wrong-import-position
 
 # The Renyi orders the RDP accountant minimises over: dp_accounting's
 # defaults (1.1 ... 10.9, 11 ... 63, 128, 256, 512, 1024).

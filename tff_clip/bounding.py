@@ -61,8 +61,7 @@ __all__ = [
     'rounding_margins',
 ]
 
-SPLITS = ('uniform', 'dim')
-BOUNDINGS = ('clip', 'normalize', 'per_layer_clip', 'per_layer_normalize')
+from tff_clip.names import BOUNDINGS, SPLITS  # pylint: disable=g-bad-import-order,wrong-import-position
 
 _FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 

@@ -67,8 +67,7 @@ __all__ = [
     'extract_dp_event',
 ]
 
-DENOMINATORS = ('expected', 'actual')
-NOISE_PLACEMENTS = ('central', 'client')
+from tff_clip.names import DENOMINATORS, NOISE_PLACEMENTS  # pylint: disable=g-bad-import-order,wrong-import-position
 
 
 # ----------------------------------------------------------------------------

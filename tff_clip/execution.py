@@ -18,6 +18,7 @@ import atexit
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -82,15 +83,22 @@ def start_worker(port: int | None = None,
   return proc, port
 
 
+_current_local = {}
+
+
+def _stop(proc):
+  if proc.poll() is None:
+    proc.terminate()
+    try:
+      proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+
+
 @atexit.register
 def _stop_workers():
   for proc in list(_started):
-    if proc.poll() is None:
-      proc.terminate()
-      try:
-        proc.wait(timeout=5)
-      except subprocess.TimeoutExpired:
-        proc.kill()
+    _stop(proc)
 
 
 def _wait_ready(stub, target: str, timeout_s: float, proc=None):
@@ -137,7 +145,15 @@ def set_local_cpp_context(max_concurrent_clients: int | None = None,
     raise ValueError('`max_concurrent_clients` must be positive or None; got '
                      f'{max_concurrent_clients}.')
   limit = -1 if max_concurrent_clients is None else int(max_concurrent_clients)
+  # The context this call replaces is never used again: stop its worker now
+  # (each holds its own TF runtime, ~2 GB for a CNN), not at exit.
+  with _lock:
+    previous = _current_local.pop('holder', None)
+  if previous is not None and previous.get('proc') is not None:
+    _stop(previous['proc'])
   holder = {}
+  with _lock:
+    _current_local['holder'] = holder
 
   def get_stub():
     stub = holder.get('stub')
@@ -165,9 +181,17 @@ def create_remote_async_context(target: str, timeout_s: float = 30.0,
                                 default_num_clients: int = 0):
   """An async context driving one remote TFF worker at `target` ('host:port').
 
-  Raises `TimeoutError` naming the target when it does not answer within
-  `timeout_s` seconds, before any computation is sent.
+  Raises `ConnectionError` naming the target at once when nothing listens
+  there, and `TimeoutError` when it does not answer within `timeout_s`
+  seconds, before any computation is sent.
   """
+  host, _, port = target.rpartition(':')
+  try:  # Fail at once on a refused or unroutable address, not after timeout_s.
+    socket.create_connection((host, int(port)), timeout=min(5.0, timeout_s)
+                             ).close()
+  except OSError as e:
+    raise ConnectionError(f'TFF worker at {target} is unreachable ({e}).'
+                          ) from None
   stub = tff.framework.RemoteExecutorGrpcStub(
       grpc.insecure_channel(target, GRPC_CHANNEL_OPTIONS))
   _wait_ready(stub, target, timeout_s)

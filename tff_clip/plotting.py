@@ -9,7 +9,8 @@ __all__ = ['plot_metrics', 'read_metrics']
 
 PANELS = (
     ('eval_accuracy', 'eval accuracy'),
-    ('train_loss', 'train loss'),
+    # A DP run withholds client training loss by default: eval loss then.
+    (('train_loss', 'eval_loss'), 'loss'),
     ('clip_norm', 'clip norm'),
     ('epsilon', 'epsilon'),
 )
@@ -38,7 +39,11 @@ def plot_metrics(csv_path: str, png_path: str, title: str = '') -> str:
   columns = read_metrics(csv_path)
   rounds = columns.get('round', [])
   fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-  for ax, (key, label) in zip(axes.flat, PANELS):
+  for ax, (keys, label) in zip(axes.flat, PANELS):
+    keys = (keys,) if isinstance(keys, str) else keys
+    key = next((k for k in keys if k in columns), keys[0])
+    if len(keys) > 1:
+      label = key.replace('_', ' ')
     points = [(r, v) for r, v in zip(rounds, columns.get(key, []))
               if math.isfinite(v)]
     if points:

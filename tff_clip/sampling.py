@@ -1,11 +1,11 @@
 """Client sampling, seeded per round so a resumed run draws the same cohorts.
 
-Two schemes, each matched by an accounting event in `tff_clip.accounting`:
-  * 'uniform': `clients_per_round` distinct clients, uniformly without
-    replacement (accounted as fixed-size sampling, `accounting.FIXED_SIZE`);
+Two schemes, named as in `tff_clip.accounting`, which accounts each:
+  * 'fixed_size': `clients_per_round` distinct clients, uniformly without
+    replacement (replace-one adjacency);
   * 'poisson': every client independently with probability
-    q = clients_per_round / population (`accounting.POISSON`); the cohort size
-    varies and may be zero.
+    q = clients_per_round / population (add/remove-one adjacency); the cohort
+    size varies and may be zero.
 
 The cohort of round r depends only on (seed, r): no sampler state needs a
 checkpoint, and resuming at round r reproduces the uninterrupted run.
@@ -17,23 +17,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ['SAMPLINGS', 'ClientSampler', 'accounting_sampling']
+from tff_clip.names import FIXED_SIZE, POISSON, SAMPLINGS
 
-SAMPLINGS = ('uniform', 'poisson')
-
-
-def accounting_sampling(sampling: str) -> str:
-  """The `tff_clip.accounting` name of a sampling scheme."""
-  from tff_clip import accounting  # pylint: disable=g-import-not-at-top
-  return {'uniform': accounting.FIXED_SIZE,
-          'poisson': accounting.POISSON}[sampling]
+__all__ = ['FIXED_SIZE', 'POISSON', 'SAMPLINGS', 'ClientSampler']
 
 
 class ClientSampler:
   """Draws each round's cohort from `client_ids`."""
 
   def __init__(self, client_ids: Sequence[str], clients_per_round: int,
-               sampling: str = 'uniform', seed: int = 0):
+               sampling: str = FIXED_SIZE, seed: int = 0):
     self._client_ids = list(client_ids)
     if not self._client_ids:
       raise ValueError('`client_ids` is empty: there is no client to sample.')
@@ -64,7 +57,7 @@ class ClientSampler:
   def sample(self, round_num: int) -> list[str]:
     """The cohort of round `round_num` (a pure function of seed and round)."""
     rng = np.random.default_rng([self.seed, int(round_num)])
-    if self.sampling == 'uniform':
+    if self.sampling == FIXED_SIZE:
       chosen = rng.choice(self.population_size, self.clients_per_round,
                           replace=False)
       chosen.sort()

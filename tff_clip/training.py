@@ -5,14 +5,24 @@ client work (`algorithms.build_fedavg`: local training, optional per-step
 clipping, BLUR, LUS) -> bounding (`aggregators`) -> noise (`dp`) -> mean ->
 server optimizer -> ledger (`accounting.PrivacyLedger`) and metrics.
 
-Everything a round does depends only on (seed, round number) and the
+A run directory is a record, never silently changed. Everything is checked
+(flags, task, sizes, DP feasibility, workers) before the first file is
+written; a different configuration in an existing directory is refused; a
+finished run is reported and left untouched; a killed run resumes from its
+last checkpoint. What a round does depends on (seed, round number) and the
 checkpointed state: the cohort (`sampling.ClientSampler`), the client data
-order (seeded shuffles), the DP noise (stateless seeds kept in the aggregator
-state). So a run killed at any moment and started again with the same
-command resumes from its last checkpoint and produces the same per-round
-metrics as an uninterrupted run, and its ledger never counts a round twice
-nor forgets one. (That reproducibility is for simulation: seeded noise is
-predictable noise. The library's default, `noise_seed=None`, is not.)
+order, and the DP noise, whose key is drawn from OS entropy and kept only in
+the checkpointed aggregator state (or comes from `--noise_seed`, which makes
+the run reproducible and NOT private).
+
+What a DP run releases (see `RELEASED` / `NOT_COVERED`): the model, epsilon,
+the clip norm (from the noised DP state) and evaluation on server-held test
+data are covered by the ledger. The realised cohort size, client training
+metrics, a synthetic task's objective (computed on the clients' data) and
+round timings are not: they are withheld unless `release_uncovered_metrics`,
+and then listed in `summary.json` under `not_covered_by_epsilon`. Rounds
+with an empty Poisson cohort run (noise only), so the ledger counts what
+happened.
 
 Outputs under `root_output_dir/experiment_name/`:
   config.json     the configuration (a rerun must match it to resume)
@@ -27,257 +37,114 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
+import glob
 import json
 import math
 import os
+import shutil
+import sys
 import time
 import zlib
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from absl import logging
 import numpy as np
-# Imported eagerly on purpose: a program whose first TensorFlow import happens
-# inside absl's app.run main gets Keras (2.14) building functional models
-# from graph tensors ("Attempt to convert a value (None)" in Flatten).
-import tensorflow as tf  # pylint: disable=unused-import
 
 from tff_clip import accounting
 from tff_clip import sampling as sampling_lib
+from tff_clip.config import BOUNDINGS, CLIENT_OPTIMIZERS, EXECUTION_KEYS, EXECUTORS, SERVER_OPTIMIZERS  # pylint: disable=unused-import
+from tff_clip.config import ConfigError, TrainConfig, validate
 
-__all__ = [
-    'BOUNDINGS', 'CLIENT_OPTIMIZERS', 'EXECUTORS', 'SERVER_OPTIMIZERS',
-    'ConfigError', 'TrainConfig', 'run', 'validate',
-]
+__all__ = ['ConfigError', 'TrainConfig', 'run', 'validate']
 
-BOUNDINGS = ('none', 'clip', 'normalize', 'per_layer_clip',
-             'per_layer_normalize')
-CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
-SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
-EXECUTORS = ('local', 'gpu', 'remote')
 # The honest-extrapolation point of the summary: a production-scale cohort.
 EXTRAPOLATION_POPULATION = 1_000_000
 EXTRAPOLATION_CLIENTS_PER_ROUND = 1_000
 
-
-# How a run is executed, not what it computes: these may change on resume.
-EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'workers',
-                  'worker_timeout_s', 'progress', 'root_output_dir')
-
-
-class ConfigError(ValueError):
-  """A configuration that cannot run; raised before any training starts."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  """Everything a run depends on (the flags of `scripts.train`)."""
-  task: str = 'digits'
-  data_source: str = 'offline'
-  num_clients: Optional[int] = None
-  partition: Optional[str] = None
-  partition_alpha: Optional[float] = None
-  bounding: str = 'clip'
-  clip_norm: Union[float, str] = 'adaptive'
-  initial_clip_norm: float = 0.1
-  split: str = 'dim'
-  target_quantile: float = 0.5
-  clip_learning_rate: float = 0.2
-  noise_multiplier: Optional[float] = 0.5
-  target_epsilon: Optional[float] = None
-  delta: float = 1e-5
-  clients_per_round: int = 20
-  sampling: str = 'poisson'
-  rounds: int = 30
-  client_optimizer: str = 'sgd'
-  client_learning_rate: float = 0.1
-  server_optimizer: str = 'sgd'
-  server_learning_rate: float = 1.0
-  server_momentum: float = 0.9
-  local_epochs: int = 1
-  local_steps: Optional[int] = None
-  batch_size: int = 16
-  local_clip: Optional[float] = None
-  blur_lambda: Optional[float] = None
-  blur_clip_norm: Optional[float] = None
-  lus_sparsity: Optional[float] = None
-  eval_every: int = 5
-  root_output_dir: str = 'runs'
-  experiment_name: str = 'default'
-  seed: int = 0
-  executor: str = 'local'
-  max_concurrent_clients: Optional[int] = None
-  workers: tuple = ()
-  worker_timeout_s: float = 30.0
-  checkpoint_every: int = 1
-  cache_dir: Optional[str] = None
-  progress: bool = True
-
-  @property
-  def output_dir(self) -> str:
-    return os.path.join(self.root_output_dir, self.experiment_name)
-
-  @property
-  def private(self) -> bool:
-    return self.noise_multiplier is not None or self.target_epsilon is not None
-
-  def to_json(self) -> dict[str, Any]:
-    out = dataclasses.asdict(self)
-    out['workers'] = list(self.workers)
-    return out
-
-  def identity(self) -> dict[str, Any]:
-    """What must match for a rerun to resume (not how it is executed)."""
-    out = self.to_json()
-    for key in EXECUTION_KEYS:
-      out.pop(key)
-    return out
+# Per-round columns a DP run releases: covered by epsilon (or public).
+RELEASED = ('round', 'epsilon', 'clip_norm', 'eval_loss', 'eval_accuracy')
+# Data-dependent columns epsilon does not cover: the realised cohort size
+# (Poisson), client-side training metrics, a synthetic task's objective
+# (computed on the clients' data) and round timings (which grow with the
+# cohort). Released under DP only with `release_uncovered_metrics`.
+NOT_COVERED = ('clients', 'train_loss', 'train_accuracy', 'objective',
+               'seconds')
 
 
 # ----------------------------------------------------------------------------
-# Validation: everything checkable before data, TFF or training.
+# The run directory: read-only checks first, writes only once all is checked.
 
 
-def _positive(value, name, kind=float, allow_none=False):
-  if value is None and allow_none:
-    return
-  ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and
-        (kind is float or float(value).is_integer()) and math.isfinite(value)
-        and value > 0)
-  if not ok:
-    raise ConfigError(f'`{name}` must be a positive '
-                      f'{"int" if kind is int else "number"}; got {value!r}.')
+def _strict(value):
+  """JSON-safe: non-finite floats become null (strict JSON has no NaN)."""
+  if isinstance(value, dict):
+    return {k: _strict(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_strict(v) for v in value]
+  if isinstance(value, (float, np.floating)):
+    return float(value) if math.isfinite(value) else None
+  if isinstance(value, np.integer):
+    return int(value)
+  return value
 
 
-def _one_of(value, name, choices):
-  if value not in choices:
-    raise ConfigError(f'`{name}` must be one of {", ".join(choices)}; got '
-                      f'{value!r}.')
+def write_json(path: str, data) -> None:
+  """Atomic, strict JSON (no NaN/Infinity)."""
+  tmp = f'{path}.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(_strict(data), f, indent=2, sort_keys=True, allow_nan=False)
+  os.replace(tmp, path)
 
 
-def validate(config: TrainConfig) -> None:
-  """Raises `ConfigError` naming the flag for any configuration that cannot run."""
-  _one_of(config.bounding, 'bounding', BOUNDINGS)
-  _one_of(config.sampling, 'sampling', sampling_lib.SAMPLINGS)
-  _one_of(config.client_optimizer, 'client_optimizer', CLIENT_OPTIMIZERS)
-  _one_of(config.server_optimizer, 'server_optimizer', SERVER_OPTIMIZERS)
-  _one_of(config.executor, 'executor', EXECUTORS)
-  if config.split not in ('uniform', 'dim'):
-    raise ConfigError(f"`split` must be one of uniform, dim; got "
-                      f"{config.split!r}.")
-  if isinstance(config.clip_norm, str):
-    if config.clip_norm != 'adaptive':
-      raise ConfigError("`clip_norm` must be a positive number or 'adaptive'; "
-                        f'got {config.clip_norm!r}.')
-  else:
-    _positive(config.clip_norm, 'clip_norm')
-  _positive(config.initial_clip_norm, 'initial_clip_norm')
-  if not 0.0 <= config.target_quantile <= 1.0:
-    raise ConfigError('`target_quantile` must be in [0, 1]; got '
-                      f'{config.target_quantile!r}.')
-  _positive(config.clip_learning_rate, 'clip_learning_rate')
-  if config.noise_multiplier is not None and config.target_epsilon is not None:
-    raise ConfigError('Give `noise_multiplier` or `target_epsilon`, not both.')
-  if config.noise_multiplier is not None and (
-      not math.isfinite(config.noise_multiplier) or
-      config.noise_multiplier < 0):
-    raise ConfigError('`noise_multiplier` must be >= 0; got '
-                      f'{config.noise_multiplier!r}.')
-  if config.target_epsilon is not None:
-    _positive(config.target_epsilon, 'target_epsilon')
-  if config.private and config.bounding == 'none':
-    raise ConfigError(
-        'Noise without bounding has no sensitivity: set `bounding` (clip, '
-        'normalize, per_layer_clip, per_layer_normalize) or drop '
-        '`noise_multiplier`/`target_epsilon`.')
-  if (config.clip_norm == 'adaptive' and config.noise_multiplier and
-      config.noise_multiplier >= 0.1 * config.clients_per_round):
-    # Andrew et al.: the clipped-count noise sigma_b = n/20 must exceed z/2
-    # (per-layer quantiles need more; `dp.dp_factory` checks that at build).
-    raise ConfigError(
-        f'`noise_multiplier` {config.noise_multiplier} is too large for '
-        f'adaptive clipping with `clients_per_round` {config.clients_per_round}'
-        f' (needs z < n/10): raise clients_per_round, lower the noise, or use '
-        'a fixed `clip_norm`.')
-  if not 0.0 < config.delta < 1.0:
-    raise ConfigError(f'`delta` must be in (0, 1); got {config.delta!r}.')
-  _positive(config.clients_per_round, 'clients_per_round', int)
-  _positive(config.rounds, 'rounds', int)
-  _positive(config.client_learning_rate, 'client_learning_rate')
-  _positive(config.server_learning_rate, 'server_learning_rate')
-  _positive(config.local_epochs, 'local_epochs', int)
-  _positive(config.local_steps, 'local_steps', int, allow_none=True)
-  _positive(config.batch_size, 'batch_size', int)
-  _positive(config.local_clip, 'local_clip', allow_none=True)
-  _positive(config.blur_lambda, 'blur_lambda', allow_none=True)
-  _positive(config.blur_clip_norm, 'blur_clip_norm', allow_none=True)
-  if config.blur_lambda is not None:
-    if config.blur_clip_norm is None and isinstance(config.clip_norm, str):
-      raise ConfigError('`blur_lambda` needs S: give `blur_clip_norm`, or a '
-                        'fixed numeric `clip_norm`.')
-    if config.blur_lambda * config.client_learning_rate >= 1.0:
+def existing_run(config: TrainConfig) -> str:
+  """'new', 'resume' or 'finished' for `config.output_dir`; writes nothing.
+
+  Raises `ConfigError` when the directory holds another configuration or
+  something else, or cannot be created.
+  """
+  out = config.output_dir
+  if not os.path.exists(out):
+    parent = os.path.abspath(out)
+    while not os.path.exists(parent):
+      parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+      raise ConfigError(f'--root_output_dir: cannot create {out!r} ({parent!r} '
+                        'is not a writable directory).')
+    return 'new'
+  if not os.path.isdir(out) or not os.access(out, os.W_OK):
+    raise ConfigError(f'--root_output_dir: {out!r} is not a writable '
+                      'directory.')
+  config_path = os.path.join(out, 'config.json')
+  if not os.path.exists(config_path):
+    if os.listdir(out):
       raise ConfigError(
-          f'`blur_lambda` ({config.blur_lambda}) must be below 1 / '
-          f'client_learning_rate ({1 / config.client_learning_rate:g}).')
-  if config.lus_sparsity is not None and not 0.0 <= config.lus_sparsity < 1.0:
-    raise ConfigError('`lus_sparsity` must be in [0, 1); got '
-                      f'{config.lus_sparsity!r}.')
-  _positive(config.eval_every, 'eval_every', int)
-  _positive(config.checkpoint_every, 'checkpoint_every', int)
-  _positive(config.max_concurrent_clients, 'max_concurrent_clients', int,
-            allow_none=True)
-  if config.executor == 'remote' and not config.workers:
-    raise ConfigError('`executor=remote` needs `workers` (host:port,...).')
-  for worker in config.workers:
-    host, _, port = str(worker).rpartition(':')
-    if not host or not port.isdigit():
-      raise ConfigError(f'`workers` entries must be host:port; got {worker!r}.')
-  if not config.experiment_name or os.sep in config.experiment_name:
-    raise ConfigError('`experiment_name` must be a non-empty name without '
-                      f'{os.sep!r}; got {config.experiment_name!r}.')
+          f'{out!r} is not empty and holds no tff_clip run; nothing was '
+          'changed. Choose another --experiment_name or --root_output_dir.')
+    return 'new'
+  with open(config_path) as f:
+    previous = {k: v for k, v in json.load(f).items()
+                if k not in EXECUTION_KEYS}
+  current = config.identity()
+  if previous != current:
+    changed = sorted(k for k in set(previous) | set(current)
+                     if previous.get(k) != current.get(k))
+    raise ConfigError(
+        f'{out!r} holds a run with a different configuration (differs in: '
+        f'{", ".join(changed)}); nothing was changed. Choose another '
+        '--experiment_name or --root_output_dir, or delete that directory.')
+  if os.path.exists(os.path.join(out, 'summary.json')):
+    return 'finished'
+  return 'resume'
 
 
 def prepare_output_dir(config: TrainConfig) -> bool:
-  """Creates or checks the output directory; True when a run can resume there.
-
-  An existing directory is reused only by the same configuration (so a
-  killed run resumes); another configuration there is refused rather than
-  mixed with or written over.
-  """
-  out = config.output_dir
-  config_path = os.path.join(out, 'config.json')
-  try:
-    os.makedirs(out, exist_ok=True)
-  except OSError as e:
-    raise ConfigError(f'`root_output_dir`: cannot create {out!r}: {e}') from e
-  if not os.access(out, os.W_OK):
-    raise ConfigError(f'`root_output_dir`: {out!r} is not writable.')
-  if os.path.exists(config_path):
-    with open(config_path) as f:
-      previous = {k: v for k, v in json.load(f).items()
-                  if k not in EXECUTION_KEYS}
-    current = config.identity()
-    if previous != current:
-      changed = sorted(k for k in set(previous) | set(current)
-                       if previous.get(k) != current.get(k))
-      raise ConfigError(
-          f'{out!r} holds a run with a different configuration (differs in: '
-          f'{", ".join(changed)}). Nothing was changed; choose another '
-          '`experiment_name` or `root_output_dir`, or delete that directory.')
-    return True
-  if os.listdir(out):
-    raise ConfigError(
-        f'{out!r} is not empty and holds no tff_clip run; nothing was '
-        'changed. Choose another `experiment_name` or `root_output_dir`.')
-  _atomic_write_json(config_path, config.to_json())
-  return False
-
-
-def _atomic_write_json(path: str, data) -> None:
-  tmp = f'{path}.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(data, f, indent=2, sort_keys=True, default=float)
-  os.replace(tmp, path)
+  """Creates the directory and config.json; True when a run can resume there."""
+  status = existing_run(config)
+  os.makedirs(config.output_dir, exist_ok=True)
+  if status == 'new':
+    write_json(os.path.join(config.output_dir, 'config.json'),
+               config.to_json())
+  return status != 'new'
 
 
 # ----------------------------------------------------------------------------
@@ -307,8 +174,8 @@ def set_execution_context(config: TrainConfig) -> None:
               worker, timeout_s=config.worker_timeout_s)
           for worker in config.workers
       ]
-    except TimeoutError as e:
-      raise ConfigError(f'`workers`: {e}') from e
+    except (TimeoutError, ConnectionError) as e:
+      raise ConfigError(f'--workers: {e}') from e
     tff.backends.native.set_mergeable_comp_execution_context(contexts)
 
 
@@ -362,7 +229,12 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
         initial_clip_norm=config.initial_clip_norm,
         target_quantile=config.target_quantile,
         clip_learning_rate=config.clip_learning_rate,
-        noise_seed=config.seed)
+        clipped_count_stddev=config.clipped_count_stddev,
+        per_layer_quantiles=config.per_layer_quantiles,
+        noise_placement=config.noise_placement,
+        # None: a key from OS entropy, drawn in the graph at initialize and
+        # kept only in the (checkpointed) aggregator state. Never `seed`.
+        noise_seed=config.noise_seed)
   if config.clip_norm == 'adaptive':
     # CE-FedAvg with a moving threshold (seed 000), noise-free.
     clip_norm = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
@@ -450,24 +322,98 @@ def _flatten(prefix, value, out):
 
 
 # ----------------------------------------------------------------------------
-# Checkpoints.
+# Checkpoints (server-private: they hold the noise key).
 
 
-def _save_checkpoint(manager, program_state, round_num):
-  asyncio.run(manager.save(program_state, round_num))
+def _checkpoint_manager(out):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  return tff.program.FileProgramStateManager(
+      os.path.join(out, 'checkpoints'), prefix='round_', keep_total=2,
+      keep_first=False)
 
 
-def _load_checkpoint(manager, template):
-  """Latest loadable checkpoint; a torn one (killed mid-save) is skipped."""
-  versions = asyncio.run(manager.get_versions()) or []
-  for version in sorted(versions, reverse=True):
+def _save_checkpoint(manager, state, ledger, round_num):
+  asyncio.run(manager.save(collections.OrderedDict(
+      learning=state, ledger=np.asarray(json.dumps(ledger.to_dict()))),
+                           round_num))
+
+
+def _load_checkpoint(out, manager, state):
+  """(state, ledger, round) of the latest readable checkpoint, or None.
+
+  A checkpoint torn by a kill mid-save is deleted (its directory follows the
+  manager's documented `prefix + version` layout), and so are the temporary
+  directories a killed save leaves behind.
+  """
+  root = os.path.join(out, 'checkpoints')
+  for tmp in glob.glob(os.path.join(root, 'round_*_temp*')):
+    shutil.rmtree(tmp, ignore_errors=True)
+  template = collections.OrderedDict(learning=state, ledger=np.asarray('{}'))
+  for version in sorted(asyncio.run(manager.get_versions()) or [],
+                        reverse=True):
     try:
-      return asyncio.run(manager.load(version, template)), version
+      loaded = asyncio.run(manager.load(version, template))
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('Checkpoint %d unreadable (%s); trying an older one.',
                       version, e)
-      asyncio.run(manager._remove(version))  # pylint: disable=protected-access
-  return None, 0
+      shutil.rmtree(os.path.join(root, f'round_{version}'), ignore_errors=True)
+      continue
+    text = np.asarray(loaded['ledger']).item()
+    ledger = accounting.PrivacyLedger.from_dict(json.loads(
+        text.decode() if isinstance(text, bytes) else text))
+    return loaded['learning'], ledger, version
+  return None
+
+
+# ----------------------------------------------------------------------------
+# Metrics.
+
+
+class _MetricsWriters:
+  """CSV and TensorBoard rows, each round released exactly once.
+
+  A round re-run after a kill (between release and checkpoint) rewrites its
+  CSV row (the CSV release manager drops rows >= the released key) and is
+  not written to TensorBoard again if it is already there.
+  """
+
+  def __init__(self, out, resuming):
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    self._csv = tff.program.CSVFileReleaseManager(
+        os.path.join(out, 'metrics.csv'), key_fieldname='round')
+    tb_dir = os.path.join(out, 'tensorboard')
+    self._tb_steps = _tensorboard_steps(tb_dir) if resuming else set()
+    self._tb = tff.program.TensorBoardReleaseManager(tb_dir)
+
+  def release(self, round_num, row):
+    values = {k: v for k, v in row.items() if k != 'round'}
+    asyncio.run(self._csv.release(values, key=round_num))
+    if round_num not in self._tb_steps:
+      asyncio.run(self._tb.release(
+          {k: v for k, v in values.items() if math.isfinite(v)},
+          key=round_num))
+
+
+def _tensorboard_steps(tb_dir):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  steps = set()
+  for path in glob.glob(os.path.join(tb_dir, '**', 'events.out.tfevents.*'),
+                        recursive=True):
+    try:
+      for event in tf.compat.v1.train.summary_iterator(path):
+        if event.summary.value:
+          steps.add(int(event.step))
+    except tf.errors.DataLossError:  # A kill mid-write: the tail is torn.
+      pass
+  return steps
+
+
+def _released(row, config, private):
+  """The row as released: under DP, only what epsilon covers (by default)."""
+  if not private or config.release_uncovered_metrics:
+    return row
+  return collections.OrderedDict(
+      (k, v) for k, v in row.items() if k not in NOT_COVERED)
 
 
 # ----------------------------------------------------------------------------
@@ -478,193 +424,239 @@ def resolve_noise_multiplier(config: TrainConfig, population: int):
   """z from the flags: given, calibrated from `target_epsilon`, or None."""
   if config.clients_per_round > population:
     raise ConfigError(
-        f'`clients_per_round` ({config.clients_per_round}) exceeds the '
+        f'--clients_per_round ({config.clients_per_round}) exceeds the '
         f'number of training clients ({population}).')
   if config.target_epsilon is None:
     return config.noise_multiplier
-  return accounting.calibrate_noise_multiplier(
-      config.target_epsilon, clients_per_round=config.clients_per_round,
-      population_size=population, rounds=config.rounds, delta=config.delta,
-      sampling=sampling_lib.accounting_sampling(config.sampling))
+  try:
+    return accounting.calibrate_noise_multiplier(
+        config.target_epsilon, clients_per_round=config.clients_per_round,
+        population_size=population, rounds=config.rounds, delta=config.delta,
+        sampling=config.sampling)
+  except ValueError as e:
+    raise ConfigError(f'--target_epsilon: {e}') from e
+
+
+class _Session:
+  """Everything built from a configuration before the first file is written."""
+
+  def __init__(self, config: TrainConfig):
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    self.config = config
+    try:
+      self.task = build_task(config)
+    except ValueError as e:
+      raise ConfigError(str(e).splitlines()[0]) from e
+    self.client_ids = list(self.task.datasets.train_data.client_ids)
+    self.population = len(self.client_ids)
+    self.noise_multiplier = resolve_noise_multiplier(config, self.population)
+    self.private = self.noise_multiplier is not None
+    self.sampler = sampling_lib.ClientSampler(
+        self.client_ids, config.clients_per_round, config.sampling,
+        config.seed)
+    try:
+      self.process = build_process(config, self.task, self.noise_multiplier)
+    except ValueError as e:  # E.g. explicit count noise too small.
+      raise ConfigError(str(e).splitlines()[0]) from e
+    self.initial_weights = initial_model_weights(self.task, config.seed)
+    self.evaluation = tff.learning.algorithms.build_fed_eval(
+        self.task.model_fn)
+    self.test_data = _test_dataset(self.task)
+
+  def initial_state(self):
+    return self.process.set_model_weights(self.process.initialize(),
+                                          self.initial_weights)
+
+  def train_round(self, state, round_num, ledger):
+    """Runs round `round_num`; returns (state, row of every metric)."""
+    from tff_clip import dp  # pylint: disable=g-import-not-at-top
+    started = time.perf_counter()
+    cohort = self.sampler.sample(round_num)
+    data = [_client_dataset(self.task, cid, self.config, round_num)
+            for cid in cohort]
+    # An empty Poisson cohort still runs: the aggregator adds its noise to
+    # an empty sum, so the released model does not reveal that it was empty.
+    output = self.process.next(state, data)
+    state = output.state
+    metrics = {}
+    _flatten('', output.metrics, metrics)
+    if self.private:  # The event the aggregator actually ran this round.
+      ledger.record(round_num, accounting.round_event(
+          dp.extract_dp_event(state.aggregator), self.config.clients_per_round,
+          self.population, self.config.sampling))
+    row = collections.OrderedDict(round=round_num, clients=len(cohort))
+    row['train_loss'] = metrics.get('client_work/train/loss', math.nan)
+    row['train_accuracy'] = metrics.get(
+        'client_work/train/sparse_categorical_accuracy',
+        metrics.get('client_work/train/accuracy', math.nan))
+    row['clip_norm'] = metrics.get(
+        'aggregator/dp_query_metrics/clip_norm',
+        metrics.get('aggregator/clip_norm', math.nan))
+    row['epsilon'] = (ledger.epsilon(self.config.delta) if self.private
+                      else math.inf)
+    if self.task.problem is not None:
+      row['objective'] = float(self.task.problem.report(
+          self.process.get_model_weights(state).trainable))
+    row['seconds'] = time.perf_counter() - started
+    return state, row
+
+  def evaluate(self, state):
+    """Loss and accuracy on the server-held test data."""
+    eval_state = self.evaluation.set_model_weights(
+        self.evaluation.initialize(), self.process.get_model_weights(state))
+    metrics = {}
+    _flatten('', self.evaluation.next(eval_state, [self.test_data]).metrics,
+             metrics)
+    return collections.OrderedDict(
+        eval_loss=metrics.get('client_work/eval/current_round_metrics/loss',
+                              math.nan),
+        eval_accuracy=metrics.get(
+            'client_work/eval/current_round_metrics/'
+            'sparse_categorical_accuracy',
+            metrics.get('client_work/eval/current_round_metrics/accuracy',
+                        math.nan)))
 
 
 def run(config: TrainConfig) -> dict[str, Any]:
-  """Trains (or resumes) per `config`; returns the summary."""
+  """Trains (or resumes, or reports a finished) run per `config`."""
   validate(config)
-  resuming = prepare_output_dir(config)
-  set_execution_context(config)
-
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tff_clip import dp  # pylint: disable=g-import-not-at-top
-
-  task = build_task(config)
-  initial_weights = initial_model_weights(task, config.seed)
-  client_ids = list(task.datasets.train_data.client_ids)
-  noise_multiplier = resolve_noise_multiplier(config, len(client_ids))
-  sampler = sampling_lib.ClientSampler(client_ids, config.clients_per_round,
-                                       config.sampling, config.seed)
-  try:
-    process = build_process(config, task, noise_multiplier)
-  except ValueError as e:  # E.g. noise too large for per-layer quantiles.
-    raise ConfigError(str(e)) from e
-  evaluation = tff.learning.algorithms.build_fed_eval(task.model_fn)
-  test_data = _test_dataset(task)
-
   out = config.output_dir
-  manager = tff.program.FileProgramStateManager(
-      os.path.join(out, 'checkpoints'), prefix='round_', keep_total=2,
-      keep_first=False)
-  state = process.set_model_weights(process.initialize(),
-                                    initial_weights)
-  ledger = accounting.PrivacyLedger()
-  start_round = 1
-  if resuming:
-    template = collections.OrderedDict(
-        learning=state, ledger=np.asarray('{}'))
-    loaded, version = _load_checkpoint(manager, template)
-    if loaded is not None:
-      state = loaded['learning']
-      ledger = accounting.PrivacyLedger.from_dict(
-          json.loads(str(np.asarray(loaded['ledger']).item().decode()
-                         if isinstance(np.asarray(loaded['ledger']).item(),
-                                       bytes)
-                         else np.asarray(loaded['ledger']).item())))
-      start_round = version + 1
-      logging.info('Resuming %s from round %d.', out, version)
+  status = existing_run(config)
+  if status == 'finished':
+    print(f'{out}/ already holds this finished run (summary.json, '
+          'metrics.csv, ledger.json); nothing was changed.', flush=True)
+    with open(os.path.join(out, 'summary.json')) as f:
+      return json.load(f)
+  if config.noise_seed is not None and config.private:
+    print(f'WARNING: --noise_seed={config.noise_seed}: the DP noise is '
+          'reproducible and predictable; this run is NOT private.',
+          file=sys.stderr, flush=True)
+  set_execution_context(config)
+  session = _Session(config)
+  prepare_output_dir(config)  # The first write: everything is checked.
 
-  csv_manager = tff.program.CSVFileReleaseManager(
-      os.path.join(out, 'metrics.csv'), key_fieldname='round')
-  tb_manager = tff.program.TensorBoardReleaseManager(
-      os.path.join(out, 'tensorboard'))
-  acct_sampling = sampling_lib.accounting_sampling(config.sampling)
-
-  progress = None
-  if config.progress:
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-    progress = tqdm(total=config.rounds, initial=start_round - 1,
-                    desc=config.experiment_name, unit='round')
-  last_eval = {}
+  state, ledger, start_round = session.initial_state(), None, 1
+  manager = _checkpoint_manager(out)
+  if status == 'resume':
+    restored = _load_checkpoint(out, manager, state)
+    if restored is not None:
+      state, ledger, last = restored
+      start_round = last + 1
+      print(f'Resuming {out}/ from its checkpoint after round {last} of '
+            f'{config.rounds}.', flush=True)
+  ledger = ledger or accounting.PrivacyLedger()
+  writers = _MetricsWriters(out, resuming=start_round > 1)
+  progress = _Progress(config, start_round, session.private)
+  last_eval = collections.OrderedDict(eval_loss=math.nan,
+                                      eval_accuracy=math.nan)
+  last_row = {}
   for round_num in range(start_round, config.rounds + 1):
-    started = time.perf_counter()
-    cohort = sampler.sample(round_num)
-    data = [_client_dataset(task, cid, config, round_num) for cid in cohort]
-    if data:
-      output = process.next(state, data)
-      state = output.state
-      metrics = {}
-      _flatten('', output.metrics, metrics)
-    else:  # Poisson sampling drew nobody: no update, but the round counts.
-      metrics = {}
-    if noise_multiplier is not None:
-      if data:  # The event the aggregator actually ran this round.
-        ledger.record(round_num, accounting.round_event(
-            dp.extract_dp_event(state.aggregator), config.clients_per_round,
-            len(client_ids), acct_sampling))
-      else:  # An empty Poisson cohort still counts as a sampled round.
-        ledger.record_gaussian_round(round_num, noise_multiplier,
-                                     config.clients_per_round, len(client_ids),
-                                     acct_sampling)
-      epsilon = ledger.epsilon(config.delta)
-    else:
-      epsilon = math.inf
-    row = collections.OrderedDict(round=round_num, clients=len(cohort))
-    row['train_loss'] = metrics.get('client_work/train/loss', math.nan)
-    row['train_accuracy'] = _first(metrics, 'client_work/train/', 'accuracy')
-    row['clip_norm'] = _first(metrics, 'aggregator/', 'clip_norm')
-    row['clipped_fraction'] = metrics.get('aggregator/clipped_fraction',
-                                          math.nan)
-    row['epsilon'] = epsilon
-    row['eval_loss'] = row['eval_accuracy'] = math.nan
+    state, row = session.train_round(state, round_num, ledger)
+    row.update(eval_loss=math.nan, eval_accuracy=math.nan)
     if round_num % config.eval_every == 0 or round_num == config.rounds:
-      eval_state = evaluation.set_model_weights(
-          evaluation.initialize(), process.get_model_weights(state))
-      eval_metrics = {}
-      _flatten('', evaluation.next(eval_state, [test_data]).metrics,
-               eval_metrics)
-      last_eval = {
-          'eval_loss': _first(eval_metrics, 'client_work/eval/', 'loss'),
-          'eval_accuracy': _first(eval_metrics, 'client_work/eval/',
-                                  'accuracy'),
-      }
+      last_eval = session.evaluate(state)
       row.update(last_eval)
-    if task.problem is not None:
-      row['objective'] = float(task.problem.report(
-          process.get_model_weights(state).trainable))
-    row['seconds'] = time.perf_counter() - started
-    # Release first, then checkpoint: a kill between the two resumes from
-    # the previous checkpoint and re-runs this round (same seeds, same
-    # result), whose CSV row is then rewritten (the CSV release manager drops
-    # rows >= the released key). The other order would lose this round's row.
-    release = {k: v for k, v in row.items() if k != 'round'}
-    asyncio.run(csv_manager.release(release, key=round_num))
-    asyncio.run(tb_manager.release(
-        {k: v for k, v in release.items() if math.isfinite(v)},
-        key=round_num))
+    row = _released(row, config, session.private)
+    # Release, then checkpoint: a kill between the two re-runs this round
+    # from the previous checkpoint (same cohort, data order and noise key)
+    # and rewrites its row; the other order would lose the row.
+    writers.release(round_num, row)
     if round_num % config.checkpoint_every == 0 or round_num == config.rounds:
-      _save_checkpoint(manager, collections.OrderedDict(
-          learning=state, ledger=np.asarray(json.dumps(ledger.to_dict()))),
-                       round_num)
-      _atomic_write_json(os.path.join(out, 'ledger.json'),
-                         _ledger_report(ledger, config, noise_multiplier))
-    if progress is None:
-      print(f'round {round_num}/{config.rounds} loss={row["train_loss"]:.4f} '
-            f'eval_accuracy={row["eval_accuracy"]:.4f} '
-            f'clip_norm={row["clip_norm"]:.4g} epsilon={epsilon:.4g}',
-            flush=True)
+      _save_checkpoint(manager, state, ledger, round_num)
+      write_json(os.path.join(out, 'ledger.json'),
+                 _ledger_report(ledger, config, session))
+    progress.update(round_num, row, last_eval)
+    last_row = row
+  progress.close()
+  return _finish(config, session, ledger, last_eval, last_row)
+
+
+class _Progress:
+  """A tqdm bar, or one line per round; shows only released values."""
+
+  def __init__(self, config, start_round, private):
+    self._config = config
+    self._bar = None
+    if config.progress:
+      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+      self._bar = tqdm(total=config.rounds, initial=start_round - 1,
+                       desc=config.experiment_name, unit='round')
+    del private
+
+  def update(self, round_num, row, last_eval):
+    shown = collections.OrderedDict()
+    for key, label in (('train_loss', 'loss'), ('objective', 'objective'),
+                       ('clip_norm', 'clip'), ('epsilon', 'eps')):
+      if key in row:
+        shown[label] = row[key]
+    shown['acc'] = last_eval.get('eval_accuracy', math.nan)
+    if self._bar is None:
+      print(f'round {round_num}/{self._config.rounds} ' + ' '.join(
+          f'{k}={v:.4g}' for k, v in shown.items()), flush=True)
     else:
-      progress.update(1)
-      progress.set_postfix(collections.OrderedDict(
-          loss=f'{row["train_loss"]:.3f}',
-          acc=f'{last_eval.get("eval_accuracy", math.nan):.3f}',
-          clip=f'{row["clip_norm"]:.3g}', eps=f'{epsilon:.3g}'))
-  if progress is not None:
-    progress.close()
+      self._bar.update(1)
+      self._bar.set_postfix(collections.OrderedDict(
+          (k, f'{v:.3g}') for k, v in shown.items()))
 
-  summary = _summary(config, ledger, noise_multiplier, last_eval,
-                     len(client_ids))
-  _atomic_write_json(os.path.join(out, 'summary.json'), summary)
-  _atomic_write_json(os.path.join(out, 'ledger.json'),
-                     _ledger_report(ledger, config, noise_multiplier))
-  from tff_clip import plotting  # pylint: disable=g-import-not-at-top
-  plotting.plot_metrics(os.path.join(out, 'metrics.csv'),
-                        os.path.join(out, 'plot.png'),
-                        title=config.experiment_name)
-  return summary
+  def close(self):
+    if self._bar is not None:
+      self._bar.close()
 
 
-def _first(metrics, prefix, suffix):
-  for key, value in metrics.items():
-    if key.startswith(prefix) and key.endswith(suffix):
-      return value
-  for key, value in metrics.items():
-    if key.endswith(suffix):
-      return value
-  return math.nan
+def _noise_label(config, session):
+  if not session.private:
+    return 'none'
+  if config.noise_seed is not None:
+    return (f'reproducible from --noise_seed={config.noise_seed}: '
+            'predictable, NOT private')
+  return 'secret (OS entropy; the key is kept only in checkpoints/)'
 
 
-def _ledger_report(ledger, config, noise_multiplier):
-  report = {'delta': config.delta, 'noise_multiplier': noise_multiplier,
-            'sampling': config.sampling, 'ledger': ledger.to_dict()}
+def _ledger_report(ledger, config, session):
+  report = {'delta': config.delta, 'noise_multiplier': session.noise_multiplier,
+            'sampling': config.sampling,
+            'noise': _noise_label(config, session),
+            'ledger': ledger.to_dict()}
   if len(ledger):
     report['epsilon_per_round'] = [
         [r, e] for r, e in ledger.epsilon_history(config.delta)]
   return report
 
 
-def _summary(config, ledger, noise_multiplier, last_eval, population):
+def _finish(config, session, ledger, last_eval, last_row):
+  out = config.output_dir
+  summary = _summary(config, session, ledger, last_eval, last_row)
+  write_json(os.path.join(out, 'ledger.json'),
+             _ledger_report(ledger, config, session))
+  from tff_clip import plotting  # pylint: disable=g-import-not-at-top
+  plotting.plot_metrics(os.path.join(out, 'metrics.csv'),
+                        os.path.join(out, 'plot.png'),
+                        title=config.experiment_name)
+  # Last: its presence marks the run finished.
+  write_json(os.path.join(out, 'summary.json'), summary)
+  return _strict(summary)
+
+
+def _summary(config, session, ledger, last_eval, last_row):
+  z = session.noise_multiplier
   summary = collections.OrderedDict(
       experiment=config.experiment_name, task=config.task,
-      rounds=config.rounds, population_size=population,
+      rounds=config.rounds, population_size=session.population,
       clients_per_round=config.clients_per_round, sampling=config.sampling,
-      noise_multiplier=noise_multiplier, delta=config.delta,
+      noise_multiplier=z, delta=config.delta,
+      noise=_noise_label(config, session),
       final_eval_accuracy=last_eval.get('eval_accuracy', math.nan),
       final_eval_loss=last_eval.get('eval_loss', math.nan))
-  if noise_multiplier is not None and len(ledger):
-    summary['epsilon'] = ledger.epsilon(config.delta)
-    if noise_multiplier > 0:
+  if 'objective' in last_row:
+    summary['final_objective'] = last_row['objective']
+  if session.private:
+    summary['epsilon'] = ledger.epsilon(config.delta) if len(ledger) else 0.0
+    released = [k for k in NOT_COVERED if k in last_row]
+    if released:
+      summary['not_covered_by_epsilon'] = released
+    if z > 0:
       # Same noise on the average (z / n fixed) at production scale.
-      scaled_z = (noise_multiplier / config.clients_per_round *
+      scaled_z = (z / config.clients_per_round *
                   EXTRAPOLATION_CLIENTS_PER_ROUND)
       summary['extrapolated'] = collections.OrderedDict(
           population_size=EXTRAPOLATION_POPULATION,
@@ -673,9 +665,7 @@ def _summary(config, ledger, noise_multiplier, last_eval, population):
           epsilon=accounting.compute_training_epsilon(
               scaled_z, clients_per_round=EXTRAPOLATION_CLIENTS_PER_ROUND,
               population_size=EXTRAPOLATION_POPULATION, rounds=config.rounds,
-              delta=config.delta,
-              sampling=sampling_lib.accounting_sampling(config.sampling)
-          ).epsilon)
+              delta=config.delta, sampling=config.sampling).epsilon)
   else:
-    summary['epsilon'] = math.inf
+    summary['epsilon'] = None  # No DP: no guarantee.
   return summary

@@ -1,0 +1,158 @@
+"""README is a contract: every command and snippet in it runs as written.
+
+How each kind of README text is checked:
+  * `make setup` / `make test`: what CI itself runs (`.ci/run`); not re-run.
+  * The Python snippet: run in a fresh interpreter; it must exit 0 and leave
+    no TFF worker process behind.
+  * A block starting with `$ command` followed by output: the command runs
+    and must print exactly that output.
+  * The task table: `tasks.describe_markdown()` must print it.
+  * Every `.venv/bin/python -m scripts.X ...` command: its flags are parsed
+    and validated (default suite); and it runs at smoke size (slow suite:
+    `make test-slow`), with the overrides of `SMOKE_OVERRIDES` appended --
+    fewer rounds and clients, offline data -- never by editing the text.
+"""
+
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+README = (REPO / 'README.md').read_text()
+
+# Appended to each command for the smoke run (absl: the last value wins).
+SMOKE_OVERRIDES = {
+    'scripts.train': ['--rounds=2', '--clients_per_round=2', '--eval_every=1',
+                      '--data_source=offline', '--progress=false',
+                      '--max_concurrent_clients=2'],
+    'scripts.sweep': ['--seeds=1'],
+    'scripts.benchmark_aggregators': ['--clients=3', '--params=1000',
+                                      '--leaves=2', '--repetitions=1'],
+    'scripts.accountant': [],
+}
+# Extra train flags given to each sweep cell for the smoke run.
+SWEEP_TRAIN_OVERRIDES = ['--rounds=1', '--clients_per_round=2',
+                         '--data_source=offline']
+
+
+def _env():
+  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
+  env.update(TF_CPP_MIN_LOG_LEVEL='3', PYTHONUNBUFFERED='1')
+  return env
+
+
+def _blocks():
+  """Code blocks: fenced (``` ... ```) and indented (4 spaces)."""
+  fenced = re.findall(r'```(\w*)\n(.*?)```', README, flags=re.S)
+  text = re.sub(r'```.*?```', '', README, flags=re.S)
+  indented = [m.group(0) for m in re.finditer(
+      r'(?:^(?:    .*)?\n)+', text, flags=re.M) if m.group(0).strip()]
+  return fenced, [re.sub(r'^    ', '', b, flags=re.M) for b in indented]
+
+
+def _commands():
+  """Every `.venv/bin/python -m scripts.X` command, continuations joined."""
+  fenced, indented = _blocks()
+  texts = indented + [body for lang, body in fenced if lang != 'python']
+  commands = []
+  for text in texts:
+    joined = re.sub(r'\\\n\s*', ' ', text)
+    for line in joined.splitlines():
+      line = line.strip().lstrip('$ ').split('  #')[0].strip()
+      if line.startswith('.venv/bin/python -m scripts.'):
+        commands.append(line)
+  return commands
+
+
+COMMANDS = _commands()
+
+
+def test_readme_has_the_commands_it_promises():
+  modules = {shlex.split(c)[2] for c in COMMANDS}
+  assert {'scripts.train', 'scripts.sweep', 'scripts.accountant',
+          'scripts.benchmark_aggregators'} <= modules
+  assert 'make setup' in README and 'make test' in README
+
+
+def _train_args(command):
+  args = shlex.split(command)[3:]
+  module = shlex.split(command)[2]
+  if module == 'scripts.sweep':
+    args = args[args.index('--') + 1:] if '--' in args else []
+  return module, args
+
+
+@pytest.mark.parametrize('command', [
+    c for c in COMMANDS if shlex.split(c)[2] in ('scripts.train',
+                                                  'scripts.sweep')])
+def test_every_train_command_in_readme_has_valid_flags(command):
+  from scripts import train  # pylint: disable=g-import-not-at-top
+  from tff_clip import config  # pylint: disable=g-import-not-at-top
+  _, args = _train_args(command)
+  train.FLAGS.unparse_flags()
+  train.FLAGS(['train', *args])
+  try:
+    config.validate(train.config_from_flags())
+  finally:
+    train.FLAGS.unparse_flags()
+
+
+def test_python_snippet_runs_and_leaves_no_process_behind(tmp_path):
+  fenced, _ = _blocks()
+  snippets = [body for lang, body in fenced if lang == 'python']
+  assert snippets
+  for i, snippet in enumerate(snippets):
+    path = tmp_path / f'snippet{i}.py'
+    path.write_text(snippet)
+    # Piped output: a leaked worker holding the pipe would hang this call.
+    result = subprocess.run([sys.executable, str(path)], cwd=REPO,
+                            env=_env(), capture_output=True, text=True,
+                            timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'Exception ignored' not in result.stderr, result.stderr[-3000:]
+
+
+def test_quoted_command_output_is_what_the_tool_prints():
+  quoted = re.findall(r'```\n\$ (.*?)\n(.*?)```', README, flags=re.S)
+  assert quoted
+  for command, expected in quoted:
+    # The quoted command may continue on indented lines.
+    lines = expected.splitlines()
+    while lines and lines[0].startswith('    '):
+      command = command.rstrip('\\ ') + ' ' + lines.pop(0).strip()
+    command = command.replace('\\', ' ')
+    result = subprocess.run(shlex.split(command), cwd=REPO, env=_env(),
+                            capture_output=True, text=True, timeout=300,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == '\n'.join(lines).strip()
+
+
+def test_task_table_is_what_describe_markdown_prints():
+  import tasks  # pylint: disable=g-import-not-at-top
+  assert tasks.describe_markdown().strip() in README
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('command', COMMANDS)
+def test_every_readme_command_runs_at_smoke_size(command, tmp_path):
+  module = shlex.split(command)[2]
+  args = shlex.split(command)
+  args[0] = sys.executable
+  overrides = list(SMOKE_OVERRIDES.get(module, []))
+  if module in ('scripts.train', 'scripts.sweep'):
+    overrides.append(f'--root_output_dir={tmp_path}')
+  if module == 'scripts.sweep':
+    split = args.index('--')
+    args = (args[:split] + overrides + ['--'] + args[split + 1:] +
+            SWEEP_TRAIN_OVERRIDES)
+  else:
+    args += overrides
+  result = subprocess.run(args, cwd=REPO, env=_env(), capture_output=True,
+                          text=True, timeout=1200, check=False)
+  assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

@@ -1,0 +1,22 @@
+"""The project's vocabulary: every name list defined once, imported everywhere.
+
+No imports, so the command line can check its flags before TensorFlow loads.
+"""
+
+# How a client update is bounded (`tff_clip.bounding`).
+BOUNDINGS = ('clip', 'normalize', 'per_layer_clip', 'per_layer_normalize')
+# Per-layer budget splits (`tff_clip.bounding.layer_budgets`).
+SPLITS = ('uniform', 'dim')
+# Where DP noise is added, and what the noisy sum is divided by (`tff_clip.dp`).
+NOISE_PLACEMENTS = ('central', 'client')
+DENOMINATORS = ('expected', 'actual')
+# Client sampling, as run (`tff_clip.sampling`) and accounted
+# (`tff_clip.accounting`): Poisson (add/remove-one adjacency) or fixed-size
+# without replacement (replace-one adjacency).
+POISSON = 'poisson'
+FIXED_SIZE = 'fixed_size'
+SAMPLINGS = (POISSON, FIXED_SIZE)
+# Privacy accountants.
+RDP = 'rdp'
+PLD = 'pld'
+ACCOUNTANTS = (RDP, PLD)
