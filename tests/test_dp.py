@@ -31,7 +31,7 @@ def _zeros(num_clients):
 @pytest.mark.parametrize('method', bounding.BOUNDINGS)
 def test_noise_std_is_z_c_over_denominator_and_equal_across_layers(method):
   z, clip_norm, n = 1.5, 2.0, 10.0
-  factory = dp.dp_factory(method, z, n, clip_norm=clip_norm, split='dim',
+  factory = dp.dp_factory(method, noise_multiplier=z, clients_per_round=n, clip_norm=clip_norm, split='dim',
                           noise_seed=1)
   process = factory.create(VALUE_TYPE)
   output = process.next(process.initialize(), _zeros(4))
@@ -45,7 +45,7 @@ def test_noise_std_is_z_c_over_denominator_and_equal_across_layers(method):
 def test_per_layer_noise_is_not_per_layer_budget_scaled():
   # The trap: one Gaussian query per layer would give layer h std z C_h.
   z, clip_norm, n = 1.0, 1.0, 1.0
-  process = dp.dp_factory('per_layer_clip', z, n, clip_norm=clip_norm,
+  process = dp.dp_factory('per_layer_clip', noise_multiplier=z, clients_per_round=n, clip_norm=clip_norm,
                           split='dim', noise_seed=2).create(VALUE_TYPE)
   output = process.next(process.initialize(), _zeros(1))
   budgets = bounding.layer_budgets(VALUE_TYPE, clip_norm, 'dim').numpy()
@@ -56,8 +56,8 @@ def test_per_layer_noise_is_not_per_layer_budget_scaled():
 
 def test_client_noise_placement_gives_the_central_aggregate_noise():
   z, clip_norm, n = 1.0, 1.0, 16
-  central = dp.dp_factory('clip', z, n, clip_norm=clip_norm, noise_seed=3)
-  client = dp.dp_factory('clip', z, n, clip_norm=clip_norm,
+  central = dp.dp_factory('clip', noise_multiplier=z, clients_per_round=n, clip_norm=clip_norm, noise_seed=3)
+  client = dp.dp_factory('clip', noise_multiplier=z, clients_per_round=n, clip_norm=clip_norm,
                          noise_placement='client')
   stds = []
   for factory in (central, client):
@@ -70,7 +70,7 @@ def test_client_noise_placement_gives_the_central_aggregate_noise():
 
 
 def test_seeded_noise_is_reproducible_and_changes_every_round():
-  process = dp.dp_factory('clip', 1.0, 5.0, clip_norm=1.0,
+  process = dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=5.0, clip_norm=1.0,
                           noise_seed=7).create(VALUE_TYPE)
   state = process.initialize()
   first = process.next(state, _zeros(2))
@@ -85,7 +85,7 @@ def test_zero_noise_multiplier_gives_mean_of_bounded_updates():
   clients = [collections.OrderedDict(
       (k, rng.normal(size=s).astype(np.float32)) for k, s in SIZES.items())
              for _ in range(3)]
-  process = dp.dp_factory('normalize', 0.0, 3.0,
+  process = dp.dp_factory('normalize', noise_multiplier=0.0, clients_per_round=3.0,
                           clip_norm=1.0).create(VALUE_TYPE)
   output = process.next(process.initialize(), clients)
   expected = [bounding.normalize(c, 1.0) for c in clients]
@@ -98,7 +98,7 @@ def test_zero_noise_multiplier_gives_mean_of_bounded_updates():
 def test_actual_denominator_divides_by_clients_present():
   clients = [collections.OrderedDict(a=np.full(3000, 0.01, np.float32),
                                      b=np.zeros(5000, np.float32))] * 4
-  process = dp.dp_factory('clip', 0.0, 100.0, clip_norm=10.0,
+  process = dp.dp_factory('clip', noise_multiplier=0.0, clients_per_round=100.0, clip_norm=10.0,
                           denominator='actual').create(VALUE_TYPE)
   output = process.next(process.initialize(), clients)
   np.testing.assert_allclose(output.result['a'], 0.01, rtol=1e-5)
@@ -108,7 +108,7 @@ def test_nonfinite_client_does_not_poison_the_aggregate():
   clients = _zeros(3)
   clients[1] = collections.OrderedDict(
       a=np.full(3000, np.nan, np.float32), b=np.full(5000, np.inf, np.float32))
-  process = dp.dp_factory('clip', 1.0, 3.0, clip_norm=1.0,
+  process = dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=3.0, clip_norm=1.0,
                           noise_seed=0).create(VALUE_TYPE)
   output = process.next(process.initialize(), clients)
   assert all(np.all(np.isfinite(output.result[k])) for k in SIZES)
@@ -231,7 +231,7 @@ def _adaptive_query(factory, structure):
 @pytest.mark.parametrize('z, tolerance', [(0.0, 0.10), (1.0, 0.25)])
 def test_adaptive_global_norm_reaches_target_quantile(z, tolerance):
   clients = _lognormal_clients(100, {'a': 1.0, 'b': 2.0})
-  factory = dp.dp_factory('clip', z, 100.0, clip_norm='adaptive',
+  factory = dp.dp_factory('clip', noise_multiplier=z, clients_per_round=100.0, clip_norm='adaptive',
                           target_quantile=0.7, noise_seed=5)
   state = _run_adaptive(_adaptive_query(factory, clients[0]), clients, 100)
   clip_norm = float(state.numerator_state.sum_state.clip_norm)
@@ -242,7 +242,7 @@ def test_adaptive_global_norm_reaches_target_quantile(z, tolerance):
 @pytest.mark.parametrize('z, tolerance', [(0.0, 0.10), (0.5, 0.25)])
 def test_per_layer_adaptive_norms_reach_each_layers_quantile(z, tolerance):
   clients = _lognormal_clients(100, {'a': 0.5, 'b': 5.0})
-  factory = dp.dp_factory('per_layer_clip', z, 100.0, clip_norm='adaptive',
+  factory = dp.dp_factory('per_layer_clip', noise_multiplier=z, clients_per_round=100.0, clip_norm='adaptive',
                           per_layer_quantiles=True, noise_seed=6)
   state = _run_adaptive(_adaptive_query(factory, clients[0]), clients, 100)
   budgets = state.numerator_state.sum_state.clip_norm.numpy()
@@ -253,7 +253,7 @@ def test_per_layer_adaptive_norms_reach_each_layers_quantile(z, tolerance):
 
 def test_adaptive_normalize_scale_tracks_the_quantile():
   clients = _lognormal_clients(100, {'a': 3.0, 'b': 3.0})
-  factory = dp.dp_factory('normalize', 0.0, 100.0, clip_norm='adaptive')
+  factory = dp.dp_factory('normalize', noise_multiplier=0.0, clients_per_round=100.0, clip_norm='adaptive')
   state = _run_adaptive(_adaptive_query(factory, clients[0]), clients, 100)
   target = _empirical_quantile(clients, None, 0.5)
   assert float(state.numerator_state.sum_state.clip_norm) == pytest.approx(
@@ -265,7 +265,7 @@ def test_adaptive_round_is_exactly_as_private_as_requested_z(per_layer):
   z = 0.8
   structure = collections.OrderedDict(a=tf.zeros([4]), b=tf.zeros([3]),
                                       c=tf.zeros([2]))
-  factory = dp.dp_factory('per_layer_clip' if per_layer else 'clip', z, 100.0,
+  factory = dp.dp_factory('per_layer_clip' if per_layer else 'clip', noise_multiplier=z, clients_per_round=100.0,
                           clip_norm='adaptive', per_layer_quantiles=per_layer)
   query = _adaptive_query(factory, structure)
   state = query.initial_global_state()
@@ -280,7 +280,7 @@ def test_adaptive_round_is_exactly_as_private_as_requested_z(per_layer):
 def test_too_small_count_noise_for_per_layer_quantiles_is_rejected():
   # sigma_b = 0.6 suffices for one count (z < 2 sigma_b) but not for two
   # per-layer counts (needs sigma_b > sqrt(2) z / 2 = 0.707).
-  factory = dp.dp_factory('per_layer_clip', 1.0, 12.0, clip_norm='adaptive',
+  factory = dp.dp_factory('per_layer_clip', noise_multiplier=1.0, clients_per_round=12.0, clip_norm='adaptive',
                           per_layer_quantiles=True, clipped_count_stddev=0.6)
   with pytest.raises(ValueError, match='clipped_count_stddev'):
     factory.create(VALUE_TYPE)
@@ -292,7 +292,7 @@ def test_too_small_count_noise_for_per_layer_quantiles_is_rejected():
 def test_default_count_noise_builds_for_every_z_n_and_layer_count(
     z, n, num_layers):
   structure = [tf.zeros([2])] * num_layers
-  factory = dp.dp_factory('per_layer_clip', z, n, clip_norm='adaptive',
+  factory = dp.dp_factory('per_layer_clip', noise_multiplier=z, clients_per_round=n, clip_norm='adaptive',
                           per_layer_quantiles=True)
   query = _adaptive_query(factory, structure)
   sample = query.initial_sample_state(
@@ -332,8 +332,20 @@ def test_default_count_noise_builds_for_every_z_n_and_layer_count(
     (dict(bounding_method='squash'), 'bounding'),
 ])
 def test_bad_arguments_are_rejected_naming_them(kwargs, argument):
+  valid = dict(bounding_method='clip', noise_multiplier=1.0,
+               clients_per_round=100.0)
   with pytest.raises((ValueError, TypeError), match=argument):
-    dp.dp_factory(**kwargs)
+    dp.dp_factory(**{**valid, **kwargs})
+
+
+@pytest.mark.parametrize('missing', ['noise_multiplier', 'clients_per_round'])
+def test_privacy_arguments_have_no_default(missing):
+  kwargs = dict(noise_multiplier=1.0, clients_per_round=100.0)
+  del kwargs[missing]
+  with pytest.raises(TypeError, match=missing):
+    dp.dp_factory('clip', **kwargs)
+  with pytest.raises(TypeError):  # Keyword-only: no silent positional mix-up.
+    dp.dp_factory('clip', 1.0, 100.0)
 
 
 # ----------------------------------------------------------------------------
@@ -360,7 +372,7 @@ def test_dp_factory_trains_keras_model_in_weighted_fed_avg():
   process = tff.learning.algorithms.build_weighted_fed_avg(
       model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
       client_weighting=tff.learning.ClientWeighting.UNIFORM,
-      model_aggregator=dp.dp_factory('per_layer_clip', 0.5, 3.0,
+      model_aggregator=dp.dp_factory('per_layer_clip', noise_multiplier=0.5, clients_per_round=3.0,
                                      clip_norm='adaptive', noise_seed=0,
                                      clipped_count_stddev=1.0))
   state = process.initialize()
@@ -380,7 +392,7 @@ def test_dp_factory_trains_keras_model_in_weighted_fed_avg():
 def test_seeded_adaptive_round_is_reproducible_including_count_noise():
   clients = [collections.OrderedDict(a=np.full(3000, 0.01, np.float32),
                                      b=np.zeros(5000, np.float32))] * 3
-  process = dp.dp_factory('clip', 1.0, 100.0, clip_norm='adaptive',
+  process = dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=100.0, clip_norm='adaptive',
                           noise_seed=11).create(VALUE_TYPE)
   state = process.initialize()
   first, again = (process.next(state, clients) for _ in range(2))
@@ -405,7 +417,7 @@ def _one_noisy_round(factory, global_seed=None):
 def test_unseeded_noise_differs_between_builds_even_under_a_global_seed(
     placement, adaptive):
   def build():
-    return dp.dp_factory('clip', 1.0, 10.0,
+    return dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=10.0,
                          clip_norm='adaptive' if adaptive else 1.0,
                          noise_placement=placement)
   first = _one_noisy_round(build(), global_seed=0)
@@ -415,7 +427,7 @@ def test_unseeded_noise_differs_between_builds_even_under_a_global_seed(
 
 
 def test_unseeded_noise_differs_between_initializations_of_one_process():
-  process = dp.dp_factory('clip', 1.0, 10.0, clip_norm=1.0).create(VALUE_TYPE)
+  process = dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=10.0, clip_norm=1.0).create(VALUE_TYPE)
   first = process.next(process.initialize(), _zeros(1)).result['a']
   second = process.next(process.initialize(), _zeros(1)).result['a']
   assert not np.any(first == second)
@@ -424,7 +436,7 @@ def test_unseeded_noise_differs_between_initializations_of_one_process():
 @pytest.mark.parametrize('placement', dp.NOISE_PLACEMENTS)
 def test_seeded_noise_is_the_same_across_builds_and_global_seeds(placement):
   def build():
-    return dp.dp_factory('clip', 1.0, 10.0, clip_norm='adaptive',
+    return dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=10.0, clip_norm='adaptive',
                          noise_placement=placement, noise_seed=123)
   first = _one_noisy_round(build(), global_seed=1)
   second = _one_noisy_round(build(), global_seed=2)
@@ -434,7 +446,7 @@ def test_seeded_noise_is_the_same_across_builds_and_global_seeds(placement):
 def test_seeded_client_noise_differs_between_clients():
   # Two clients with different updates must not draw the same noise, or the
   # sum's noise would be 2x one draw (std 2 sigma/sqrt(n), not sqrt(2)...).
-  process = dp.dp_factory('clip', 1.0, 2.0, clip_norm=1.0, noise_seed=5,
+  process = dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=2.0, clip_norm=1.0, noise_seed=5,
                           noise_placement='client',
                           denominator='actual').create(VALUE_TYPE)
   state = process.initialize()
@@ -447,7 +459,7 @@ def test_seeded_client_noise_differs_between_clients():
 
 
 def test_noise_key_is_not_released_in_measurements():
-  process = dp.dp_factory('per_layer_clip', 1.0, 10.0,
+  process = dp.dp_factory('per_layer_clip', noise_multiplier=1.0, clients_per_round=10.0,
                           clip_norm='adaptive').create(VALUE_TYPE)
   output = process.next(process.initialize(), _zeros(1))
   released = tf.nest.flatten(output.measurements)
@@ -487,7 +499,7 @@ def test_4096_low_precision_records_sum_in_float32(dtype):
   # float16, partial sums above 2048 lose whole units: ~10% off here.
   num_clients, size = 4096, 4
   value_type = tff.types.TensorType(dtype.as_numpy_dtype, [size])
-  query = dp.dp_factory('clip', 0.0, float(num_clients),
+  query = dp.dp_factory('clip', noise_multiplier=0.0, clients_per_round=float(num_clients),
                         clip_norm=1.0)._build_query(value_type)  # pylint: disable=protected-access
   rng = np.random.default_rng(0)
   records = tf.constant(rng.normal(size=(num_clients, size)) + 3.0, dtype)

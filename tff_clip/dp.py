@@ -594,13 +594,13 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
 
 
 def dp_factory(
-    bounding_method: str = 'clip',
-    noise_multiplier: float = 1.0,
-    clients_per_round: float = 100.0,
+    bounding_method: str,
+    *,
+    noise_multiplier: float,
+    clients_per_round: float,
     clip_norm: Union[float, str] = 'adaptive',
     split: bounding.Split = 'dim',
     denominator: str = 'expected',
-    *,
     initial_clip_norm: float = 0.1,
     target_quantile: float = 0.5,
     clip_learning_rate: float = 0.2,

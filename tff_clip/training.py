@@ -224,7 +224,8 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
     return None
   if noise_multiplier is not None:
     return dp.dp_factory(
-        config.bounding, noise_multiplier, float(config.clients_per_round),
+        config.bounding, noise_multiplier=noise_multiplier,
+        clients_per_round=float(config.clients_per_round),
         clip_norm=config.clip_norm, split=config.split,
         initial_clip_norm=config.initial_clip_norm,
         target_quantile=config.target_quantile,
