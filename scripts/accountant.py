@@ -34,6 +34,7 @@ from absl import app
 from absl import flags
 import dp_accounting
 
+from scripts import cli
 from tff_clip import accounting
 
 _NOISE_MULTIPLIER = flags.DEFINE_float(
@@ -204,8 +205,7 @@ def main(argv):
           accounting.format_extrapolation_table(rows),
       ]
   except ValueError as error:
-    print(f'error: {error}', file=sys.stderr)
-    return 2
+    return cli.fail(error)
 
   adjacency = ('add-or-remove-one client' if sampling == accounting.POISSON
                else 'replace-one client')
@@ -218,4 +218,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -32,6 +32,8 @@ import sys
 from absl import app
 from absl import flags
 
+from scripts import cli
+
 _GRID = flags.DEFINE_multi_string(
     'grid', [], 'name=v1,v2,...: a train flag and its values (repeatable).')
 _SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per cell (0..seeds-1).')
@@ -187,4 +189,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

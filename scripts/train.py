@@ -20,6 +20,7 @@ import typing
 from absl import flags
 from absl import logging
 
+from scripts import cli
 from tff_clip import config as config_lib
 
 FLAGS = flags.FLAGS
@@ -128,29 +129,14 @@ def _format_summary(summary) -> str:
   return '\n'.join(lines)
 
 
-def _fail(message) -> int:
-  print(f'error: {" ".join(str(message).split())}', file=sys.stderr)
-  return 2
-
-
-def main(argv=None) -> int:
-  argv = list(sys.argv if argv is None else argv)
-  if any(arg in ('-h', '-?', '--help', '--helpshort', '--helpfull')
-         for arg in argv[1:]):
-    print(__doc__)
-    print(FLAGS.module_help(sys.modules[__name__]))
-    return 0
-  try:
-    rest = FLAGS(argv)
-  except flags.Error as e:
-    return _fail(f'{e} (see --help)')
-  if len(rest) > 1:
-    return _fail(f'unexpected arguments: {" ".join(rest[1:])} (see --help)')
+def main(argv) -> int:
+  if len(argv) > 1:
+    return cli.fail(f'unexpected arguments: {" ".join(argv[1:])} (see --help)')
   try:
     config = config_from_flags()
     config_lib.validate(config)
   except config_lib.ConfigError as e:
-    return _fail(e)
+    return cli.fail(e)
   # Checked. TensorFlow is imported only now (by `training.run`, after it
   # found the run is not already finished) -- and never inside absl's
   # `app.run`, which this script does not use: imported first inside
@@ -163,7 +149,7 @@ def main(argv=None) -> int:
   try:
     summary = training.run(config)
   except config_lib.ConfigError as e:
-    return _fail(e)
+    return cli.fail(e)
   print(_format_summary(summary))
   print(f'outputs: {config.output_dir}/ (metrics.csv, ledger.json, '
         'summary.json, plot.png, tensorboard/, checkpoints/)')
@@ -173,4 +159,4 @@ def main(argv=None) -> int:
 define_flags()
 
 if __name__ == '__main__':
-  sys.exit(main())
+  cli.run(main)

@@ -70,3 +70,16 @@ def test_cli_bad_input_fails_naming_the_argument():
   assert result.returncode != 0
   assert '`delta` must be in (0, 1); got 1.5' in result.stderr
   assert result.stdout == ''
+
+
+@pytest.mark.parametrize('args, name', [
+    ([*EXAMPLE[:-1], '--delta=1.5'], 'delta'),
+    ([*EXAMPLE, '--accountant=rdp'], 'accountant'),
+    ([*EXAMPLE, '--rounds=many'], 'rounds'),
+])
+def test_cli_bad_flag_is_one_line_with_exit_code_2(args, name):
+  result = _run(*args)
+  assert result.returncode == 2
+  assert result.stderr.startswith('error: ') and name in result.stderr
+  assert result.stderr.count('\n') == 1, result.stderr
+  assert result.stdout == ''

@@ -299,3 +299,10 @@ def test_explicit_budgets_must_satisfy_sum_rule():
 def test_integer_leaves_are_rejected():
   with pytest.raises(TypeError, match='float'):
     bounding.clip([tf.constant([1, 2])], 1.0)
+
+
+@pytest.mark.parametrize('budgets', [[-0.0, 1.0], [float('nan'), 1.0],
+                                     [-0.5, 1.0], []])
+def test_explicit_budgets_refuse_signed_zero_negative_and_nonfinite(budgets):
+  with pytest.raises(ValueError, match='split'):
+    bounding.ExplicitBudgets(budgets)
