@@ -506,12 +506,13 @@ def test_4096_low_precision_records_sum_in_float32(dtype):
   state = query.initial_global_state()
   params = query.derive_sample_params(state)
 
-  @tf.function
+  @tf.function(autograph=False)
   def total():
     sample = query.initial_sample_state(tf.TensorSpec([size], dtype))
-    for i in tf.range(num_clients):
-      sample = query.accumulate_record(params, sample, records[i])
-    return sample
+    return tf.while_loop(
+        lambda i, _: i < num_clients,
+        lambda i, s: (i + 1, query.accumulate_record(params, s, records[i])),
+        (tf.constant(0), sample))[1]
 
   sample = total()
   bounded = np.stack([

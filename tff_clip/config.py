@@ -22,7 +22,11 @@ __all__ = [
     'ConfigError', 'SERVER_OPTIMIZERS', 'TrainConfig', 'fields', 'validate',
 ]
 
-BOUNDINGS = ('none',) + names.BOUNDINGS
+# 'tff_gaussian': TFF's own DP aggregator (`DifferentiallyPrivateFactory.
+# gaussian_fixed` / `gaussian_adaptive`, what `tff.learning.dp_aggregator`
+# builds on), the baseline tff_clip is measured against.
+TFF_GAUSSIAN = 'tff_gaussian'
+BOUNDINGS = ('none',) + names.BOUNDINGS + (TFF_GAUSSIAN,)
 CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
 EXECUTORS = ('local', 'gpu', 'remote')
@@ -227,6 +231,13 @@ def _check_privacy(config):
     raise ConfigError('--noise_multiplier must be a number >= 0 or none; got '
                       f'{config.noise_multiplier!r}.')
   _positive(config.target_epsilon, 'target_epsilon', allow_none=True)
+  if config.bounding == TFF_GAUSSIAN and (
+      not config.private or config.noise_placement != 'central' or
+      config.noise_seed is not None):
+    raise ConfigError(
+        '--bounding=tff_gaussian is TFF\'s own DP aggregator: it needs '
+        '--noise_multiplier or --target_epsilon, central noise, and no '
+        '--noise_seed (TFF draws its noise with its own generator).')
   if config.private and config.bounding == 'none':
     raise ConfigError(
         'Noise without bounding has no sensitivity: set --bounding (clip, '

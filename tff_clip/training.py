@@ -53,6 +53,7 @@ import numpy as np
 from tff_clip import accounting
 from tff_clip import sampling as sampling_lib
 from tff_clip.config import BOUNDINGS, CLIENT_OPTIMIZERS, EXECUTION_KEYS, EXECUTORS, SERVER_OPTIMIZERS  # pylint: disable=unused-import
+from tff_clip import config as config_lib
 from tff_clip.config import ConfigError, TrainConfig, validate
 
 __all__ = ['ConfigError', 'TrainConfig', 'run', 'validate']
@@ -222,6 +223,17 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
   from tff_clip import aggregators, dp  # pylint: disable=g-import-not-at-top
   if config.bounding == 'none':
     return None
+  if config.bounding == config_lib.TFF_GAUSSIAN:
+    n = float(config.clients_per_round)
+    factory = tff.aggregators.DifferentiallyPrivateFactory
+    if config.clip_norm == 'adaptive':
+      return factory.gaussian_adaptive(
+          noise_multiplier, n, initial_l2_norm_clip=config.initial_clip_norm,
+          target_unclipped_quantile=config.target_quantile,
+          learning_rate=config.clip_learning_rate,
+          clipped_count_stddev=config.clipped_count_stddev)
+    return factory.gaussian_fixed(noise_multiplier, n,
+                                  float(config.clip_norm))
   if noise_multiplier is not None:
     return dp.dp_factory(
         config.bounding, noise_multiplier=noise_multiplier,
@@ -607,6 +619,9 @@ class _Progress:
 def _noise_label(config, session):
   if not session.private:
     return 'none'
+  if config.bounding == config_lib.TFF_GAUSSIAN:
+    return ("TFF's own generator (stateful tf.random ops; not checked for "
+            'secrecy by tff_clip)')
   if config.noise_seed is not None:
     return (f'reproducible from --noise_seed={config.noise_seed}: '
             'predictable, NOT private')

@@ -1,0 +1,59 @@
+"""Specification of the utility benchmark (`scripts.benchmark_utility`)."""
+
+import csv
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from scripts import benchmark_utility
+from tff_clip import config as config_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_every_variant_is_a_valid_configuration_at_equal_z(tmp_path):
+  plan = benchmark_utility.configs(
+      'digits', list(benchmark_utility.VARIANTS), [0, 1], None, 1.0, 0.5,
+      str(tmp_path), {})
+  assert len(plan) == 2 * len(benchmark_utility.VARIANTS)
+  private = [c for _, _, c in plan if c.private]
+  assert {c.noise_multiplier for c in private} == {1.0}
+  assert {(c.rounds, c.clients_per_round, c.seed) for c in private} == {
+      (40, 20, 0), (40, 20, 1)}
+  assert not os.listdir(tmp_path)  # Planning writes nothing.
+
+
+def test_quick_run_prints_the_table_at_one_epsilon(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
+  result = subprocess.run(
+      [sys.executable, '-m', 'scripts.benchmark_utility', '--quick',
+       f'--root_output_dir={tmp_path}'], cwd=REPO, env=env,
+      capture_output=True, text=True, timeout=900, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(tmp_path / 'digits' / 'utility.csv', newline='') as f:
+    rows = list(csv.DictReader(f))
+  assert [r['variant'] for r in rows] == list(
+      benchmark_utility.QUICK_VARIANTS)
+  # TFF's adaptive aggregator and tff_clip's: the same ledger epsilon.
+  assert float(rows[0]['epsilon']) == pytest.approx(float(rows[1]['epsilon']),
+                                                    rel=1e-6)
+  assert (tmp_path / 'digits' / 'utility.png').exists()
+  assert '| per_layer_clip_adaptive | 1 |' in result.stdout
+
+
+def test_bad_variant_is_one_line_exit_2():
+  result = subprocess.run(
+      [sys.executable, '-m', 'scripts.benchmark_utility', '--variants=magic'],
+      cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode == 2
+  assert result.stderr.startswith('error: --variants')
+
+
+def test_tff_baseline_needs_noise():
+  config = config_lib.TrainConfig(bounding='tff_gaussian',
+                                  noise_multiplier=None)
+  with pytest.raises(config_lib.ConfigError, match='tff_gaussian'):
+    config_lib.validate(config)
