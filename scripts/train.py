@@ -110,6 +110,11 @@ flags.DEFINE_integer('checkpoint_every', _D.checkpoint_every,
                      'Checkpoint every this many rounds.')
 flags.DEFINE_string('cache_dir', None, 'Online data cache directory.')
 flags.DEFINE_bool('progress', True, 'Show a progress bar.')
+flags.DEFINE_integer('audit_canaries', _D.audit_canaries,
+                     'Empirical privacy audit: about this many canary clients '
+                     '(0: none). See docs/audit.md.')
+flags.DEFINE_float('audit_confidence', _D.audit_confidence,
+                   'Confidence of the audit\'s epsilon lower bound.')
 
 
 def _parse_optional_float(value, name):
@@ -166,7 +171,8 @@ def config_from_flags() -> training.TrainConfig:
       max_concurrent_clients=FLAGS.max_concurrent_clients,
       workers=tuple(FLAGS.workers), worker_timeout_s=FLAGS.worker_timeout_s,
       checkpoint_every=FLAGS.checkpoint_every, cache_dir=FLAGS.cache_dir,
-      progress=FLAGS.progress)
+      progress=FLAGS.progress, audit_canaries=FLAGS.audit_canaries,
+      audit_confidence=FLAGS.audit_confidence)
 
 
 def _format_summary(summary) -> str:
@@ -190,6 +196,9 @@ def _format_summary(summary) -> str:
           f'(z/n fixed) with {ext["clients_per_round"]:,} of '
           f'{ext["population_size"]:,} clients per round would give epsilon '
           f'= {ext["epsilon"]:.4g} (z = {ext["noise_multiplier"]:.4g}).')
+  if 'empirical_epsilon' in summary:
+    from tff_clip import audit  # pylint: disable=g-import-not-at-top
+    lines.append(audit.format_report(summary['empirical_epsilon'], epsilon))
   return '\n'.join(lines)
 
 

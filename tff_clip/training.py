@@ -112,6 +112,10 @@ class TrainConfig:
   checkpoint_every: int = 1
   cache_dir: Optional[str] = None
   progress: bool = True
+  # Empirical privacy audit (`tff_clip.audit`): about this many canary
+  # clients (0: none, nothing changes) and the lower bound's confidence.
+  audit_canaries: int = 0
+  audit_confidence: float = 0.95
 
   @property
   def output_dir(self) -> str:
@@ -232,6 +236,16 @@ def validate(config: TrainConfig) -> None:
     host, _, port = str(worker).rpartition(':')
     if not host or not port.isdigit():
       raise ConfigError(f'`workers` entries must be host:port; got {worker!r}.')
+  if (isinstance(config.audit_canaries, bool) or
+      not isinstance(config.audit_canaries, int) or config.audit_canaries < 0):
+    raise ConfigError('`audit_canaries` must be an int >= 0; got '
+                      f'{config.audit_canaries!r}.')
+  if config.audit_canaries and not config.private:
+    raise ConfigError('`audit_canaries` audits a DP run: set '
+                      '`noise_multiplier` or `target_epsilon`.')
+  if not 0.0 < config.audit_confidence < 1.0:
+    raise ConfigError('`audit_confidence` must be in (0, 1); got '
+                      f'{config.audit_confidence!r}.')
   if not config.experiment_name or os.sep in config.experiment_name:
     raise ConfigError('`experiment_name` must be a non-empty name without '
                       f'{os.sep!r}; got {config.experiment_name!r}.')
@@ -375,7 +389,8 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
   return aggregators.bounding_factory(config.bounding, clip_norm, config.split)
 
 
-def build_process(config: TrainConfig, task, noise_multiplier):
+def build_process(config: TrainConfig, task, noise_multiplier,
+                  model_aggregator=None):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip import algorithms  # pylint: disable=g-import-not-at-top
   blur_clip_norm = config.blur_clip_norm
@@ -389,7 +404,8 @@ def build_process(config: TrainConfig, task, noise_multiplier):
       blur_strength=config.blur_lambda,
       blur_clip_norm=blur_clip_norm if config.blur_lambda else None,
       lus_sparsity=config.lus_sparsity,
-      model_aggregator=build_aggregator(config, noise_multiplier),
+      model_aggregator=(model_aggregator or
+                        build_aggregator(config, noise_multiplier)),
       # DP-FedAvg weighs clients uniformly (the sensitivity must not depend
       # on private example counts); otherwise FedAvg's example weighting.
       client_weighting=(tff.learning.ClientWeighting.UNIFORM
@@ -504,8 +520,14 @@ def run(config: TrainConfig) -> dict[str, Any]:
   noise_multiplier = resolve_noise_multiplier(config, len(client_ids))
   sampler = sampling_lib.ClientSampler(client_ids, config.clients_per_round,
                                        config.sampling, config.seed)
+  auditor = None
+  if config.audit_canaries:  # Canaries inside the DP query (tff_clip.audit).
+    from tff_clip import audit  # pylint: disable=g-import-not-at-top
+    auditor = audit.CanaryFactory(
+        build_aggregator(config, noise_multiplier), config.audit_canaries,
+        sampler.sampling_probability)
   try:
-    process = build_process(config, task, noise_multiplier)
+    process = build_process(config, task, noise_multiplier, auditor)
   except ValueError as e:  # E.g. noise too large for per-layer quantiles.
     raise ConfigError(str(e)) from e
   evaluation = tff.learning.algorithms.build_fed_eval(task.model_fn)
@@ -623,6 +645,12 @@ def run(config: TrainConfig) -> dict[str, Any]:
 
   summary = _summary(config, ledger, noise_multiplier, last_eval,
                      len(client_ids))
+  if auditor is not None:
+    summary['empirical_epsilon'] = audit.audit_report(
+        auditor.query, state.aggregator, tf.nest.map_structure(
+            lambda final, initial: np.asarray(final) - np.asarray(initial),
+            process.get_model_weights(state).trainable,
+            initial_weights.trainable), config.delta, config.audit_confidence)
   _atomic_write_json(os.path.join(out, 'summary.json'), summary)
   _atomic_write_json(os.path.join(out, 'ledger.json'),
                      _ledger_report(ledger, config, noise_multiplier))
