@@ -243,10 +243,11 @@ def one_run_p_value(num_candidates: int, num_guesses: int, num_correct: int,
                      f' got {v}, {r}, {m}.')
   p = 1.0 / (1.0 + math.exp(-epsilon))
   tail = stats.binom.sf(v - 1, r, p)
-  best, window = 0.0, 0.0
-  for i in range(1, v + 1):
-    window += stats.binom.pmf(v - i, r, p)
-    best = max(best, window / i)
+  if v == 0 or delta == 0:
+    return min(tail, 1.0)
+  # window_i = P[v - i <= Binomial(r, p) < v], i = 1..v.
+  window = np.cumsum(stats.binom.pmf(np.arange(v - 1, -1, -1), r, p))
+  best = float(np.max(window / np.arange(1, v + 1)))
   return min(tail + 2.0 * m * delta * best, 1.0)
 
 
@@ -506,13 +507,25 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
       raise ValueError('`model_delta` must have the aggregated value\'s '
                        f'structure {self._specs}; got shapes '
                        f'{[tuple(x.shape) for x in flat_delta]}.')
-    seed = tf.constant(np.asarray(global_state.seed, np.int64))
-    params = self._inner.derive_sample_params(global_state.inner)
-    out = np.empty(self._m)
-    for j in range(self._m):
-      _, value = self.bounded_canary(params, seed, j)
-      out[j] = float(_cosine(value, flat_delta))
-    return out
+    inner_state = tf.nest.map_structure(tf.convert_to_tensor,
+                                        global_state.inner)
+
+    @tf.function
+    def cosines(inner_state, seed, flat_delta):
+      params = self._inner.derive_sample_params(inner_state)
+
+      def body(j, out):
+        _, value = self.bounded_canary(params, seed, j)
+        return j + 1, out.write(j, _cosine(value, flat_delta))
+
+      _, out = tf.while_loop(lambda j, _: j < self._m, body,
+                             (tf.constant(0), tf.TensorArray(tf.float32,
+                                                             self._m)))
+      return out.stack()
+
+    return cosines(inner_state,
+                   tf.constant(np.asarray(global_state.seed, np.int64)),
+                   flat_delta).numpy().astype(np.float64)
 
 
 # ----------------------------------------------------------------------------
