@@ -29,7 +29,8 @@ the model, how distinguishable a client's participation actually is:
 
 2. Test statistics (Andrew et al. Sec. 4-5). For candidate j with bounded
    direction c_j:
-     * final model:  g_j = cos(c_j, theta_T - theta_0)          (Alg. 2);
+     * final model:  g_j = cos(c_j, theta_0 - theta_T)          (Alg. 2;
+       theta_0 - theta_T because TFF's updates are initial - trained);
      * all iterates: g_j = max_t cos(c_j, Delta_t), Delta_t the released
        noisy aggregate of round t (the model delta up to the server
        optimizer), and a second statistic h_j = max_t cos(c_j, Delta_t -
@@ -495,7 +496,7 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
   # -- after training --
 
   def final_model_cosines(self, global_state, model_delta) -> np.ndarray:
-    """cos(c_j, theta_T - theta_0) for every candidate (eager).
+    """cos(c_j, model_delta) for every candidate (see `audit_report`).
 
     c_j is the candidate's bounded direction at the final state's clip norm
     (constant for fixed clip norms and global adaptive clipping).
@@ -622,8 +623,12 @@ def audit_report(query: CanaryQuery, aggregator_state, model_delta,
   Args:
     query: the `CanaryQuery` of the run (`CanaryFactory.query`).
     aggregator_state: the final aggregator (or whole learning) state.
-    model_delta: theta_T - theta_0 in the aggregated value's structure, or
-      None to skip the final-model threat model.
+    model_delta: the model's total movement in the aggregated value's
+      structure AND sign convention, or None to skip the final-model threat
+      model. For TFF's FedAvg, whose client updates are (initial - trained)
+      weights and whose server subtracts the aggregate, that is
+      theta_0 - theta_T. (The estimate does not care about the sign; the
+      lower bound guesses the highest cosines, so it does.)
     delta: the run's delta.
     confidence: of the lower bounds, in (0, 1).
 

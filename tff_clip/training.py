@@ -646,9 +646,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
   summary = _summary(config, ledger, noise_multiplier, last_eval,
                      len(client_ids))
   if auditor is not None:
+    # theta_0 - theta_T: TFF's updates are (initial - trained) weights.
     summary['empirical_epsilon'] = audit.audit_report(
         auditor.query, state.aggregator, tf.nest.map_structure(
-            lambda final, initial: np.asarray(final) - np.asarray(initial),
+            lambda final, initial: np.asarray(initial) - np.asarray(final),
             process.get_model_weights(state).trainable,
             initial_weights.trainable), config.delta, config.audit_confidence)
   _atomic_write_json(os.path.join(out, 'summary.json'), summary)
