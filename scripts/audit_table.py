@@ -32,6 +32,17 @@ def _fmt(value):
   return 'inf' if value == float('inf') else f'{value:.3g}'
 
 
+def _estimate(row, inserted, candidates, delta):
+  # The approximate 95% range from the stored fits (`audit.estimate_range`).
+  from tff_clip import audit  # pylint: disable=g-import-not-at-top
+  if row['estimate'] == float('inf'):
+    return 'inf'
+  low, high = audit.estimate_range(
+      row['inserted_mean'], row['inserted_std'], inserted, row['null_mean'],
+      row['null_std'], candidates - inserted, delta)
+  return f'{_fmt(row["estimate"])} ({_fmt(low)}-{_fmt(high)})'
+
+
 def main(argv):
   passthrough = argv[1:]
   rows = []
@@ -49,18 +60,20 @@ def main(argv):
     with open(summary_path) as f:
       summary = json.load(f)
     audit = summary['empirical_epsilon']
+    counts = (audit['inserted'], audit['candidates'], audit['delta'])
     rows.append(
         f'| {z} | {_fmt(summary["epsilon"])} | '
-        f'{_fmt(audit["final_model"]["estimate"])} | '
+        f'{_estimate(audit["final_model"], *counts)} | '
         f'{_fmt(audit["final_model"]["lower_bound"])} | '
-        f'{_fmt(audit["all_iterates"]["estimate"])} | '
+        f'{_estimate(audit["all_iterates"], *counts)} | '
         f'{_fmt(audit["all_iterates"]["lower_bound"])} | '
         f'{audit["inserted"]} / {audit["candidates"]} | '
         f'{summary["final_eval_accuracy"]:.3f} |')
   confidence = f'{audit["confidence"]:.0%}'
   table = '\n'.join([
-      f'| z | ledger epsilon | final model: estimate | final model: lower '
-      f'bound ({confidence}) | all iterates: estimate | all iterates: lower '
+      f'| z | ledger epsilon | final model: estimate (~95% range) | final '
+      f'model: lower bound ({confidence}) | all iterates: estimate (~95% '
+      f'range) | all iterates: lower '
       f'bound ({confidence}) | canaries inserted / candidates | accuracy |',
       '|---:|---:|---:|---:|---:|---:|---:|---:|', *rows])
   print(table)

@@ -347,3 +347,16 @@ def test_training_run_reports_both_empirical_epsilons(tmp_path):
   for threat in ('final_model', 'all_iterates'):
     assert 0.0 <= empirical[threat]['lower_bound'] < summary['epsilon']
     assert math.isfinite(empirical[threat]['estimate'])
+
+
+def test_estimate_range_brackets_the_estimate_and_narrows_with_more_canaries():
+  rng = np.random.default_rng(1)
+  widths = []
+  for n in (50, 800):
+    observed, null = rng.normal(0.7, 1.0, n), rng.normal(0.0, 1.0, n)
+    estimate = audit.estimate_epsilon(observed, null, DELTA)
+    low, high = audit.estimate_range(observed.mean(), observed.std(ddof=1), n,
+                                     null.mean(), null.std(ddof=1), n, DELTA)
+    assert low <= estimate <= high
+    widths.append(high - low)
+  assert widths[1] < widths[0] / 3  # ~ 1/sqrt(n): 4x narrower.

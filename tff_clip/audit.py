@@ -101,6 +101,7 @@ from tff_clip import checks
 
 __all__ = [
     'CanaryFactory',
+    'estimate_range',
     'CanaryQuery',
     'audit_report',
     'canary_state',
@@ -225,6 +226,28 @@ def estimate_epsilon(observed: Sequence[float], unobserved: Sequence[float],
   if pooled <= 0:
     return 0.0 if m0 == m1 else math.inf
   return gaussian_pair_epsilon(m0, pooled, m1, pooled, delta)
+
+
+def estimate_range(observed_mean: float, observed_std: float,
+                   num_observed: int, null_mean: float, null_std: float,
+                   num_null: int, delta: float,
+                   z_score: float = 1.96) -> tuple[float, float]:
+  """An approximate 95% range of the estimate from its sampling error.
+
+  mu = |mu_1 - mu_0| / s (pooled s) has standard error about
+  sqrt(1/n_1 + 1/n_0); the range is the epsilons at mu -/+ 1.96 of it
+  (the error of s itself ignored). It says how far the estimate moves with
+  the canaries drawn, nothing more: it is not a confidence interval for the
+  run's true epsilon, and neither end is a bound.
+  """
+  pooled = math.sqrt(((num_observed - 1) * observed_std**2 +
+                      (num_null - 1) * null_std**2) /
+                     (num_observed + num_null - 2))
+  mu = abs(observed_mean - null_mean) / pooled
+  error = z_score * math.sqrt(1 / num_observed + 1 / num_null)
+  at = lambda m: (0.0 if m <= 0 else
+                  gaussian_pair_epsilon(0.0, 1.0, m, 1.0, delta))
+  return at(mu - error), at(mu + error)
 
 
 # ----------------------------------------------------------------------------
@@ -648,8 +671,12 @@ def audit_report(query: CanaryQuery, aggregator_state, model_delta,
     best = max(fits, key=lambda f: -1 if math.isnan(f['epsilon'])
                else f['epsilon'])
     bound = one_run_lower_bound(statistics, inserted, delta, confidence)
-    out = collections.OrderedDict(estimate=best['epsilon'],
-                                  lower_bound=bound['epsilon'])
+    out = collections.OrderedDict(estimate=best['epsilon'])
+    if math.isfinite(best['epsilon']) and best['inserted_std'] > 0:
+      out['estimate_range'] = list(estimate_range(
+          best['inserted_mean'], best['inserted_std'], int(inserted.sum()),
+          best['null_mean'], best['null_std'], int((~inserted).sum()), delta))
+    out['lower_bound'] = bound['epsilon']
     out.update((k, v) for k, v in best.items() if k != 'epsilon')
     out['lower_bound_guesses'] = bound['guesses']
     out['lower_bound_correct'] = bound['correct']
