@@ -126,6 +126,9 @@ def _format_summary(summary) -> str:
           f'(z/n fixed) with {ext["clients_per_round"]:,} of '
           f'{ext["population_size"]:,} clients per round would give epsilon '
           f'= {ext["epsilon"]:.4g} (z = {ext["noise_multiplier"]:.4g}).')
+  if summary.get('empirical_epsilon'):
+    from tff_clip import audit  # pylint: disable=g-import-not-at-top
+    lines.append(audit.format_report(summary['empirical_epsilon'], epsilon))
   return '\n'.join(lines)
 
 

@@ -137,6 +137,12 @@ class TrainConfig:
   checkpoint_every: int = _field(1, 'Checkpoint every this many rounds.')
   cache_dir: Optional[str] = _field(None, 'Online data cache directory.')
   progress: bool = _field(True, 'Show a progress bar.')
+  # Empirical privacy audit (`tff_clip.audit`, docs/audit.md).
+  audit_canaries: int = _field(
+      0, 'Empirical privacy audit: about this many canary clients (0: none, '
+      'nothing changes). See docs/audit.md.')
+  audit_confidence: float = _field(
+      0.95, "Confidence of the audit's epsilon lower bound.")
 
   def __post_init__(self):
     if not self.experiment_name:
@@ -314,9 +320,25 @@ def _check_execution(config):
                       f'{os.sep!r}; got {config.experiment_name!r}.')
 
 
+def _check_audit(config):
+  if (isinstance(config.audit_canaries, bool) or
+      not isinstance(config.audit_canaries, int) or config.audit_canaries < 0):
+    raise ConfigError('--audit_canaries must be an integer >= 0; got '
+                      f'{config.audit_canaries!r}.')
+  if config.audit_canaries and (not config.private or
+                                config.bounding == TFF_GAUSSIAN):
+    raise ConfigError('--audit_canaries audits a tff_clip DP run: set '
+                      '--noise_multiplier or --target_epsilon and a tff_clip '
+                      '--bounding.')
+  if not 0.0 < config.audit_confidence < 1.0:
+    raise ConfigError('--audit_confidence must be in (0, 1); got '
+                      f'{config.audit_confidence!r}.')
+
+
 def validate(config: TrainConfig) -> None:
   """Raises `ConfigError` naming the flag for a configuration that cannot run."""
   _check_choices(config)
+  _check_audit(config)
   _check_task(config)
   _check_adaptive(config)
   _check_privacy(config)

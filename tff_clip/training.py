@@ -260,7 +260,8 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
   return aggregators.bounding_factory(config.bounding, clip_norm, config.split)
 
 
-def build_process(config: TrainConfig, task, noise_multiplier):
+def build_process(config: TrainConfig, task, noise_multiplier,
+                  model_aggregator=None):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip import algorithms  # pylint: disable=g-import-not-at-top
   blur_clip_norm = config.blur_clip_norm
@@ -274,7 +275,8 @@ def build_process(config: TrainConfig, task, noise_multiplier):
       blur_strength=config.blur_lambda,
       blur_clip_norm=blur_clip_norm if config.blur_lambda else None,
       lus_sparsity=config.lus_sparsity,
-      model_aggregator=build_aggregator(config, noise_multiplier),
+      model_aggregator=(model_aggregator or
+                        build_aggregator(config, noise_multiplier)),
       # DP-FedAvg weighs clients uniformly (the sensitivity must not depend
       # on private example counts); otherwise FedAvg's example weighting.
       client_weighting=(tff.learning.ClientWeighting.UNIFORM
@@ -467,8 +469,15 @@ class _Session:
     self.sampler = sampling_lib.ClientSampler(
         self.client_ids, config.clients_per_round, config.sampling,
         config.seed)
+    self.auditor = None
     try:
-      self.process = build_process(config, self.task, self.noise_multiplier)
+      if config.audit_canaries:  # Canaries inside the DP query.
+        from tff_clip import audit  # pylint: disable=g-import-not-at-top
+        self.auditor = audit.CanaryFactory(
+            build_aggregator(config, self.noise_multiplier),
+            config.audit_canaries, self.sampler.sampling_probability)
+      self.process = build_process(config, self.task, self.noise_multiplier,
+                                   self.auditor)
     except ValueError as e:  # E.g. explicit count noise too small.
       raise ConfigError(str(e).splitlines()[0]) from e
     self.initial_weights = initial_model_weights(self.task, config.seed)
@@ -512,6 +521,18 @@ class _Session:
           self.process.get_model_weights(state).trainable))
     row['seconds'] = time.perf_counter() - started
     return state, row
+
+  def audit_report(self, state):
+    """Empirical epsilon of the canaries (`tff_clip.audit`), or None."""
+    if self.auditor is None:
+      return None
+    from tff_clip import audit  # pylint: disable=g-import-not-at-top
+    # theta_0 - theta_T: TFF's updates are (initial - trained) weights.
+    movement = [np.asarray(initial) - np.asarray(final) for final, initial in
+                zip(self.process.get_model_weights(state).trainable,
+                    self.initial_weights.trainable)]
+    return audit.audit_report(self.auditor.query, state.aggregator, movement,
+                              self.config.delta, self.config.audit_confidence)
 
   def evaluate(self, state):
     """Loss and accuracy on the server-held test data."""
@@ -581,7 +602,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
     progress.update(round_num, row, last_eval)
     last_row = row
   progress.close()
-  return _finish(config, session, ledger, last_eval, last_row)
+  return _finish(config, session, ledger, last_eval, last_row,
+                 session.audit_report(state))
 
 
 class _Progress:
@@ -639,9 +661,11 @@ def _ledger_report(ledger, config, session):
   return report
 
 
-def _finish(config, session, ledger, last_eval, last_row):
+def _finish(config, session, ledger, last_eval, last_row, audit_report=None):
   out = config.output_dir
   summary = _summary(config, session, ledger, last_eval, last_row)
+  if audit_report is not None:
+    summary['empirical_epsilon'] = audit_report
   write_json(os.path.join(out, 'ledger.json'),
              _ledger_report(ledger, config, session))
   from tff_clip import plotting  # pylint: disable=g-import-not-at-top

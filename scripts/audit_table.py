@@ -1,0 +1,86 @@
+r"""Ledger epsilon vs empirical audit, for a few noise multipliers (docs/audit.md).
+
+Runs `scripts.train --audit_canaries=K` once per z (each in its own process)
+and prints a Markdown table: the ledger's epsilon, and per threat model the
+audit's estimate and lower bound.
+
+  .venv/bin/python -m scripts.audit_table --noise_multipliers=0.5,1,2,4 \
+      -- --clip_norm=0.2 --rounds=30
+
+Arguments after `--` go to every `scripts.train` run. Finished runs are
+reused (their summary.json is read), so an interrupted table resumes.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from absl import app
+from absl import flags
+
+_Z = flags.DEFINE_list('noise_multipliers', ['0.5', '1', '2', '4'],
+                       'Noise multipliers z, one run each.')
+_CANARIES = flags.DEFINE_integer('audit_canaries', 50, 'Canary clients.')
+_ROOT = flags.DEFINE_string('root_output_dir', 'runs/audit_table',
+                            'Where the runs go.')
+_OUT = flags.DEFINE_string('output', None,
+                           'Also write the table to this file.')
+
+
+def _fmt(value):
+  return 'inf' if value == float('inf') else f'{value:.3g}'
+
+
+def _estimate(row, inserted, candidates, delta):
+  # The approximate 95% range from the stored fits (`audit.estimate_range`).
+  from tff_clip import audit  # pylint: disable=g-import-not-at-top
+  if row['estimate'] == float('inf'):
+    return 'inf'
+  low, high = audit.estimate_range(
+      row['inserted_mean'], row['inserted_std'], inserted, row['null_mean'],
+      row['null_std'], candidates - inserted, delta)
+  return f'{_fmt(row["estimate"])} ({_fmt(low)}-{_fmt(high)})'
+
+
+def main(argv):
+  passthrough = argv[1:]
+  rows = []
+  for z in _Z.value:
+    name = f'z{z}'
+    summary_path = os.path.join(_ROOT.value, name, 'summary.json')
+    if not os.path.exists(summary_path):
+      command = [sys.executable, '-m', 'scripts.train',
+                 f'--noise_multiplier={z}',
+                 f'--audit_canaries={_CANARIES.value}',
+                 f'--root_output_dir={_ROOT.value}', f'--experiment_name={name}',
+                 '--progress=false', *passthrough]
+      print(' '.join(command), file=sys.stderr, flush=True)
+      subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    with open(summary_path) as f:
+      summary = json.load(f)
+    audit = summary['empirical_epsilon']
+    counts = (audit['inserted'], audit['candidates'], audit['delta'])
+    rows.append(
+        f'| {z} | {_fmt(summary["epsilon"])} | '
+        f'{_estimate(audit["final_model"], *counts)} | '
+        f'{_fmt(audit["final_model"]["lower_bound"])} | '
+        f'{_estimate(audit["all_iterates"], *counts)} | '
+        f'{_fmt(audit["all_iterates"]["lower_bound"])} | '
+        f'{audit["inserted"]} / {audit["candidates"]} | '
+        f'{summary["final_eval_accuracy"]:.3f} |')
+  confidence = f'{audit["confidence"]:.0%}'
+  table = '\n'.join([
+      f'| z | ledger epsilon | final model: estimate (~95% range) | final '
+      f'model: lower bound ({confidence}) | all iterates: estimate (~95% '
+      f'range) | all iterates: lower '
+      f'bound ({confidence}) | canaries inserted / candidates | accuracy |',
+      '|---:|---:|---:|---:|---:|---:|---:|---:|', *rows])
+  print(table)
+  if _OUT.value:
+    with open(_OUT.value, 'w') as f:
+      f.write(table + '\n')
+
+
+if __name__ == '__main__':
+  app.run(main)

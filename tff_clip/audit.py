@@ -1,0 +1,709 @@
+"""Empirical privacy audit in the same training run: canary clients.
+
+The ledger (`tff_clip.accounting`) says what epsilon a run may claim IF the
+code does what it says. This module measures, on the very run that trains
+the model, how distinguishable a client's participation actually is:
+
+1. Canary clients (Andrew et al., "One-shot Empirical Privacy Estimation for
+   Federated Learning", ICLR 2024, Sec. 3-4, Algorithm 2). m = 2K candidate
+   canaries, each a random direction drawn from a secret audit seed. Each
+   candidate is *inserted* into the population with probability 1/2
+   (independent fair coins, as one-run auditing requires: Steinke, Nasr,
+   Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023,
+   Sec. 3); the others are never inserted and give the null distribution.
+   Every round each inserted canary takes part with probability
+   q = clients_per_round / population, the marginal law of a real client under
+   both Poisson and fixed-size sampling.
+
+   A canary is a worst-case client: its raw update has norm
+   `canary_raw_norm` (1e6, far above any clip norm) and goes through the DP
+   query's own `preprocess_record` -- the project's bounding -- so it arrives
+   exactly at the sensitivity: C u/||u|| for global clip/normalize, and every
+   layer at its per-layer budget C_h for per-layer bounding (fixed or
+   adaptive). Its bounded record is added to the sum of the real clients'
+   records BEFORE the noise, inside `get_noised_result` (server-side, the
+   `update` part of a MapReduceForm), which is distributionally the same as
+   a canary client's bounded record arriving through the secure sum. A
+   mechanism that skipped the bounding would let the canary through at norm
+   1e6, and the audit sees it.
+
+2. Test statistics (Andrew et al. Sec. 4-5). For candidate j with bounded
+   direction c_j:
+     * final model:  g_j = cos(c_j, theta_0 - theta_T)          (Alg. 2;
+       theta_0 - theta_T because TFF's updates are initial - trained);
+     * all iterates: g_j = max_t cos(c_j, Delta_t), Delta_t the released
+       noisy aggregate of round t (the model delta up to the server
+       optimizer), and a second statistic h_j = max_t cos(c_j, Delta_t -
+       Delta_{t-1}) that an adversary seeing all iterates can equally compute
+       and that exposes noise reused across rounds (it cancels in the
+       difference).
+   The all-iterates statistics are accumulated inside the query state every
+   round (so they survive checkpoint/resume); the final-model one is
+   computed at the end from the model weights.
+
+3. The estimate (Andrew et al. Alg. 2, last line): fit N(mu_0, s^2) to the
+   statistics of the never-inserted candidates and N(mu_1, s^2) to the
+   inserted ones (pooled s: see `estimate_epsilon`), and report the epsilon
+   at the run's delta of the pair of Gaussians, eps(delta) = inf{eps : H_{e^eps}(P||Q) <=
+   delta and H_{e^eps}(Q||P) <= delta} with the hockey-stick divergence
+   H_a(P||Q) = P[L > log a] - a Q[L > log a], L = log dP/dQ (Balle and Wang,
+   ICML 2018, Thm. 5 for equal variances; computed exactly here for unequal
+   ones: the privacy loss of two Gaussians is a quadratic in x). For equal
+   variances this is the epsilon of the Gaussian mechanism with
+   mu = (mu_1 - mu_0)/s. It is an ESTIMATE (Andrew et al. prove it
+   consistent for the Gaussian mechanism in high dimension), not a bound.
+
+4. The lower bound (Steinke, Nasr, Jagielski 2023, Thm. 5.2): guess
+   "inserted" for the r candidates with the highest statistic and abstain on
+   the rest; if the run is (eps, delta)-DP with respect to each canary, the
+   number V of correct guesses satisfies
+       P[V >= v] <= P[Binomial(r, e^eps/(1+e^eps)) >= v]
+                    + 2 m delta max_{i=1..v} P[v-i <= Binomial(r, .) < v] / i.
+   The reported bound is the largest eps whose p-value is below beta / G,
+   G the number of (statistic, r) tests tried (Bonferroni), so with
+   probability >= 1 - beta (the stated confidence) the run is NOT
+   (eps_lower, delta)-DP for any eps < eps_lower -- a correct mechanism
+   therefore keeps eps_lower below the ledger's epsilon with that
+   probability. Each canary's privacy is that of the ledger (Poisson
+   sampling with the run's q and noise; under fixed-size sampling the ledger
+   accounts replace-one adjacency, which is weaker than the canary's
+   add/remove, so the comparison stays valid).
+
+What the numbers do NOT say: a small empirical epsilon does not prove the
+run private (the canary is one attack, the estimate has sampling error and
+the lower bound only certifies leakage it saw), and the real clients'
+privacy may differ from a worst-case canary's only in being better. See
+docs/audit.md.
+
+Randomness: the canary directions, the coins and the per-round
+participation derive from the audit seed, which is drawn from the OS's
+secret randomness unless the caller fixes it (`seed=`). It lives in the
+aggregator state (checkpointed with it, like the noise seed) and must stay
+as secret as the noise: whoever knows it knows which canaries were inserted.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import secrets
+from typing import Any, Optional, Sequence
+
+import numpy as np
+from scipy import optimize
+from scipy import stats
+import tensorflow as tf
+import tensorflow_federated as tff
+import tensorflow_privacy as tfp
+
+from tff_clip import aggregators
+from tff_clip import checks
+
+__all__ = [
+    'CanaryFactory',
+    'estimate_range',
+    'CanaryQuery',
+    'audit_report',
+    'canary_state',
+    'estimate_epsilon',
+    'gaussian_pair_epsilon',
+    'one_run_lower_bound',
+    'one_run_p_value',
+]
+
+CANARY_RAW_NORM = 1e6
+DEFAULT_CONFIDENCE = 0.95
+# Fractions of the m candidates guessed "inserted" (top scores): a fixed,
+# pre-declared grid, Bonferroni-corrected.
+GUESS_FRACTIONS = (0.05, 0.1, 0.2, 0.35)
+_EPSILON_CAP = 1e3
+
+
+# ----------------------------------------------------------------------------
+# Epsilon of a pair of Gaussians (the estimate).
+
+
+def _log_ratio_region(p, q, log_a):
+  """The set {x : log p(x)/q(x) > log_a} as a list of (lo, hi) intervals.
+
+  p, q: (mean, std) of two Gaussians. log p - log q = A x^2 + B x + c0.
+  """
+  (m0, s0), (m1, s1) = p, q
+  a = 0.5 / s1**2 - 0.5 / s0**2
+  b = m0 / s0**2 - m1 / s1**2
+  c = math.log(s1 / s0) - 0.5 * m0**2 / s0**2 + 0.5 * m1**2 / s1**2 - log_a
+  if abs(a) < 1e-12 * (abs(b) + 1e-300) or a == 0.0:
+    if b == 0:
+      return [(-math.inf, math.inf)] if c > 0 else []
+    root = -c / b
+    return [(root, math.inf)] if b > 0 else [(-math.inf, root)]
+  disc = b * b - 4 * a * c
+  if disc <= 0:
+    return [(-math.inf, math.inf)] if a > 0 else []
+  sq = math.sqrt(disc)
+  lo, hi = sorted(((-b - sq) / (2 * a), (-b + sq) / (2 * a)))
+  if a > 0:
+    return [(-math.inf, lo), (hi, math.inf)]
+  return [(lo, hi)]
+
+
+def _mass(dist, intervals):
+  mean, std = dist
+  total = 0.0
+  for lo, hi in intervals:
+    # Tail-accurate: sf for the upper part, cdf for the lower.
+    upper = stats.norm.sf(lo, mean, std) if lo > -math.inf else 1.0
+    beyond = stats.norm.sf(hi, mean, std) if hi < math.inf else 0.0
+    total += max(upper - beyond, 0.0)
+  return total
+
+
+def _hockey_stick(p, q, epsilon):
+  """H_{e^eps}(P||Q) = P[S] - e^eps Q[S], S = {log dP/dQ > eps}."""
+  region = _log_ratio_region(p, q, epsilon)
+  return max(_mass(p, region) - math.exp(epsilon) * _mass(q, region), 0.0)
+
+
+def gaussian_pair_epsilon(null_mean: float, null_std: float,
+                          observed_mean: float, observed_std: float,
+                          delta: float) -> float:
+  """The smallest eps with both hockey-stick divergences <= delta.
+
+  eps(delta) of distinguishing N(null_mean, null_std^2) from
+  N(observed_mean, observed_std^2) (Andrew et al. 2024, Alg. 2; Balle and
+  Wang 2018, Thm. 5 in the equal-variance case). Returns `inf` when even a
+  huge eps leaves more than delta.
+  """
+  delta = checks.positive_float(delta, 'delta')
+  if delta >= 1:
+    raise ValueError(f'`delta` must be in (0, 1); got {delta!r}.')
+  for value, label in ((null_std, 'null_std'), (observed_std, 'observed_std')):
+    checks.positive_float(value, label)
+  p = (float(null_mean), float(null_std))
+  q = (float(observed_mean), float(observed_std))
+
+  def excess(epsilon):
+    return max(_hockey_stick(p, q, epsilon), _hockey_stick(q, p, epsilon)) - delta
+
+  if excess(0.0) <= 0:
+    return 0.0
+  hi = 1.0
+  while excess(hi) > 0:
+    hi *= 2
+    if hi > _EPSILON_CAP:
+      return math.inf
+  return float(optimize.brentq(excess, 0.0, hi, xtol=1e-6, rtol=1e-9))
+
+
+def estimate_epsilon(observed: Sequence[float], unobserved: Sequence[float],
+                     delta: float) -> float:
+  """Andrew et al.'s estimate: Gaussian fits of the two statistics' samples.
+
+  `observed`: the statistic of the inserted canaries; `unobserved`: of the
+  never-inserted ones. Fits N(mu_1, s^2) and N(mu_0, s^2) with the sample
+  means and the POOLED (ddof=2) standard deviation, and returns
+  `gaussian_pair_epsilon` of the fits, i.e. the epsilon of a Gaussian
+  mechanism with mu = |mu_1 - mu_0| / s (Balle and Wang 2018, Thm. 8).
+
+  Why one variance: Andrew et al. (Thm. 3.2) show that in high dimension an
+  inserted canary's cosine is the null's N(0, 1/d) shifted, same variance.
+  Fitting two variances instead makes the estimate at small delta hinge on
+  the sampling error of their ratio (the privacy loss of two Gaussians with
+  different variances is quadratic): with 400 candidates and z = 2 it read
+  3.1 for an analytic 2.0. `inf` if the groups are separated with zero
+  spread; nan with fewer than 2 samples in a group.
+  """
+  observed = np.asarray(observed, np.float64)
+  unobserved = np.asarray(unobserved, np.float64)
+  if observed.size < 2 or unobserved.size < 2:
+    return math.nan
+  if not (np.all(np.isfinite(observed)) and np.all(np.isfinite(unobserved))):
+    return math.inf
+  m1, m0 = observed.mean(), unobserved.mean()
+  pooled = math.sqrt((((observed - m1)**2).sum() +
+                      ((unobserved - m0)**2).sum()) /
+                     (observed.size + unobserved.size - 2))
+  if pooled <= 0:
+    return 0.0 if m0 == m1 else math.inf
+  return gaussian_pair_epsilon(m0, pooled, m1, pooled, delta)
+
+
+def estimate_range(observed_mean: float, observed_std: float,
+                   num_observed: int, null_mean: float, null_std: float,
+                   num_null: int, delta: float,
+                   z_score: float = 1.96) -> tuple[float, float]:
+  """An approximate 95% range of the estimate from its sampling error.
+
+  mu = |mu_1 - mu_0| / s (pooled s) has standard error about
+  sqrt(1/n_1 + 1/n_0); the range is the epsilons at mu -/+ 1.96 of it
+  (the error of s itself ignored). It says how far the estimate moves with
+  the canaries drawn, nothing more: it is not a confidence interval for the
+  run's true epsilon, and neither end is a bound.
+  """
+  pooled = math.sqrt(((num_observed - 1) * observed_std**2 +
+                      (num_null - 1) * null_std**2) /
+                     (num_observed + num_null - 2))
+  mu = abs(observed_mean - null_mean) / pooled
+  error = z_score * math.sqrt(1 / num_observed + 1 / num_null)
+  at = lambda m: (0.0 if m <= 0 else
+                  gaussian_pair_epsilon(0.0, 1.0, m, 1.0, delta))
+  return at(mu - error), at(mu + error)
+
+
+# ----------------------------------------------------------------------------
+# One-run lower bound (Steinke, Nasr, Jagielski 2023).
+
+
+def one_run_p_value(num_candidates: int, num_guesses: int, num_correct: int,
+                    epsilon: float, delta: float) -> float:
+  """P[>= num_correct correct of num_guesses] under (eps, delta)-DP.
+
+  Steinke, Nasr, Jagielski 2023, Thm. 5.2 (m = num_candidates, each included
+  independently with probability 1/2; r guesses; v correct).
+  """
+  m, r, v = int(num_candidates), int(num_guesses), int(num_correct)
+  if not 0 <= v <= r <= m:
+    raise ValueError(f'Need 0 <= num_correct <= num_guesses <= num_candidates;'
+                     f' got {v}, {r}, {m}.')
+  p = 1.0 / (1.0 + math.exp(-epsilon))
+  tail = stats.binom.sf(v - 1, r, p)
+  if v == 0 or delta == 0:
+    return min(tail, 1.0)
+  # window_i = P[v - i <= Binomial(r, p) < v], i = 1..v.
+  window = np.cumsum(stats.binom.pmf(np.arange(v - 1, -1, -1), r, p))
+  best = float(np.max(window / np.arange(1, v + 1)))
+  return min(tail + 2.0 * m * delta * best, 1.0)
+
+
+def _lower_bound_for(m, r, v, delta, alpha):
+  """Largest eps with p-value < alpha (0 if even eps = 0 is not rejected)."""
+  if one_run_p_value(m, r, v, 0.0, delta) >= alpha:
+    return 0.0
+  lo, hi = 0.0, 1.0
+  while one_run_p_value(m, r, v, hi, delta) < alpha:
+    lo, hi = hi, 2 * hi
+    if hi > 200:
+      return lo
+  for _ in range(50):
+    mid = 0.5 * (lo + hi)
+    if one_run_p_value(m, r, v, mid, delta) < alpha:
+      lo = mid
+    else:
+      hi = mid
+  return lo
+
+
+def one_run_lower_bound(scores: Sequence[Sequence[float]],
+                        inserted: Sequence[bool], delta: float,
+                        confidence: float = DEFAULT_CONFIDENCE,
+                        guess_fractions: Sequence[float] = GUESS_FRACTIONS
+                        ) -> dict[str, Any]:
+  """Epsilon lower bound at `confidence` from one or more statistics.
+
+  For every statistic in `scores` (each one value per candidate) and every
+  r = round(f m) for f in `guess_fractions`, guess "inserted" for the r
+  highest scores; the bound is the largest per-test bound at level
+  (1 - confidence) / G, G the number of tests (Bonferroni), so the whole
+  procedure holds at `confidence`.
+  """
+  if not 0.0 < confidence < 1.0:
+    raise ValueError(f'`confidence` must be in (0, 1); got {confidence!r}.')
+  inserted = np.asarray(inserted, bool)
+  m = inserted.size
+  scores = [np.asarray(s, np.float64) for s in scores]
+  counts = sorted({min(m, max(1, int(round(f * m)))) for f in guess_fractions})
+  tests = len(scores) * len(counts)
+  alpha = (1.0 - confidence) / tests
+  best = {'epsilon': 0.0, 'guesses': 0, 'correct': 0}
+  for score in scores:
+    # Non-finite scores (a blown-up model) rank first: they are guesses too.
+    order = np.argsort(-np.nan_to_num(score, nan=np.inf), kind='stable')
+    for r in counts:
+      v = int(inserted[order[:r]].sum())
+      epsilon = _lower_bound_for(m, r, v, delta, alpha)
+      if epsilon > best['epsilon']:
+        best = {'epsilon': epsilon, 'guesses': r, 'correct': v}
+  best['confidence'] = confidence
+  best['tests'] = tests
+  return best
+
+
+# ----------------------------------------------------------------------------
+# The canary query.
+
+
+CanaryGlobalState = collections.namedtuple(
+    'CanaryGlobalState',
+    ['inner', 'seed', 'round', 'inserted', 'max_cosine', 'max_step_cosine',
+     'previous_result'])
+
+
+def _fold(seed, *data):
+  for value in data:
+    seed = tf.random.experimental.stateless_fold_in(
+        seed, tf.cast(value, tf.int64))
+  return seed
+
+
+def _dot(xs, ys):
+  return tf.add_n([tf.reduce_sum(tf.cast(x, tf.float32) * tf.cast(y, tf.float32))
+                   for x, y in zip(xs, ys)] or [tf.constant(0.0)])
+
+
+def _cosine(xs, ys):
+  return tf.math.divide_no_nan(
+      _dot(xs, ys), tf.sqrt(_dot(xs, xs)) * tf.sqrt(_dot(ys, ys)))
+
+
+class CanaryQuery(tfp.SumAggregationDPQuery):
+  """Wraps a DP sum query: adds the round's canaries to the sum before noise.
+
+  Records of real clients go through the inner query unchanged. In
+  `get_noised_result` each inserted candidate takes part with probability
+  q; its raw update (a random direction of norm `canary_raw_norm`, per layer
+  for per-layer bounding) goes through the inner `preprocess_record` (the
+  bounding at the current clip norm) and is accumulated into the sample
+  state; then the inner query adds its noise. Afterwards the cosine of every
+  candidate's bounded direction with the released aggregate (and with its
+  change since the previous round) updates the running maxima in the state.
+
+  The inner query's preprocessed record must start (in `tf.nest.flatten`
+  order) with the value's leaves: true of every query in `tff_clip.dp`.
+  """
+
+  def __init__(self, inner_query: tfp.SumAggregationDPQuery, record_specs,
+               num_candidates: int, sampling_probability: float,
+               per_layer: bool, seed: Optional[int] = None,
+               canary_raw_norm: float = CANARY_RAW_NORM):
+    if not isinstance(inner_query, tfp.SumAggregationDPQuery):
+      raise TypeError('`inner_query` must be a tfp.SumAggregationDPQuery; got '
+                      f'{inner_query!r}.')
+    if (isinstance(num_candidates, bool) or
+        not isinstance(num_candidates, (int, np.integer)) or
+        num_candidates < 2):
+      raise ValueError('`num_candidates` must be an int >= 2; got '
+                       f'{num_candidates!r}.')
+    sampling_probability = checks.positive_float(sampling_probability,
+                                                 'sampling_probability')
+    if sampling_probability > 1:
+      raise ValueError('`sampling_probability` must be in (0, 1]; got '
+                       f'{sampling_probability!r}.')
+    self._inner = inner_query
+    self._specs = record_specs
+    self._flat_specs = tf.nest.flatten(record_specs)
+    self._m = int(num_candidates)
+    self._q = sampling_probability
+    self._per_layer = bool(per_layer)
+    self._raw_norm = checks.positive_float(canary_raw_norm, 'canary_raw_norm')
+    if seed is None:  # Secret: from the OS, never from public config.
+      seed = [secrets.randbits(62), secrets.randbits(62)]
+    elif isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+      seed = [int(seed), 0]
+    else:
+      raise TypeError(f'`seed` must be an int or None; got {seed!r}.')
+    self._seed = np.asarray(seed, np.int64)
+
+  @property
+  def num_candidates(self) -> int:
+    return self._m
+
+  @property
+  def inner_query(self):
+    return self._inner
+
+  # -- canaries --
+
+  def raw_canary(self, seed, index):
+    """Candidate `index`'s raw update: a random direction of norm R.
+
+    Global boundings: R u/||u||, u ~ N(0, I) (isotropic). Per-layer: every
+    layer R u_h/||u_h||, so per-layer bounding puts each layer at C_h.
+    """
+    key = _fold(seed, 3, index)
+    leaves = [tf.random.stateless_normal(spec.shape, _fold(key, i),
+                                         dtype=tf.float32)
+              for i, spec in enumerate(self._flat_specs)]
+    if self._per_layer:
+      leaves = [leaf * tf.math.divide_no_nan(
+          self._raw_norm, tf.norm(tf.reshape(leaf, [-1]))) for leaf in leaves]
+    else:
+      scale = tf.math.divide_no_nan(self._raw_norm, tf.sqrt(_dot(leaves, leaves)))
+      leaves = [leaf * scale for leaf in leaves]
+    leaves = [tf.cast(leaf, spec.dtype)
+              for leaf, spec in zip(leaves, self._flat_specs)]
+    return tf.nest.pack_sequence_as(self._specs, leaves)
+
+  def bounded_canary(self, params, seed, index):
+    """(preprocessed record, its value leaves) of candidate `index`."""
+    record = self._inner.preprocess_record(params, self.raw_canary(seed, index))
+    flat = tf.nest.flatten(record)
+    value = flat[:len(self._flat_specs)]
+    return record, value
+
+  def inserted(self, seed):
+    """The fair coins: candidate j is a canary client iff inserted[j]."""
+    return tf.cast(
+        tf.random.stateless_uniform([self._m], _fold(seed, 1)) < 0.5,
+        tf.float32)
+
+  # -- DPQuery --
+
+  def initial_global_state(self):
+    seed = tf.constant(self._seed)
+    zeros = [tf.zeros(s.shape, s.dtype) for s in self._flat_specs]
+    return CanaryGlobalState(
+        inner=self._inner.initial_global_state(), seed=seed,
+        round=tf.constant(0, tf.int64), inserted=self.inserted(seed),
+        max_cosine=tf.fill([self._m], -2.0),
+        max_step_cosine=tf.fill([self._m], -2.0),
+        previous_result=zeros)
+
+  def derive_sample_params(self, global_state):
+    return self._inner.derive_sample_params(global_state.inner)
+
+  def initial_sample_state(self, template=None):
+    return self._inner.initial_sample_state(template)
+
+  def preprocess_record(self, params, record):
+    return self._inner.preprocess_record(params, record)
+
+  def derive_metrics(self, global_state):
+    # Canary participation is never released.
+    return self._inner.derive_metrics(global_state.inner)
+
+  def get_noised_result(self, sample_state, global_state):
+    seed = global_state.seed
+    params = self._inner.derive_sample_params(global_state.inner)
+    takes_part = global_state.inserted * tf.cast(
+        tf.random.stateless_uniform(
+            [self._m], _fold(seed, 2, global_state.round)) < self._q,
+        tf.float32)
+
+    def add_canary(j, state):
+      record, _ = self.bounded_canary(params, seed, j)
+      weight = takes_part[j]
+      record = tf.nest.map_structure(lambda x: x * tf.cast(weight, x.dtype),
+                                     record)
+      return j + 1, self._inner.accumulate_preprocessed_record(state, record)
+
+    _, sample_state = tf.while_loop(
+        lambda j, _: j < self._m, add_canary,
+        (tf.constant(0), sample_state))
+    result, inner_state, event = self._inner.get_noised_result(
+        sample_state, global_state.inner)
+
+    flat_result = tf.nest.flatten(result)
+    step = [r - tf.cast(p, r.dtype)
+            for r, p in zip(flat_result, global_state.previous_result)]
+
+    def cosines(j, cos, step_cos):
+      _, value = self.bounded_canary(params, seed, j)
+      cos = cos.write(j, _cosine(value, flat_result))
+      step_cos = step_cos.write(j, _cosine(value, step))
+      return j + 1, cos, step_cos
+
+    _, cos, step_cos = tf.while_loop(
+        lambda j, *_: j < self._m, cosines,
+        (tf.constant(0), tf.TensorArray(tf.float32, self._m),
+         tf.TensorArray(tf.float32, self._m)))
+    new_state = CanaryGlobalState(
+        inner=inner_state, seed=seed, round=global_state.round + 1,
+        inserted=global_state.inserted,
+        max_cosine=tf.maximum(global_state.max_cosine, cos.stack()),
+        max_step_cosine=tf.maximum(global_state.max_step_cosine,
+                                   step_cos.stack()),
+        previous_result=[tf.cast(r, s.dtype)
+                         for r, s in zip(flat_result, self._flat_specs)])
+    return result, new_state, event
+
+  # -- after training --
+
+  def final_model_cosines(self, global_state, model_delta) -> np.ndarray:
+    """cos(c_j, model_delta) for every candidate (see `audit_report`).
+
+    c_j is the candidate's bounded direction at the final state's clip norm
+    (constant for fixed clip norms and global adaptive clipping).
+    """
+    flat_delta = [tf.constant(np.asarray(x)) for x in
+                  tf.nest.flatten(model_delta)]
+    if [tuple(x.shape) for x in flat_delta] != [
+        tuple(s.shape) for s in self._flat_specs]:
+      raise ValueError('`model_delta` must have the aggregated value\'s '
+                       f'structure {self._specs}; got shapes '
+                       f'{[tuple(x.shape) for x in flat_delta]}.')
+    inner_state = tf.nest.map_structure(tf.convert_to_tensor,
+                                        global_state.inner)
+
+    @tf.function
+    def cosines(inner_state, seed, flat_delta):
+      params = self._inner.derive_sample_params(inner_state)
+
+      def body(j, out):
+        _, value = self.bounded_canary(params, seed, j)
+        return j + 1, out.write(j, _cosine(value, flat_delta))
+
+      _, out = tf.while_loop(lambda j, _: j < self._m, body,
+                             (tf.constant(0), tf.TensorArray(tf.float32,
+                                                             self._m)))
+      return out.stack()
+
+    return cosines(inner_state,
+                   tf.constant(np.asarray(global_state.seed, np.int64)),
+                   flat_delta).numpy().astype(np.float64)
+
+
+# ----------------------------------------------------------------------------
+# The factory and the report.
+
+
+class CanaryFactory(tff.aggregators.UnweightedAggregationFactory,
+                    tff.aggregators.WeightedAggregationFactory):
+  """A `dp.dp_factory` aggregator with 2K canary candidates inside its query.
+
+  Same process, state layout and `DpEvent` as the wrapped factory's (its
+  query state is a `CanaryGlobalState` around the original one), so the
+  ledger and the training loop see no difference. About K canaries are
+  inserted (each of the 2K candidates with probability 1/2).
+  """
+
+  def __init__(self, dp_factory, num_canaries: int,
+               sampling_probability: float, seed: Optional[int] = None,
+               canary_raw_norm: float = CANARY_RAW_NORM):
+    from tff_clip import dp  # pylint: disable=g-import-not-at-top
+    if not isinstance(dp_factory, dp.DPBoundingFactory):
+      raise TypeError('`dp_factory` must come from `tff_clip.dp.dp_factory`; '
+                      f'got {dp_factory!r}.')
+    if (isinstance(num_canaries, bool) or
+        not isinstance(num_canaries, (int, np.integer)) or num_canaries < 1):
+      raise ValueError(f'`num_canaries` must be a positive int; got '
+                       f'{num_canaries!r}.')
+    checks.positive_float(sampling_probability, 'sampling_probability')
+    if sampling_probability > 1:
+      raise ValueError('`sampling_probability` must be in (0, 1]; got '
+                       f'{sampling_probability!r}.')
+    self._dp_factory = dp_factory
+    self._num_canaries = int(num_canaries)
+    self._q = float(sampling_probability)
+    self._seed = seed
+    self._raw_norm = canary_raw_norm
+    self.query = None
+
+  def create(self, value_type, weight_type=None):
+    value_type = tff.types.to_type(value_type)
+    aggregators.check_value_type(value_type)
+    config = self._dp_factory.config
+    inner = self._dp_factory._build_query(value_type)  # pylint: disable=protected-access
+    self.query = CanaryQuery(
+        inner, tff.types.type_to_tf_tensor_specs(value_type),
+        2 * self._num_canaries, self._q,
+        per_layer=config['bounding'].startswith('per_layer'),
+        seed=self._seed, canary_raw_norm=self._raw_norm)
+    factory = tff.aggregators.DifferentiallyPrivateFactory(
+        self.query, config['record_aggregation_factory'])
+    if weight_type is None:
+      return factory.create(value_type)
+    return tff.aggregators.as_weighted_aggregator(factory).create(
+        value_type, weight_type)
+
+
+def canary_state(aggregator_state) -> CanaryGlobalState:
+  """The `CanaryGlobalState` inside an aggregator's (or learning) state."""
+  stack = [aggregator_state]
+  while stack:
+    node = stack.pop()
+    if isinstance(node, CanaryGlobalState) or (
+        hasattr(node, '_fields') and
+        tuple(node._fields) == CanaryGlobalState._fields):
+      return CanaryGlobalState(*node)
+    if hasattr(node, '_fields'):
+      stack.extend(node)
+    elif isinstance(node, (list, tuple)):
+      stack.extend(node)
+    elif isinstance(node, dict):
+      stack.extend(node.values())
+    elif hasattr(node, '__attrs_attrs__'):
+      stack.extend(getattr(node, a.name) for a in node.__attrs_attrs__)
+  raise ValueError('`aggregator_state` holds no canary state: was the '
+                   'aggregator built by `audit.CanaryFactory`?')
+
+
+def _summarise(observed, unobserved, delta):
+  return collections.OrderedDict(
+      epsilon=estimate_epsilon(observed, unobserved, delta),
+      inserted_mean=float(np.mean(observed)) if len(observed) else math.nan,
+      inserted_std=float(np.std(observed, ddof=1)) if len(observed) > 1
+      else math.nan,
+      null_mean=float(np.mean(unobserved)) if len(unobserved) else math.nan,
+      null_std=float(np.std(unobserved, ddof=1)) if len(unobserved) > 1
+      else math.nan)
+
+
+def audit_report(query: CanaryQuery, aggregator_state, model_delta,
+                 delta: float,
+                 confidence: float = DEFAULT_CONFIDENCE) -> dict[str, Any]:
+  """Both threat models' estimates and lower bounds.
+
+  Args:
+    query: the `CanaryQuery` of the run (`CanaryFactory.query`).
+    aggregator_state: the final aggregator (or whole learning) state.
+    model_delta: the model's total movement in the aggregated value's
+      structure AND sign convention, or None to skip the final-model threat
+      model. For TFF's FedAvg, whose client updates are (initial - trained)
+      weights and whose server subtracts the aggregate, that is
+      theta_0 - theta_T. (The estimate does not care about the sign; the
+      lower bound guesses the highest cosines, so it does.)
+    delta: the run's delta.
+    confidence: of the lower bounds, in (0, 1).
+
+  Returns:
+    {'final_model': {...}, 'all_iterates': {...}, ...}: per threat model
+    `estimate` (Andrew et al.), `lower_bound` (Steinke et al., at
+    `confidence`) and the fitted means/stds.
+  """
+  state = canary_state(aggregator_state)
+  inserted = np.asarray(state.inserted) > 0.5
+  report = collections.OrderedDict(
+      candidates=int(inserted.size), inserted=int(inserted.sum()),
+      rounds=int(state.round), delta=delta, confidence=confidence)
+
+  def threat(statistics):
+    fits = [_summarise(s[inserted], s[~inserted], delta) for s in statistics]
+    best = max(fits, key=lambda f: -1 if math.isnan(f['epsilon'])
+               else f['epsilon'])
+    bound = one_run_lower_bound(statistics, inserted, delta, confidence)
+    out = collections.OrderedDict(estimate=best['epsilon'])
+    if math.isfinite(best['epsilon']) and best['inserted_std'] > 0:
+      out['estimate_range'] = list(estimate_range(
+          best['inserted_mean'], best['inserted_std'], int(inserted.sum()),
+          best['null_mean'], best['null_std'], int((~inserted).sum()), delta))
+    out['lower_bound'] = bound['epsilon']
+    out.update((k, v) for k, v in best.items() if k != 'epsilon')
+    out['lower_bound_guesses'] = bound['guesses']
+    out['lower_bound_correct'] = bound['correct']
+    return out
+
+  if model_delta is not None:
+    report['final_model'] = threat(
+        [query.final_model_cosines(state, model_delta)])
+  report['all_iterates'] = threat(
+      [np.asarray(state.max_cosine, np.float64),
+       np.asarray(state.max_step_cosine, np.float64)])
+  return report
+
+
+def format_report(report: dict[str, Any], ledger_epsilon: float) -> str:
+  """Human-readable lines for the end of a run."""
+  lines = [f'empirical privacy audit: {report["inserted"]} canary clients '
+           f'inserted of {report["candidates"]} candidates, delta = '
+           f'{report["delta"]:g} (ledger epsilon = {ledger_epsilon:.4g})']
+  for name, label in (('final_model', 'final model '),
+                      ('all_iterates', 'all iterates')):
+    if name in report:
+      row = report[name]
+      lines.append(
+          f'  {label}: estimated epsilon = {row["estimate"]:.3g}, lower bound '
+          f'= {row["lower_bound"]:.3g} at {report["confidence"]:.0%} '
+          'confidence')
+  lines.append('  (an estimate and a lower bound from one attack, not a '
+               'guarantee: see docs/audit.md)')
+  return '\n'.join(lines)
