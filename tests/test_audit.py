@@ -244,7 +244,7 @@ VALUE_TYPE = tff.types.to_type([(np.float32, [300]), (np.float32, [30])])
 @pytest.mark.parametrize('method', bounding.BOUNDINGS)
 @pytest.mark.parametrize('clip_norm', [0.7, 'adaptive'])
 def test_canary_arrives_exactly_at_the_sensitivity(method, clip_norm):
-  factory = dp.dp_factory(method, 0.1, 20.0, clip_norm=clip_norm,
+  factory = dp.dp_factory(method, noise_multiplier=0.1, clients_per_round=20.0, clip_norm=clip_norm,
                           split='uniform', initial_clip_norm=0.7)
   query = audit.CanaryQuery(
       factory._build_query(VALUE_TYPE),  # pylint: disable=protected-access
@@ -296,7 +296,7 @@ def test_bad_arguments_are_named():
   with pytest.raises(TypeError, match='dp_factory'):
     audit.CanaryFactory(object(), 5, 0.5)
   with pytest.raises(ValueError, match='num_canaries'):
-    audit.CanaryFactory(dp.dp_factory('clip', 1.0, 10.0, clip_norm=1.0), 0,
+    audit.CanaryFactory(dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=10.0, clip_norm=1.0), 0,
                         0.5)
   with pytest.raises(ValueError, match='confidence'):
     audit.one_run_lower_bound([[0.0, 1.0]], [True, False], DELTA, 1.0)
@@ -315,7 +315,7 @@ def test_bad_arguments_are_named():
 
 
 def test_audited_tff_process_keeps_the_dp_event_and_reports_both_threats():
-  plain = dp.dp_factory('per_layer_clip', 0.5, 20.0, clip_norm='adaptive')
+  plain = dp.dp_factory('per_layer_clip', noise_multiplier=0.5, clients_per_round=20.0, clip_norm='adaptive')
   audited = audit.CanaryFactory(plain, 10, 0.4)
   process = audited.create(VALUE_TYPE, tff.TensorType(np.float32))
   reference = plain.create(VALUE_TYPE, tff.TensorType(np.float32))
