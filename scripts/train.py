@@ -98,6 +98,8 @@ flags.DEFINE_string('experiment_name', None,
                     'Run name (default: derived from task and bounding).')
 flags.DEFINE_integer('seed', _D.seed, 'Seed of sampling, data order, noise.')
 flags.DEFINE_enum('executor', _D.executor, list(training.EXECUTORS),
+                  'inprocess: TFF\'s MapReduceForm run in this process '
+                  '(tff_clip.simulation, fastest on one machine); '
                   'local: TFF C++ runtime; gpu: the same, refusing to run '
                   'without a visible GPU; remote: TFF workers (--workers).')
 flags.DEFINE_integer('max_concurrent_clients', None,

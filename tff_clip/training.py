@@ -54,7 +54,7 @@ BOUNDINGS = ('none', 'clip', 'normalize', 'per_layer_clip',
              'per_layer_normalize')
 CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
-EXECUTORS = ('local', 'gpu', 'remote')
+EXECUTORS = ('inprocess', 'local', 'gpu', 'remote')
 # The honest-extrapolation point of the summary: a production-scale cohort.
 EXTRAPOLATION_POPULATION = 1_000_000
 EXTRAPOLATION_CLIENTS_PER_ROUND = 1_000
@@ -105,7 +105,7 @@ class TrainConfig:
   root_output_dir: str = 'runs'
   experiment_name: str = 'default'
   seed: int = 0
-  executor: str = 'local'
+  executor: str = 'inprocess'
   max_concurrent_clients: Optional[int] = None
   workers: tuple = ()
   worker_timeout_s: float = 30.0
@@ -285,7 +285,8 @@ def _atomic_write_json(path: str, data) -> None:
 
 
 def set_execution_context(config: TrainConfig) -> None:
-  """Local C++ runtime, the same on visible GPUs, or remote TFF workers."""
+  """In-process (`tff_clip.simulation`, nothing to set), local C++ runtime,
+  the same on visible GPUs, or remote TFF workers."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip import execution  # pylint: disable=g-import-not-at-top
@@ -297,6 +298,8 @@ def set_execution_context(config: TrainConfig) -> None:
           '`tensorflow[and-cuda]==2.14.1` (pip install -e ".[gpu]") on a '
           'machine with an NVIDIA driver, or use --executor=local.')
     logging.info('GPUs visible: %s', gpus)
+  if config.executor == 'inprocess':
+    return
   if config.executor in ('local', 'gpu'):
     execution.set_local_cpp_context(
         max_concurrent_clients=config.max_concurrent_clients)
@@ -310,6 +313,21 @@ def set_execution_context(config: TrainConfig) -> None:
     except TimeoutError as e:
       raise ConfigError(f'`workers`: {e}') from e
     tff.backends.native.set_mergeable_comp_execution_context(contexts)
+
+
+def runners(config: TrainConfig, *processes):
+  """What runs the processes: `tff_clip.simulation` in-process, or TFF.
+
+  Either way the result has the processes' `initialize`, `next`,
+  `get_model_weights` and `set_model_weights`.
+  """
+  if config.executor != 'inprocess':
+    return processes
+  from tff_clip import simulation  # pylint: disable=g-import-not-at-top
+  try:
+    return tuple(simulation.InProcessRunner(p) for p in processes)
+  except ValueError as e:  # Not a MapReduceForm: names --executor=local.
+    raise ConfigError(f'`executor`: {e}') from e
 
 
 def build_task(config: TrainConfig):
@@ -509,6 +527,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
   except ValueError as e:  # E.g. noise too large for per-layer quantiles.
     raise ConfigError(str(e)) from e
   evaluation = tff.learning.algorithms.build_fed_eval(task.model_fn)
+  process, evaluation = runners(config, process, evaluation)
   test_data = _test_dataset(task)
 
   out = config.output_dir
