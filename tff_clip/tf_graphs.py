@@ -259,15 +259,21 @@ def _reduce_as_while_loop(node, inputs, control_inputs, functions):
 def _import(graph_def, input_map, return_elements):
   """`import_graph_def`, with top-level dataset reductions rewritten."""
   reduces = {n.name for n in graph_def.node if n.op in _REDUCE_OPS}
-  if not reduces:
-    return tf.graph_util.import_graph_def(
-        graph_def, input_map=input_map, return_elements=return_elements,
-        name='piece')
   nodes = {n.name: n for n in graph_def.node}
   functions = {f.signature.name: f for f in graph_def.library.function}
   imported = {}  # Original node name -> its op in this graph.
   reduced = {}  # Reduce node name -> its output tensors.
   first = True
+  # Placeholders fed through `input_map`: a control input on one means one
+  # on the tensor fed (the imported placeholder itself is never fed).
+  mapped_ops = {_node_name(k): v for k, v in input_map.items()}
+
+  def control_op(source):
+    if source in mapped_ops:
+      return mapped_ops[source].op
+    return imported[source] if source in imported else tf.group(
+        reduced[source])
+
   while len(imported) + len(reduced) < len(nodes):
     # Nodes with no pending reduction among their ancestors.
     blocked = {}
@@ -306,13 +312,13 @@ def _import(graph_def, input_map, return_elements):
                        input_name.startswith('^') else f'{input_name}:0')
           if canonical in input_map:
             sub_map[canonical] = input_map[canonical]
+          elif input_name.startswith('^') and source in mapped_ops:
+            sub_map[input_name] = mapped_ops[source]
           elif source in ready_names or canonical in sub_map:
             continue
           elif input_name.startswith('^'):
-            op = imported[source] if source in imported else tf.group(
-                reduced[source])
             # A control input: remapped to a tensor that depends on it.
-            with tf.control_dependencies([op]):
+            with tf.control_dependencies([control_op(source)]):
               sub_map[input_name] = tf.constant(0)
           else:
             index = int(canonical.split(':')[1])
@@ -333,8 +339,7 @@ def _import(graph_def, input_map, return_elements):
           if _canonical(input_name) in input_map:
             data_inputs.append(input_map[_canonical(input_name)])
           elif input_name.startswith('^'):
-            control_inputs.append(imported[source] if source in imported
-                                  else tf.group(reduced[source]))
+            control_inputs.append(control_op(source))
           else:
             index = int(input_name.split(':')[1]) if ':' in input_name else 0
             data_inputs.append(imported[source].outputs[index]
