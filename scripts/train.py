@@ -108,6 +108,10 @@ flags.DEFINE_list('workers', [], 'Remote executor: host:port of each TFF '
                   'worker_binary.')
 flags.DEFINE_float('worker_timeout_s', _D.worker_timeout_s,
                    'Seconds to wait for each remote worker to answer.')
+flags.DEFINE_float('checkpoint_interval_s', _D.checkpoint_interval_s,
+                   'Skip a round\'s checkpoint when the last one is younger '
+                   'than this (0: every --checkpoint_every rounds). A killed '
+                   'run then re-runs up to that many seconds of rounds.')
 flags.DEFINE_integer('checkpoint_every', _D.checkpoint_every,
                      'Checkpoint every this many rounds.')
 flags.DEFINE_string('cache_dir', None, 'Online data cache directory.')
@@ -167,7 +171,9 @@ def config_from_flags() -> training.TrainConfig:
       experiment_name=name, seed=FLAGS.seed, executor=FLAGS.executor,
       max_concurrent_clients=FLAGS.max_concurrent_clients,
       workers=tuple(FLAGS.workers), worker_timeout_s=FLAGS.worker_timeout_s,
-      checkpoint_every=FLAGS.checkpoint_every, cache_dir=FLAGS.cache_dir,
+      checkpoint_every=FLAGS.checkpoint_every,
+      checkpoint_interval_s=FLAGS.checkpoint_interval_s,
+      cache_dir=FLAGS.cache_dir,
       progress=FLAGS.progress)
 
 
