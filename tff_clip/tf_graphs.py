@@ -35,6 +35,7 @@ breaks one fails loudly there rather than silently here:
 
 from __future__ import annotations
 
+import collections.abc
 import itertools
 from typing import Any, Sequence
 
@@ -67,20 +68,17 @@ def tiny_dataset_options() -> tf.data.Options:
 
 
 def _element(value, index, name):
+  """Element `index` (named `name`) of a TFF struct, mapping, attrs or tuple."""
   if isinstance(value, tff.structure.Struct):
     return value[index]
-  if isinstance(value, dict):
-    if name is not None and name in value:
-      return value[name]
-    return list(value.values())[index]
-  if name is not None and hasattr(value, name) and not isinstance(
-      value, (list, tuple)) or (
-          name is not None and hasattr(type(value), '_fields')):
+  if isinstance(value, collections.abc.Mapping):
+    return value[name] if name in value else list(value.values())[index]
+  if isinstance(value, (list, tuple)) and not hasattr(type(value), '_fields'):
+    return value[index]
+  if name is not None and hasattr(value, name):  # attrs, namedtuple.
     return getattr(value, name)
   if isinstance(value, (list, tuple)):
     return value[index]
-  if name is not None and hasattr(value, name):
-    return getattr(value, name)
   raise TypeError(f'Cannot take element {index} ({name!r}) of {value!r}.')
 
 
