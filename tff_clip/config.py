@@ -29,12 +29,13 @@ TFF_GAUSSIAN = 'tff_gaussian'
 BOUNDINGS = ('none',) + names.BOUNDINGS + (TFF_GAUSSIAN,)
 CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
-EXECUTORS = ('local', 'gpu', 'remote')
+EXECUTORS = ('inprocess', 'local', 'gpu', 'remote')
 DATA_SOURCES = ('offline', 'online', 'synthetic')
 
 # How a run is executed, not what it computes: these may change on resume.
 EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'workers',
-                  'worker_timeout_s', 'progress', 'root_output_dir')
+                  'worker_timeout_s', 'progress', 'root_output_dir',
+                  'checkpoint_interval_s')
 
 
 class ConfigError(ValueError):
@@ -126,8 +127,10 @@ class TrainConfig:
   seed: int = _field(0, 'Seed of sampling, data order and initialization '
                      '(not of the DP noise: see --noise_seed).')
   executor: str = _field(
-      'local', "local: TFF's C++ runtime; gpu: the same, refusing to run "
-      'without a visible GPU; remote: TFF workers (--workers).', EXECUTORS)
+      'inprocess', "inprocess: TFF's MapReduceForm run in this process "
+      "(tff_clip.simulation; fastest on one machine); local: TFF's C++ "
+      'runtime; gpu: the same, refusing to run without a visible GPU; '
+      'remote: TFF workers (--workers).', EXECUTORS)
   max_concurrent_clients: Optional[int] = _field(
       None, 'Local executor: at most this many clients at once.')
   workers: tuple = _field((), 'Remote executor: host:port of each TFF '
@@ -135,6 +138,10 @@ class TrainConfig:
   worker_timeout_s: float = _field(
       30.0, 'Seconds to wait for a reachable remote worker to be ready.')
   checkpoint_every: int = _field(1, 'Checkpoint every this many rounds.')
+  checkpoint_interval_s: float = _field(
+      0.0, "Skip a round's checkpoint while the last one is younger than "
+      'this (0: every --checkpoint_every rounds; a TFF checkpoint takes '
+      '0.3-0.5 s). A killed run then re-runs up to that many seconds.')
   cache_dir: Optional[str] = _field(None, 'Online data cache directory.')
   progress: bool = _field(True, 'Show a progress bar.')
   # Empirical privacy audit (`tff_clip.audit`, docs/audit.md).
@@ -286,6 +293,11 @@ def _check_training(config):
                       f'{config.lus_sparsity!r}.')
   _positive(config.eval_every, 'eval_every', int)
   _positive(config.checkpoint_every, 'checkpoint_every', int)
+  if not (isinstance(config.checkpoint_interval_s, (int, float)) and
+          math.isfinite(config.checkpoint_interval_s) and
+          config.checkpoint_interval_s >= 0):
+    raise ConfigError('--checkpoint_interval_s must be a number >= 0; got '
+                      f'{config.checkpoint_interval_s!r}.')
 
 
 def _check_task(config):

@@ -165,6 +165,8 @@ def set_execution_context(config: TrainConfig) -> None:
           '`tensorflow[and-cuda]==2.14.1` (pip install -e ".[gpu]") on a '
           'machine with an NVIDIA driver, or use --executor=local.')
     logging.info('GPUs visible: %s', gpus)
+  if config.executor == 'inprocess':
+    return  # `runners` wraps the processes; no TFF context is used.
   if config.executor in ('local', 'gpu'):
     execution.set_local_cpp_context(
         max_concurrent_clients=config.max_concurrent_clients)
@@ -178,6 +180,21 @@ def set_execution_context(config: TrainConfig) -> None:
     except (TimeoutError, ConnectionError) as e:
       raise ConfigError(f'--workers: {e}') from e
     tff.backends.native.set_mergeable_comp_execution_context(contexts)
+
+
+def runners(config: TrainConfig, *processes):
+  """What runs the processes: `tff_clip.simulation` in-process, or TFF.
+
+  Either way the result has the processes' `initialize`, `next`,
+  `get_model_weights` and `set_model_weights`.
+  """
+  if config.executor != 'inprocess':
+    return processes
+  from tff_clip import simulation  # pylint: disable=g-import-not-at-top
+  try:
+    return tuple(simulation.InProcessRunner(p) for p in processes)
+  except ValueError as e:  # Not a MapReduceForm: names --executor=local.
+    raise ConfigError(f'--executor: {e}') from e
 
 
 def build_task(config: TrainConfig):
@@ -483,6 +500,8 @@ class _Session:
     self.initial_weights = initial_model_weights(self.task, config.seed)
     self.evaluation = tff.learning.algorithms.build_fed_eval(
         self.task.model_fn)
+    self.process, self.evaluation = runners(config, self.process,
+                                            self.evaluation)
     self.test_data = _test_dataset(self.task)
 
   def initial_state(self):
@@ -584,6 +603,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
   last_eval = collections.OrderedDict(eval_loss=math.nan,
                                       eval_accuracy=math.nan)
   last_row = {}
+  last_checkpoint = -math.inf
   for round_num in range(start_round, config.rounds + 1):
     state, row = session.train_round(state, round_num, ledger)
     row.update(eval_loss=math.nan, eval_accuracy=math.nan)
@@ -595,7 +615,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
     # from the previous checkpoint (same cohort, data order and noise key)
     # and rewrites its row; the other order would lose the row.
     writers.release(round_num, row)
-    if round_num % config.checkpoint_every == 0 or round_num == config.rounds:
+    if (round_num % config.checkpoint_every == 0 and
+        time.monotonic() - last_checkpoint >= config.checkpoint_interval_s
+       ) or round_num == config.rounds:
+      last_checkpoint = time.monotonic()
       _save_checkpoint(manager, state, ledger, round_num)
       write_json(os.path.join(out, 'ledger.json'),
                  _ledger_report(ledger, config, session))

@@ -1,0 +1,199 @@
+r"""Seconds per federated round: in-process executor, TFF's C++ runtime, plain TF.
+
+For each task and DP setting, three runners train the same model on the same
+cohorts (the same client datasets, built as `scripts.train` builds them):
+
+  inprocess  `tff_clip.simulation.InProcessRunner` (the default executor)
+  local      TFF's C++ worker (`--executor=local`)
+  plain_tf   the same local SGD steps in a Python loop over clients, then the
+             mean of the updates; no federation, no bounding, no noise: a
+             floor, not an equivalent.
+
+Rounds are interleaved (one round of each runner in turn) so that the load of
+a shared machine hits all three alike; the figure is the median over the
+rounds after the first. The first build (TFF tracing, MapReduceForm
+compilation, graph import, first round) is reported separately.
+`--train` adds `scripts.train` end to end (checkpoints, metrics files,
+evaluation included): the wall-time difference of a long and a short run
+divided by the extra rounds.
+
+  .venv/bin/python -m scripts.benchmark_round --tasks=digits,emnist_cnn \
+      --rounds=8 --train
+"""
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+# pylint: disable=g-import-not-at-top
+import numpy as np
+import tensorflow as tf
+# pylint: enable=g-import-not-at-top
+
+_TASKS = flags.DEFINE_list('tasks', ['digits', 'emnist_cnn', 'shakespeare'],
+                           'Tasks (tasks.TASK_NAMES), offline data.')
+_RUNNERS = flags.DEFINE_list('runners', ['inprocess', 'local', 'plain_tf'],
+                             'Which runners to time.')
+_DP = flags.DEFINE_list('dp', ['on', 'off'], 'DP settings: on (adaptive '
+                        'clipping, z=0.5 as scripts.train), off (no bounding).')
+_ROUNDS = flags.DEFINE_integer('rounds', 6, 'Rounds per runner (first one '
+                               'excluded from the median).')
+_CLIENTS = flags.DEFINE_integer('clients_per_round', 20, 'Cohort size.')
+_TRAIN = flags.DEFINE_bool('train', False, 'Also time scripts.train end to '
+                           'end (digits, DP on) for inprocess and local.')
+
+
+def _config(task, dp_on):
+  from tff_clip import training  # pylint: disable=g-import-not-at-top
+  return training.TrainConfig(
+      task=task, clients_per_round=_CLIENTS.value, sampling='uniform',
+      bounding='clip' if dp_on else 'none',
+      noise_multiplier=0.5 if dp_on else None, progress=False)
+
+
+class _PlainTF:
+  """FedAvg's local SGD on a plain `tf.function`, clients in a Python loop."""
+
+  def __init__(self, task, learning_rate):
+    self._model = task.model_fn()
+    variables = self._model.trainable_variables
+    self._global = [tf.Variable(v) for v in variables]
+    self._sum = [tf.Variable(tf.zeros_like(v)) for v in variables]
+
+    @tf.function
+    def client_update(dataset):
+      for var, start in zip(self._model.trainable_variables, self._global):
+        var.assign(start)
+      for batch in iter(dataset):
+        with tf.GradientTape() as tape:
+          loss = self._model.forward_pass(batch, training=True).loss
+        grads = tape.gradient(loss, self._model.trainable_variables)
+        for var, grad in zip(self._model.trainable_variables, grads):
+          var.assign_sub(learning_rate * grad)
+      for total, var, start in zip(self._sum, self._model.trainable_variables,
+                                   self._global):
+        total.assign_add(var - start)
+
+    @tf.function
+    def apply(num_clients):
+      for start, total in zip(self._global, self._sum):
+        start.assign_add(total / tf.maximum(num_clients, 1.0))
+        total.assign(tf.zeros_like(total))
+
+    self._client_update, self._apply = client_update, apply
+
+  def next(self, datasets):
+    for dataset in datasets:
+      self._client_update(dataset)
+    self._apply(tf.constant(float(len(datasets))))
+
+
+def _bench_task(task_name, dp_on):
+  """{runner: (first build s, [seconds per round])} for one configuration."""
+  from tff_clip import execution, simulation, training  # pylint: disable=g-import-not-at-top
+  config = _config(task_name, dp_on)
+  task = training.build_task(config)
+  client_ids = list(task.datasets.train_data.client_ids)
+  noise = config.noise_multiplier
+  rng = np.random.default_rng(0)
+  cohorts = [rng.choice(client_ids, min(_CLIENTS.value, len(client_ids)),
+                        replace=False) for _ in range(_ROUNDS.value)]
+  runners, states, first, times = {}, {}, {}, {}
+  for name in _RUNNERS.value:
+    started = time.perf_counter()
+    if name == 'plain_tf':
+      runners[name] = _PlainTF(task, config.client_learning_rate)
+    else:
+      process = training.build_process(config, task, noise)
+      if name == 'inprocess':
+        runners[name] = simulation.InProcessRunner(process)
+      else:
+        execution.set_local_cpp_context()
+        runners[name] = process
+      states[name] = runners[name].initialize()
+    first[name] = time.perf_counter() - started
+    times[name] = []
+  for round_num, cohort in enumerate(cohorts):
+    for name in _RUNNERS.value:
+      data = [training._client_dataset(task, c, config, round_num + 1)  # pylint: disable=protected-access
+              for c in cohort]
+      started = time.perf_counter()
+      if name == 'plain_tf':
+        runners[name].next(data)
+      else:
+        states[name] = runners[name].next(states[name], data).state
+      elapsed = time.perf_counter() - started
+      if round_num == 0:
+        first[name] += elapsed
+      else:
+        times[name].append(elapsed)
+  return {name: (first[name], times[name]) for name in _RUNNERS.value}
+
+
+def _train_seconds_per_round(executor, short=4, long=16):
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  walls = []
+  for rounds in (short, long):
+    with tempfile.TemporaryDirectory() as out:
+      started = time.perf_counter()
+      subprocess.run(
+          [sys.executable, '-m', 'scripts.train', f'--rounds={rounds}',
+           f'--executor={executor}', '--progress=false',
+           f'--root_output_dir={out}'],
+          cwd=repo, check=True, stdout=subprocess.DEVNULL,
+          stderr=subprocess.DEVNULL)
+      walls.append(time.perf_counter() - started)
+  return (walls[1] - walls[0]) / (long - short)
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  rows = []
+  for task_name in _TASKS.value:
+    for dp_setting in _DP.value:
+      result = _bench_task(task_name, dp_setting == 'on')
+      medians = {k: statistics.median(v) if v else float('nan')
+                 for k, (_, v) in result.items()}
+      rows.append((task_name, dp_setting, result, medians))
+      print(f'{task_name} dp={dp_setting}: ' + ', '.join(
+          f'{k} {m:.4f} s (first {result[k][0]:.1f} s)'
+          for k, m in medians.items()), flush=True)
+  names = _RUNNERS.value
+  header = ('| task | DP | ' + ' | '.join(f'{n} s/round' for n in names) +
+            ' | ' + ' | '.join(f'{n} / plain_tf' for n in names
+                               if n != 'plain_tf' and 'plain_tf' in names) +
+            (' | inprocess / local' if {'inprocess', 'local'} <= set(names)
+             else '') + ' | first build (s) |')
+  print()
+  print(header)
+  print('|' + '---|' * (header.count('|') - 1))
+  for task_name, dp_setting, result, medians in rows:
+    cells = [f'{medians[n]:.4f}' for n in names]
+    if 'plain_tf' in names:
+      cells += [f'{medians[n] / medians["plain_tf"]:.2f}x' for n in names
+                if n != 'plain_tf']
+    if {'inprocess', 'local'} <= set(names):
+      cells.append(f'{medians["inprocess"] / medians["local"]:.3f}x')
+    cells.append(', '.join(f'{n} {result[n][0]:.1f}' for n in names))
+    print(f'| {task_name} | {dp_setting} | ' + ' | '.join(cells) + ' |')
+  if _TRAIN.value:
+    print()
+    print('| scripts.train, digits, DP on | s/round, all included |')
+    print('|---|---|')
+    for executor in ('inprocess', 'local'):
+      print(f'| --executor={executor} | '
+            f'{_train_seconds_per_round(executor):.3f} |', flush=True)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,215 @@
+"""Specification of the in-process executor (`tff_clip.simulation`).
+
+The oracle is TFF's own C++ runtime (`tff_clip.execution.
+set_local_cpp_context`, set for the session by conftest): the same process,
+the same client data and the same noise seeds (`dp.dp_factory(...,
+noise_seed=N)`) run a few rounds on both, and every leaf of the state and of
+the metrics must agree to float32 tolerance (the two runtimes add the
+clients' updates in different orders). One process per family the project
+builds; the expensive ones are marked slow.
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clip import aggregators
+from tff_clip import algorithms
+from tff_clip import dp
+from tff_clip import optimizers
+from tff_clip import simulation
+import tiny_model  # pylint: disable=g-bad-import-order
+
+ROUNDS = 3
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _client_datasets(round_num, sizes=(5, 3, 7)):
+  datasets = []
+  for client, size in enumerate(sizes):
+    rng = np.random.default_rng([round_num, client])
+    x = rng.normal(size=[size, 3]).astype(np.float32)
+    y = (x @ rng.normal(scale=2.0, size=[3, 2])).astype(np.float32)
+    datasets.append(tf.data.Dataset.from_tensor_slices(
+        collections.OrderedDict(x=x, y=y)).batch(2))
+  return datasets
+
+
+def _sgd(learning_rate):
+  return tff.learning.optimizers.build_sgdm(learning_rate)
+
+
+def _fedavg(**kwargs):
+  kwargs.setdefault('client_optimizer', _sgd(0.1))
+  kwargs.setdefault('server_optimizer', _sgd(1.0))
+  return algorithms.build_fedavg(tiny_model.model_fn, **kwargs)
+
+
+def _assert_same(actual, expected, what):
+  actual_leaves = tf.nest.flatten(actual)
+  expected_leaves = tf.nest.flatten(expected)
+  assert len(actual_leaves) == len(expected_leaves), what
+  for i, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
+    a, e = np.asarray(a), np.asarray(e)
+    if a.dtype.kind == 'f':
+      np.testing.assert_allclose(a, e, rtol=RTOL, atol=ATOL,
+                                 err_msg=f'{what}, leaf {i}')
+    else:
+      np.testing.assert_array_equal(a, e, err_msg=f'{what}, leaf {i}')
+
+
+def _assert_equivalent(process, rounds=ROUNDS, sizes=(5, 3, 7)):
+  runner = simulation.InProcessRunner(process)
+  state_cpp = process.initialize()
+  state_inp = runner.initialize()
+  assert type(state_inp) is type(state_cpp)  # pylint: disable=unidiomatic-typecheck
+  _assert_same(state_inp, state_cpp, 'initial state')
+  for round_num in range(1, rounds + 1):
+    data = _client_datasets(round_num, sizes)
+    out_cpp = process.next(state_cpp, data)
+    out_inp = runner.next(state_inp, data)
+    assert type(out_inp) is type(out_cpp)  # pylint: disable=unidiomatic-typecheck
+    _assert_same(out_inp.metrics, out_cpp.metrics, f'round {round_num} metrics')
+    _assert_same(out_inp.state, out_cpp.state, f'round {round_num} state')
+    state_cpp, state_inp = out_cpp.state, out_inp.state
+  _assert_same(runner.get_model_weights(state_inp),
+               process.get_model_weights(state_cpp), 'model weights')
+  return runner, state_inp
+
+
+# ----------------------------------------------------------------------------
+# Equivalence with TFF's C++ runtime, one process per family.
+
+
+@pytest.fixture(scope='module')
+def dp_adaptive_process():
+  # Per-layer clipping, adaptive per-layer quantiles, seeded noise: the
+  # heaviest aggregator the project builds.
+  return _fedavg(model_aggregator=dp.dp_factory(
+      'per_layer_clip', 0.05, 3.0, clip_norm='adaptive', noise_seed=7))
+
+
+def test_dp_per_layer_adaptive_matches_cpp_runtime(dp_adaptive_process):
+  _assert_equivalent(dp_adaptive_process)
+
+
+def test_round_with_no_clients_matches_cpp_runtime(dp_adaptive_process):
+  # An empty Poisson cohort: the aggregate of nobody, then the server update
+  # with its noise. TFF's C++ runtime accepts an empty client list too.
+  _assert_equivalent(dp_adaptive_process, rounds=2, sizes=())
+
+
+def test_fresh_noise_every_round_without_a_seed():
+  process = _fedavg(model_aggregator=dp.dp_factory(
+      'clip', 1.0, 3.0, clip_norm=1.0))
+  runner = simulation.InProcessRunner(process)
+  state = runner.initialize()
+  data = _client_datasets(1)
+  first = runner.get_model_weights(runner.next(state, data).state)
+  second = runner.get_model_weights(runner.next(state, data).state)
+  assert not np.allclose(first.trainable[0], second.trainable[0])
+
+
+def test_set_model_weights_matches_cpp_runtime(dp_adaptive_process):
+  runner = simulation.InProcessRunner(dp_adaptive_process)
+  weights = tff.learning.models.ModelWeights(
+      trainable=[np.full([3, 2], 0.25, np.float32),
+                 np.array([1.0, -1.0], np.float32)],
+      non_trainable=[])
+  expected = dp_adaptive_process.set_model_weights(
+      dp_adaptive_process.initialize(), weights)
+  actual = runner.set_model_weights(runner.initialize(), weights)
+  _assert_same(actual, expected, 'state')
+  _assert_same(runner.get_model_weights(actual), weights, 'weights')
+
+
+def test_evaluation_process_matches_cpp_runtime():
+  evaluation = tff.learning.algorithms.build_fed_eval(tiny_model.model_fn)
+  runner = simulation.InProcessRunner(evaluation)
+  data = _client_datasets(1)
+  expected = evaluation.next(evaluation.initialize(), data).metrics
+  actual = runner.next(runner.initialize(), data).metrics
+  _assert_same(actual, expected, 'evaluation metrics')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name, kwargs', [
+    ('fedavg', {}),
+    ('PR clipping', dict(model_aggregator=aggregators.clip_factory(0.3))),
+    ('PI clipping', dict(local_clip_norm=0.5)),
+    ('BLUR + LUS', dict(blur_strength=1.0, blur_clip_norm=0.5,
+                        lus_sparsity=0.5,
+                        model_aggregator=aggregators.clip_factory(0.5))),
+    ('LAMB server', dict(server_optimizer=optimizers.build_lamb(0.1))),
+    ('LARS server', dict(server_optimizer=optimizers.build_lars(0.1))),
+    ('normalize, adaptive, no DP', dict(
+        model_aggregator=aggregators.normalize_factory(
+            tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
+                initial_estimate=0.1, target_quantile=0.5,
+                learning_rate=0.2, multiplier=1.0, increment=0.0,
+                secure_estimation=False)))),
+    # Client-placed noise is never seeded (`dp._gaussian_like`): z = 0 here;
+    # its freshness per call is `test_tf_graphs`' random-ops test.
+    ('DP clip fixed, client placement', dict(model_aggregator=dp.dp_factory(
+        'clip', 0.0, 3.0, clip_norm=0.5, noise_placement='client'))),
+    ('DP per-layer normalize, actual count', dict(
+        model_aggregator=dp.dp_factory(
+            'per_layer_normalize', 0.5, 3.0, clip_norm=0.5,
+            denominator='actual', noise_seed=5))),
+])
+def test_family_matches_cpp_runtime(name, kwargs):
+  del name
+  _assert_equivalent(_fedavg(**kwargs))
+
+
+# ----------------------------------------------------------------------------
+# Every factory and builder compiles to a MapReduceForm.
+
+
+def _compiles(factory):
+  simulation.map_reduce_form(_fedavg(model_aggregator=factory))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('bounding_method', aggregators.BOUNDINGS)
+@pytest.mark.parametrize('adaptive', [False, True])
+def test_every_bounding_factory_compiles_to_map_reduce_form(
+    bounding_method, adaptive):
+  clip_norm = (tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
+      initial_estimate=0.1, target_quantile=0.5, learning_rate=0.2,
+      multiplier=1.0, increment=0.0, secure_estimation=False)
+               if adaptive else 0.5)
+  _compiles(aggregators.bounding_factory(bounding_method, clip_norm))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('bounding_method', aggregators.BOUNDINGS)
+@pytest.mark.parametrize('clip_norm', [0.5, 'adaptive'])
+@pytest.mark.parametrize('noise_placement', dp.NOISE_PLACEMENTS)
+def test_every_dp_factory_compiles_to_map_reduce_form(
+    bounding_method, clip_norm, noise_placement):
+  _compiles(dp.dp_factory(bounding_method, 0.05, 3.0, clip_norm=clip_norm,
+                          noise_placement=noise_placement))
+
+
+def test_a_process_without_map_reduce_form_names_the_executor_to_use():
+  # Two client-to-server aggregations in sequence, the second depending on
+  # the first's result: not one MapReduce round.
+  @tff.federated_computation(tff.FederatedType(np.float32, tff.SERVER),
+                             tff.FederatedType(np.float32, tff.CLIENTS))
+  def two_rounds(state, data):
+    first = tff.federated_sum(data)
+    again = tff.federated_sum(tff.federated_map(
+        tff.tensorflow.computation(lambda x, y: x * y),
+        (data, tff.federated_broadcast(first))))
+    return state, again
+
+  process = tff.templates.IterativeProcess(
+      tff.federated_computation(
+          lambda: tff.federated_value(np.float32(0.0), tff.SERVER)),
+      two_rounds)
+  with pytest.raises(ValueError, match='--executor=local'):
+    simulation.InProcessRunner(process)

@@ -1,0 +1,129 @@
+"""The TFF/TF internals `tff_clip.tf_graphs` relies on (its assumptions 1-6).
+
+Each test breaks loudly when an upgrade of TFF or TensorFlow changes one of
+them. Oracles: closed forms of tiny computations.
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clip import tf_graphs
+
+SEQUENCE_TYPE = tff.SequenceType(np.float32)
+
+
+@tff.tensorflow.computation(
+    collections.OrderedDict(scale=np.float32, data=SEQUENCE_TYPE))
+def _scaled_sum(arg):
+  return arg['scale'] * arg['data'].reduce(np.float32(0.0), lambda s, x: s + x)
+
+
+def test_serialized_tensorflow_computation_has_the_fields_read():
+  # Assumption 1: the layout of TFF's `computation.proto` TensorFlow message.
+  proto = tff.framework.serialize_computation(_scaled_sum)
+  assert proto.WhichOneof('computation') == 'tensorflow'
+  graph_def = tf.compat.v1.GraphDef()
+  assert proto.tensorflow.graph_def.Unpack(graph_def)
+  names = tf_graphs._binding_names(proto.tensorflow.parameter, [])  # pylint: disable=protected-access
+  assert len(names) == 2
+  assert proto.tensorflow.parameter.struct.element[1].sequence.HasField(
+      'variant_tensor_name')
+  assert proto.tensorflow.result.tensor.tensor_name
+  for field in ('initialize_op', 'session_token_tensor_name'):
+    assert field in type(proto.tensorflow).DESCRIPTOR.fields_by_name
+
+
+def test_leaves_follow_the_type_order():
+  # Assumption 2: flat leaves in the order of the type's elements.
+  @tff.tensorflow.computation(collections.OrderedDict(
+      a=np.float32, b=collections.OrderedDict(c=np.int32, d=np.float32)))
+  def shuffle(arg):
+    return collections.OrderedDict(d=arg['b']['d'], a=arg['a'],
+                                   c=arg['b']['c'])
+
+  function = tf_graphs.TensorFlowFunction(shuffle)
+  value = collections.OrderedDict(a=1.0, b=collections.OrderedDict(c=2, d=3.0))
+  leaves = tf_graphs.flatten_value(value, shuffle.type_signature.parameter, [])
+  assert [float(x) for x in leaves] == [1.0, 2.0, 3.0]
+  result = tf_graphs.pack_value(shuffle.type_signature.result,
+                                function(*leaves))
+  assert result == collections.OrderedDict(d=3.0, a=1.0, c=2)
+
+
+def test_dataset_reduction_becomes_a_sequential_loop():
+  # Assumption 4: a top-level ReduceDataset, rewritten into a While loop
+  # with the same result: 2 * (1 + 2 + 3 + 4).
+  proto = tff.framework.serialize_computation(_scaled_sum)
+  graph_def = tf.compat.v1.GraphDef()
+  proto.tensorflow.graph_def.Unpack(graph_def)
+  assert 'ReduceDataset' in {node.op for node in graph_def.node}
+  function = tf_graphs.TensorFlowFunction(_scaled_sum)
+  op_types = {op.type for op in function._run.graph.get_operations()}  # pylint: disable=protected-access
+  assert 'ReduceDataset' not in op_types
+  assert 'While' in op_types
+  data = tf.data.Dataset.from_tensor_slices(np.arange(1, 5, dtype=np.float32))
+  leaves = tf_graphs.flatten_value(
+      collections.OrderedDict(scale=2.0, data=data),
+      _scaled_sum.type_signature.parameter, [])
+  assert float(function(*leaves)[0]) == 20.0
+  empty = tf_graphs.flatten_value(
+      collections.OrderedDict(scale=2.0, data=data.take(0)),
+      _scaled_sum.type_signature.parameter, [])
+  assert float(function(*empty)[0]) == 0.0
+
+
+def test_variables_are_reset_before_every_call():
+  # Assumption 3: variables persist between calls; the computation's
+  # initializer, run before each call, resets them (as Keras metrics need).
+  @tff.tensorflow.computation(np.float32)
+  def accumulate_once(x):
+    total = tf.Variable(0.0)
+    with tf.control_dependencies([total.assign_add(x)]):
+      return total.read_value()
+
+  function = tf_graphs.TensorFlowFunction(accumulate_once)
+  assert [float(function(np.float32(3.0))[0]) for _ in range(3)] == [3.0] * 3
+
+
+def test_random_ops_draw_afresh_on_every_call():
+  # Client-placed DP noise lives in `work`, called once per client: each
+  # call must draw new values, not replay the first call's.
+  @tff.tensorflow.computation
+  def draw():
+    return tf.random.normal([4])
+
+  function = tf_graphs.TensorFlowFunction(draw)
+  first, second = function()[0].numpy(), function()[0].numpy()
+  assert not np.allclose(first, second)
+
+
+def test_the_same_computation_imports_twice_under_distinct_names():
+  # Assumption 5: imported functions are renamed per import, so two imports
+  # of graphs defining the same function names coexist in one process.
+  first = tf_graphs.TensorFlowFunction(_scaled_sum)
+  second = tf_graphs.TensorFlowFunction(_scaled_sum)
+  data = tf.data.Dataset.from_tensor_slices(np.ones(3, np.float32))
+  leaves = tf_graphs.flatten_value(
+      collections.OrderedDict(scale=1.0, data=data),
+      _scaled_sum.type_signature.parameter, [])
+  assert float(first(*leaves)[0]) == float(second(*leaves)[0]) == 3.0
+
+
+def test_concrete_functions_are_called_on_flat_tensors():
+  # Assumption 6: the private flat call used to skip signature binding.
+  function = tf.function(lambda x: 2.0 * x).get_concrete_function(
+      tf.TensorSpec([], tf.float32))
+  assert float(tf_graphs._call_flat(function, [tf.constant(1.5)])) == 3.0  # pylint: disable=protected-access
+
+
+def test_non_tensorflow_computation_is_refused_with_its_type():
+  @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+  def total(values):
+    return tff.federated_sum(values)
+
+  with pytest.raises(ValueError, match='Only TensorFlow computations'):
+    tf_graphs.TensorFlowFunction(total)

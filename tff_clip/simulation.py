@@ -1,0 +1,145 @@
+"""In-process simulation of TFF learning processes: no C++ worker, no gRPC.
+
+`InProcessRunner(process)` runs a `tff.learning.templates.LearningProcess`
+(or any `IterativeProcess` whose `next` is `(state@SERVER, data@CLIENTS) ->
+(state@SERVER, output@SERVER)`) through its `MapReduceForm` (TFF's
+`tff.backends.mapreduce.get_map_reduce_form_for_computation`), whose pieces
+are plain TensorFlow graphs that `tff_clip.tf_graphs` imports into this
+process:
+
+  client_input = prepare(state)
+  accumulator  = zero()
+  for each client:  update, *secure = work(data_i, client_input)
+                    accumulator = accumulate(accumulator, update)
+  state, output = update(state, (report(accumulator), sum(secure)...))
+
+which is what TFF's own runtime computes: one accumulator suffices on one
+machine (`merge` combines partial accumulators of several workers), the
+random ops live only in `update` (fresh noise every round), and the secure
+sums of the form are plain sums here, as in TFF's native simulation runtime
+(`secure_modular_sum` reduced modulo its modulus). Clients run one after the
+other: the pieces hold variables. A round with no clients runs `update` on the
+empty aggregate (`zero`, `report`), as TFF's definition of `federated_sum`
+over no clients would.
+
+A computation that cannot be written as a `MapReduceForm` raises a
+`ValueError` at construction naming `--executor=local` (TFF's C++ runtime) as
+the one to use.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clip import tf_graphs
+
+__all__ = ['InProcessRunner', 'map_reduce_form']
+
+
+def map_reduce_form(process) -> Any:
+  """`process.next` as a `MapReduceForm`, or a ValueError naming the fix."""
+  try:
+    return tff.backends.mapreduce.get_map_reduce_form_for_computation(
+        process.next)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(
+        'This process does not compile to TFF\'s MapReduceForm, so it cannot '
+        'run in-process (`executor=inprocess`); run it with '
+        f'`--executor=local` (TFF\'s C++ runtime). TFF said: {e}') from e
+
+
+def _zeros(type_spec) -> list:
+  return [np.zeros(t.shape, t.dtype) for t in _tensor_types(type_spec)]
+
+
+def _tensor_types(type_spec) -> list:
+  if isinstance(type_spec, tff.StructType):
+    return [leaf for _, t in tff.structure.to_elements(type_spec) for leaf in _tensor_types(t)]
+  if isinstance(type_spec, tff.TensorType):
+    return [type_spec]
+  raise TypeError(f'Expected tensors; got {type_spec}.')
+
+
+class InProcessRunner:
+  """Runs a TFF learning process's computations in this Python process.
+
+  `initialize()`, `next(state, client_datasets)`, `get_model_weights(state)`
+  and `set_model_weights(state, weights)` take and return what the process's
+  own computations do under TFF's runtime (numpy leaves in TFF's Python
+  containers: `LearningProcessOutput`, `LearningAlgorithmState`, ...).
+  """
+
+  def __init__(self, process):
+    self._process = process
+    form = map_reduce_form(process)
+    next_type = process.next.type_signature
+    self._state_type = next_type.parameter[0].member
+    self._result_type = next_type.result
+    self._prepare = tf_graphs.TensorFlowFunction(form.prepare)
+    self._work = tf_graphs.TensorFlowFunction(form.work)
+    self._zero = tf_graphs.TensorFlowFunction(form.zero)
+    self._accumulate = tf_graphs.TensorFlowFunction(form.accumulate)
+    self._report = tf_graphs.TensorFlowFunction(form.report)
+    self._update = tf_graphs.TensorFlowFunction(form.update)
+    work_result = form.work.type_signature.result
+    # work -> <aggregated, secure_sum_bitwidth, secure_sum_max_input,
+    #          secure_modular_sum>.
+    self._secure_types = [work_result[i] for i in (1, 2, 3)]
+    self._num_update_leaves = tf_graphs.count_leaves(work_result[0])
+    moduli = tf_graphs.TensorFlowFunction(form.secure_modular_sum_modulus)()
+    self._moduli = [m.numpy() for m in moduli]
+    self._initialize = tf_graphs.TensorFlowFunction(
+        tff.backends.mapreduce.get_state_initialization_computation(
+            process.initialize))
+    self._get_weights = self._optional(process, 'get_model_weights')
+    self._set_weights = self._optional(process, 'set_model_weights')
+
+  @staticmethod
+  def _optional(process, name):
+    computation = getattr(process, name, None)
+    return (tf_graphs.TensorFlowFunction(computation)
+            if computation is not None else None)
+
+  def initialize(self):
+    return tf_graphs.pack_value(
+        self._process.initialize.type_signature.result, self._initialize())
+
+  def next(self, state, client_datasets: Sequence[tf.data.Dataset]):
+    """One round: the process's `next(state, client_datasets)`."""
+    state_leaves = tf_graphs.flatten_value(state, self._state_type, [])
+    client_input = list(self._prepare(*state_leaves))
+    accumulator = list(self._zero())
+    secure_sums = [list(_zeros(t)) for t in self._secure_types]
+    data_type = self._work.type_signature.parameter[0]
+    for dataset in client_datasets:
+      data_leaves = tf_graphs.flatten_value(dataset, data_type, [])
+      outputs = list(self._work(*data_leaves, *client_input))
+      update = outputs[:self._num_update_leaves]
+      accumulator = list(self._accumulate(*accumulator, *update))
+      secure = outputs[self._num_update_leaves:]
+      for sums in secure_sums:
+        for i in range(len(sums)):
+          sums[i] = sums[i] + secure.pop(0).numpy()
+    if secure_sums[2]:
+      secure_sums[2] = [np.mod(s, m) for s, m in zip(secure_sums[2],
+                                                     self._moduli)]
+    report = list(self._report(*accumulator))
+    flat_secure = [x for sums in secure_sums for x in sums]
+    result = self._update(*state_leaves, *report, *flat_secure)
+    return tf_graphs.pack_value(self._result_type, result)
+
+  def get_model_weights(self, state):
+    fn = self._get_weights
+    return tf_graphs.pack_value(fn.type_signature.result, fn(
+        *tf_graphs.flatten_value(state, fn.type_signature.parameter, [])))
+
+  def set_model_weights(self, state, weights):
+    fn = self._set_weights
+    leaves = tf_graphs.flatten_value(
+        tff.structure.Struct([(None, state), (None, weights)]),
+        fn.type_signature.parameter, [])
+    return tf_graphs.pack_value(fn.type_signature.result, fn(*leaves))
