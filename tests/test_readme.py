@@ -34,6 +34,10 @@ SMOKE_OVERRIDES = {
     'scripts.benchmark_aggregators': ['--clients=3', '--params=1000',
                                       '--leaves=2', '--repetitions=1'],
     'scripts.accountant': [],
+    'scripts.benchmark_round': ['--tasks=digits', '--rounds=2',
+                                '--clients_per_round=2', '--dp=on'],
+    'scripts.benchmark_utility': ['--quick'],
+    'scripts.audit_table': ['--noise_multipliers=1'],
 }
 # Extra train flags given to each sweep cell for the smoke run.
 SWEEP_TRAIN_OVERRIDES = ['--rounds=1', '--clients_per_round=2',
@@ -82,14 +86,15 @@ def test_readme_has_the_commands_it_promises():
 def _train_args(command):
   args = shlex.split(command)[3:]
   module = shlex.split(command)[2]
-  if module == 'scripts.sweep':
+  if module != 'scripts.train':  # sweep, audit_table: train's after --.
     args = args[args.index('--') + 1:] if '--' in args else []
   return module, args
 
 
 @pytest.mark.parametrize('command', [
     c for c in COMMANDS if shlex.split(c)[2] in ('scripts.train',
-                                                  'scripts.sweep')])
+                                                  'scripts.sweep',
+                                                  'scripts.audit_table')])
 def test_every_train_command_in_readme_has_valid_flags(command):
   from scripts import train  # pylint: disable=g-import-not-at-top
   from tff_clip import config  # pylint: disable=g-import-not-at-top
@@ -145,9 +150,10 @@ def test_every_readme_command_runs_at_smoke_size(command, tmp_path):
   args = shlex.split(command)
   args[0] = sys.executable
   overrides = list(SMOKE_OVERRIDES.get(module, []))
-  if module in ('scripts.train', 'scripts.sweep'):
+  if module in ('scripts.train', 'scripts.sweep', 'scripts.audit_table',
+                'scripts.benchmark_utility'):
     overrides.append(f'--root_output_dir={tmp_path}')
-  if module == 'scripts.sweep':
+  if '--' in args:  # sweep, audit_table: their flags, then train's.
     split = args.index('--')
     args = (args[:split] + overrides + ['--'] + args[split + 1:] +
             SWEEP_TRAIN_OVERRIDES)
