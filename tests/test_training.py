@@ -100,6 +100,7 @@ def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
     (['--target_quantile=0.5x'], '--target_quantile'),
     (['--sampling=uniform'], '--sampling'),
     (['--noise_seed=-1'], '--noise_seed'),
+    (['--denominator=actual'], '--denominator'),
     (['--no_such_flag=1'], 'no_such_flag'),
 ])
 def test_cli_bad_flag_is_one_line_exit_2_and_writes_nothing(tmp_path, args,

@@ -90,6 +90,10 @@ class TrainConfig:
   noise_placement: str = _field(
       'central', 'central: the server noises the sum; client: each client '
       'adds its share.', names.NOISE_PLACEMENTS)
+  denominator: str = _field(
+      'expected', 'What the noisy sum is divided by: expected (n, private) '
+      'or actual (the clients present, released in the clear: only with '
+      '--sampling=fixed_size, where it is public).', names.DENOMINATORS)
   noise_seed: Optional[int] = _field(
       None, 'Seed of the DP noise, for tests and debugging ONLY: the noise is '
       'then reproducible, predictable, and the run is NOT private. Default: '
@@ -256,6 +260,10 @@ def _check_privacy(config):
         'Noise without bounding has no sensitivity: set --bounding (clip, '
         'normalize, per_layer_clip, per_layer_normalize) or give '
         '--noise_multiplier=none.')
+  if config.denominator == 'actual' and config.sampling != names.FIXED_SIZE:
+    raise ConfigError('--denominator=actual releases the cohort size: it is '
+                      'private under --sampling=poisson; use '
+                      '--sampling=fixed_size or --denominator=expected.')
   if not 0.0 < config.delta < 1.0:
     raise ConfigError(f'--delta must be in (0, 1); got {config.delta!r}.')
   if config.noise_seed is not None and not (

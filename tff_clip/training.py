@@ -262,6 +262,7 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
         clipped_count_stddev=config.clipped_count_stddev,
         per_layer_quantiles=config.per_layer_quantiles,
         noise_placement=config.noise_placement,
+        denominator=config.denominator,
         # None: a key from OS entropy, drawn in the graph at initialize and
         # kept only in the (checkpointed) aggregator state. Never `seed`.
         noise_seed=config.noise_seed)
