@@ -96,15 +96,16 @@ def _train_args(command):
                                                   'scripts.sweep',
                                                   'scripts.audit_table')])
 def test_every_train_command_in_readme_has_valid_flags(command):
-  from scripts import train  # pylint: disable=g-import-not-at-top
-  from tff_clip import config  # pylint: disable=g-import-not-at-top
+  # In a fresh interpreter: scripts define their flags in absl's global
+  # registry, and two scripts in one process would collide.
   _, args = _train_args(command)
-  train.FLAGS.unparse_flags()
-  train.FLAGS(['train', *args])
-  try:
-    config.validate(train.config_from_flags())
-  finally:
-    train.FLAGS.unparse_flags()
+  check = ('import sys; from scripts import train; from tff_clip import '
+           'config; train.FLAGS(["train", *sys.argv[1:]]); '
+           'config.validate(train.config_from_flags())')
+  result = subprocess.run([sys.executable, '-c', check, *args], cwd=REPO,
+                          env=_env(), capture_output=True, text=True,
+                          timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_python_snippet_runs_and_leaves_no_process_behind(tmp_path):

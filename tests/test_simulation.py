@@ -89,7 +89,7 @@ def dp_adaptive_process():
   # Per-layer clipping, adaptive per-layer quantiles, seeded noise: the
   # heaviest aggregator the project builds.
   return _fedavg(model_aggregator=dp.dp_factory(
-      'per_layer_clip', 0.05, 3.0, clip_norm='adaptive', noise_seed=7))
+        'per_layer_clip', noise_multiplier=0.05, clients_per_round=3.0, clip_norm='adaptive', noise_seed=7))
 
 
 def test_dp_per_layer_adaptive_matches_cpp_runtime(dp_adaptive_process):
@@ -102,15 +102,23 @@ def test_round_with_no_clients_matches_cpp_runtime(dp_adaptive_process):
   _assert_equivalent(dp_adaptive_process, rounds=2, sizes=())
 
 
-def test_fresh_noise_every_round_without_a_seed():
+def test_unseeded_noise_is_fresh_per_initialization_and_round():
+  # The noise is a function of the secret key in the state and the round
+  # (so a resumed run continues it): a new initialization draws a new key,
+  # and each round a new draw.
   process = _fedavg(model_aggregator=dp.dp_factory(
-      'clip', 1.0, 3.0, clip_norm=1.0))
+      'clip', noise_multiplier=1.0, clients_per_round=3.0, clip_norm=1.0))
   runner = simulation.InProcessRunner(process)
-  state = runner.initialize()
   data = _client_datasets(1)
-  first = runner.get_model_weights(runner.next(state, data).state)
-  second = runner.get_model_weights(runner.next(state, data).state)
-  assert not np.allclose(first.trainable[0], second.trainable[0])
+  state = runner.initialize()
+  first = runner.next(state, data).state
+  other_key = runner.next(runner.initialize(), data).state
+  second = runner.next(first, data).state
+  weights = lambda s: runner.get_model_weights(s).trainable[0]
+  assert not np.allclose(weights(first), weights(other_key))
+  step_1 = weights(first) - runner.get_model_weights(state).trainable[0]
+  step_2 = weights(second) - weights(first)
+  assert not np.allclose(step_1, step_2)
 
 
 def test_set_model_weights_matches_cpp_runtime(dp_adaptive_process):
@@ -154,10 +162,10 @@ def test_evaluation_process_matches_cpp_runtime():
     # Client-placed noise is never seeded (`dp._gaussian_like`): z = 0 here;
     # its freshness per call is `test_tf_graphs`' random-ops test.
     ('DP clip fixed, client placement', dict(model_aggregator=dp.dp_factory(
-        'clip', 0.0, 3.0, clip_norm=0.5, noise_placement='client'))),
+        'clip', noise_multiplier=0.0, clients_per_round=3.0, clip_norm=0.5, noise_placement='client'))),
     ('DP per-layer normalize, actual count', dict(
         model_aggregator=dp.dp_factory(
-            'per_layer_normalize', 0.5, 3.0, clip_norm=0.5,
+        'per_layer_normalize', noise_multiplier=0.5, clients_per_round=3.0, clip_norm=0.5,
             denominator='actual', noise_seed=5))),
 ])
 def test_family_matches_cpp_runtime(name, kwargs):
@@ -191,7 +199,8 @@ def test_every_bounding_factory_compiles_to_map_reduce_form(
 @pytest.mark.parametrize('noise_placement', dp.NOISE_PLACEMENTS)
 def test_every_dp_factory_compiles_to_map_reduce_form(
     bounding_method, clip_norm, noise_placement):
-  _compiles(dp.dp_factory(bounding_method, 0.05, 3.0, clip_norm=clip_norm,
+  _compiles(dp.dp_factory(
+        bounding_method, noise_multiplier=0.05, clients_per_round=3.0, clip_norm=clip_norm,
                           noise_placement=noise_placement))
 
 

@@ -531,9 +531,11 @@ class _Session:
     row['train_accuracy'] = metrics.get(
         'client_work/train/sparse_categorical_accuracy',
         metrics.get('client_work/train/accuracy', math.nan))
-    row['clip_norm'] = metrics.get(
-        'aggregator/dp_query_metrics/clip_norm',
-        metrics.get('aggregator/clip_norm', math.nan))
+    row['clip_norm'] = next(
+        (metrics[k] for k in ('aggregator/dp_query_metrics/clip_norm',
+                              'aggregator/dp_query_metrics/clip',  # TFF's.
+                              'aggregator/clip_norm') if k in metrics),
+        math.nan)
     row['epsilon'] = (ledger.epsilon(self.config.delta) if self.private
                       else math.inf)
     if self.task.problem is not None:
