@@ -66,7 +66,8 @@ _SPECS = collections.OrderedDict((spec.name, spec) for spec in (
         'emnist_cnn',
         functools.partial(emnist.build, model='cnn'),
         {'online': 'TFF EMNIST-62, writers as clients',
-         'offline': 'scikit-learn digits as 28x28 EMNIST, 50 IID clients',
+         'offline': 'scikit-learn digits as 28x28 EMNIST (offline_data='
+                    "'mnist': 5,000 real 28x28 MNIST), 50 IID clients",
          'synthetic': 'TFF emnist.get_synthetic()'},
         default_batch_size=20, partitionable=True,
         online_num_clients=emnist.ONLINE_NUM_CLIENTS[False]),
@@ -74,7 +75,8 @@ _SPECS = collections.OrderedDict((spec.name, spec) for spec in (
         'emnist_mlp',
         functools.partial(emnist.build, model='mlp'),
         {'online': 'TFF EMNIST-10 (digits), writers as clients',
-         'offline': 'scikit-learn digits as 28x28 EMNIST, 50 IID clients',
+         'offline': 'scikit-learn digits as 28x28 EMNIST (offline_data='
+                    "'mnist': 5,000 real 28x28 MNIST), 50 IID clients",
          'synthetic': 'TFF emnist.get_synthetic()'},
         default_batch_size=20, partitionable=True,
         online_num_clients=emnist.ONLINE_NUM_CLIENTS[True]),
@@ -82,7 +84,8 @@ _SPECS = collections.OrderedDict((spec.name, spec) for spec in (
         'emnist_logreg',
         functools.partial(emnist.build, model='logreg'),
         {'online': 'TFF EMNIST-10 (digits), writers as clients',
-         'offline': 'scikit-learn digits as 28x28 EMNIST, 50 IID clients',
+         'offline': 'scikit-learn digits as 28x28 EMNIST (offline_data='
+                    "'mnist': 5,000 real 28x28 MNIST), 50 IID clients",
          'synthetic': 'TFF emnist.get_synthetic()'},
         default_batch_size=20, partitionable=True,
         online_num_clients=emnist.ONLINE_NUM_CLIENTS[True]),
