@@ -41,6 +41,13 @@ flags.DEFINE_enum('data_source', _D.data_source,
                   'offline: no network (digits, tinyshakespeare, generated); '
                   'online: the real data set, downloaded once into '
                   '--cache_dir; synthetic: TFF\'s get_synthetic().')
+flags.DEFINE_multi_string(
+    'task_option', [],
+    'A task option as key=value (repeat the flag for several), e.g. '
+    '--task_option=noise=student_t --task_option=tail_index=1.5 for '
+    'fat_tailed_quadratic, --task_option=offline_data=mnist for the EMNIST '
+    'tasks. Values: numbers, none, true/false, comma lists, else strings. '
+    'The options of a task: `tasks.task_options(name)`.')
 flags.DEFINE_integer('num_clients', None, 'Training clients (task default).')
 flags.DEFINE_string('partition', None, 'Partition for image tasks: iid, '
                     'dirichlet, classes_per_client, shards, small_large.')
@@ -90,7 +97,8 @@ flags.DEFINE_float('local_clip', None, 'Per-step gradient clip (FAT-Clipping '
 flags.DEFINE_float('blur_lambda', None, 'BLUR regularisation strength.')
 flags.DEFINE_float('blur_clip_norm', None, 'BLUR radius S (default: '
                    '--clip_norm when numeric).')
-flags.DEFINE_float('lus_sparsity', None, 'LUS sparsity c in [0, 1).')
+flags.DEFINE_list('lus_sparsity', None, 'LUS sparsity c in [0, 1): one value '
+                  'for every layer, or one per trainable layer (comma list).')
 flags.DEFINE_integer('eval_every', _D.eval_every,
                      'Centralized evaluation every this many rounds.')
 flags.DEFINE_string('root_output_dir', _D.root_output_dir, 'Output root.')
@@ -124,6 +132,47 @@ def _parse_optional_float(value, name):
                          f'{value!r}.') from None
 
 
+def _parse_option_value(text: str):
+  """'1.5' -> 1.5, '3' -> 3, 'none' -> None, 'true' -> True, 'a,b' -> tuple."""
+  if ',' in text:
+    return tuple(_parse_option_value(part) for part in text.split(','))
+  lowered = text.strip().lower()
+  if lowered == 'none':
+    return None
+  if lowered in ('true', 'false'):
+    return lowered == 'true'
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text.strip()
+
+
+def parse_task_options(values) -> tuple:
+  """`--task_option` values ['key=value', ...] -> ((key, value), ...)."""
+  options = []
+  for item in values:
+    key, sep, value = item.partition('=')
+    if not sep or not key.strip():
+      raise app.UsageError(f'--task_option must be key=value; got {item!r}.')
+    options.append((key.strip(), _parse_option_value(value)))
+  return tuple(options)
+
+
+def _parse_lus_sparsity(values):
+  if values is None:
+    return None
+  try:
+    parsed = tuple(float(v) for v in values)
+  except ValueError:
+    raise app.UsageError('--lus_sparsity must be numbers in [0, 1) (one, or '
+                         f'one per layer); got {",".join(values)!r}.') from None
+  if not parsed:
+    raise app.UsageError('--lus_sparsity is empty.')
+  return parsed[0] if len(parsed) == 1 else parsed
+
+
 def config_from_flags() -> training.TrainConfig:
   clip_norm = FLAGS.clip_norm
   if clip_norm != 'adaptive':
@@ -145,6 +194,7 @@ def config_from_flags() -> training.TrainConfig:
       f'_seed{FLAGS.seed}')
   return training.TrainConfig(
       task=FLAGS.task, data_source=FLAGS.data_source,
+      task_options=parse_task_options(FLAGS.task_option),
       num_clients=FLAGS.num_clients, partition=FLAGS.partition,
       partition_alpha=FLAGS.partition_alpha, bounding=FLAGS.bounding,
       clip_norm=clip_norm, initial_clip_norm=FLAGS.initial_clip_norm,
@@ -160,7 +210,7 @@ def config_from_flags() -> training.TrainConfig:
       server_momentum=FLAGS.server_momentum, local_epochs=FLAGS.local_epochs,
       local_steps=FLAGS.local_steps, batch_size=FLAGS.batch_size,
       local_clip=FLAGS.local_clip, blur_lambda=FLAGS.blur_lambda,
-      blur_clip_norm=FLAGS.blur_clip_norm, lus_sparsity=FLAGS.lus_sparsity,
+      blur_clip_norm=FLAGS.blur_clip_norm, lus_sparsity=_parse_lus_sparsity(FLAGS.lus_sparsity),
       eval_every=FLAGS.eval_every, root_output_dir=FLAGS.root_output_dir,
       experiment_name=name, seed=FLAGS.seed, executor=FLAGS.executor,
       max_concurrent_clients=FLAGS.max_concurrent_clients,
@@ -170,8 +220,13 @@ def config_from_flags() -> training.TrainConfig:
 
 
 def _format_summary(summary) -> str:
-  lines = ['', f'== {summary["experiment"]} ==',
-           f'final eval accuracy: {summary["final_eval_accuracy"]:.4f}']
+  lines = ['', f'== {summary["experiment"]} ==']
+  if 'final_objective' in summary:  # Synthetic problems have no accuracy.
+    lines.append(f'final objective ({summary["objective_name"]}): '
+                 f'{summary["final_objective"]:.6g}')
+  else:
+    lines.append(
+        f'final eval accuracy: {summary["final_eval_accuracy"]:.4f}')
   epsilon = summary['epsilon']
   if summary['noise_multiplier'] is None:
     lines.append('privacy: none (no noise; epsilon = inf)')

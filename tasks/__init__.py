@@ -30,6 +30,7 @@ from tasks.registry import describe
 from tasks.registry import describe_markdown
 from tasks.registry import get_task
 from tasks.registry import TASK_NAMES
+from tasks.registry import task_options
 from tasks.registry import TaskRow
 from tasks.sources import DataNotAvailableError
 from tasks.task import DATA_SOURCES
@@ -47,4 +48,5 @@ __all__ = [
     'describe_markdown',
     'get_task',
     'partition_labels',
+    'task_options',
 ]

@@ -34,6 +34,7 @@ __all__ = [
     'describe',
     'describe_markdown',
     'get_task',
+    'task_options',
 ]
 
 DEFAULT_TASK = 'digits'
@@ -183,14 +184,23 @@ def _check_optional_positive_int(value, name: str):
   return int(value)
 
 
-def _check_options(spec: _TaskSpec, options: dict):
-  builder = spec.builder
+def task_options(name: str) -> tuple[str, ...]:
+  """The options task `name` accepts (`get_task(name, **options)`).
+
+  E.g. ('dimension', 'noise', 'tail_index', 'noise_scale', ...) for
+  'fat_tailed_quadratic', ('offline_data',) for the EMNIST tasks. The
+  training program takes them as `--task_option=key=value`.
+  """
+  builder = _spec(name).builder
   bound = builder.keywords if isinstance(builder, functools.partial) else {}
   target = builder.func if isinstance(builder, functools.partial) else builder
-  accepted = [
+  return tuple(
       p.name for p in inspect.signature(target).parameters.values()
-      if p.kind == inspect.Parameter.KEYWORD_ONLY and p.name not in bound
-  ]
+      if p.kind == inspect.Parameter.KEYWORD_ONLY and p.name not in bound)
+
+
+def _check_options(spec: _TaskSpec, options: dict):
+  accepted = list(task_options(spec.name))
   unknown = sorted(set(options) - set(accepted))
   if unknown:
     raise TypeError(

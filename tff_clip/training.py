@@ -74,6 +74,9 @@ class TrainConfig:
   """Everything a run depends on (the flags of `scripts.train`)."""
   task: str = 'digits'
   data_source: str = 'offline'
+  # The task's own options (`tasks.task_options(task)`) as (key, value) pairs,
+  # e.g. (('noise', 'student_t'), ('tail_index', 1.5)); `--task_option`.
+  task_options: tuple = ()
   num_clients: Optional[int] = None
   partition: Optional[str] = None
   partition_alpha: Optional[float] = None
@@ -100,7 +103,8 @@ class TrainConfig:
   local_clip: Optional[float] = None
   blur_lambda: Optional[float] = None
   blur_clip_norm: Optional[float] = None
-  lus_sparsity: Optional[float] = None
+  # One c for every layer, or a tuple with one per trainable layer (seed 004).
+  lus_sparsity: Optional[Union[float, tuple]] = None
   eval_every: int = 5
   root_output_dir: str = 'runs'
   experiment_name: str = 'default'
@@ -124,6 +128,11 @@ class TrainConfig:
   def to_json(self) -> dict[str, Any]:
     out = dataclasses.asdict(self)
     out['workers'] = list(self.workers)
+    out['task_options'] = {key: (list(value) if isinstance(value, tuple)
+                                 else value)
+                           for key, value in self.task_options}
+    if isinstance(self.lus_sparsity, tuple):
+      out['lus_sparsity'] = list(self.lus_sparsity)
     return out
 
   def identity(self) -> dict[str, Any]:
@@ -219,9 +228,15 @@ def validate(config: TrainConfig) -> None:
       raise ConfigError(
           f'`blur_lambda` ({config.blur_lambda}) must be below 1 / '
           f'client_learning_rate ({1 / config.client_learning_rate:g}).')
-  if config.lus_sparsity is not None and not 0.0 <= config.lus_sparsity < 1.0:
-    raise ConfigError('`lus_sparsity` must be in [0, 1); got '
-                      f'{config.lus_sparsity!r}.')
+  if config.lus_sparsity is not None:
+    values = (config.lus_sparsity if isinstance(config.lus_sparsity, tuple)
+              else (config.lus_sparsity,))
+    if not values or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and
+        0.0 <= v < 1.0 for v in values):
+      raise ConfigError('`lus_sparsity` must be in [0, 1) (one value, or one '
+                        f'per trainable layer); got {config.lus_sparsity!r}.')
+  _validate_task_options(config)
   _positive(config.eval_every, 'eval_every', int)
   _positive(config.checkpoint_every, 'checkpoint_every', int)
   _positive(config.max_concurrent_clients, 'max_concurrent_clients', int,
@@ -235,6 +250,28 @@ def validate(config: TrainConfig) -> None:
   if not config.experiment_name or os.sep in config.experiment_name:
     raise ConfigError('`experiment_name` must be a non-empty name without '
                       f'{os.sep!r}; got {config.experiment_name!r}.')
+
+
+def _validate_task_options(config: TrainConfig) -> None:
+  if not config.task_options:
+    return  # `tasks` imports TFF: keep `validate` instant without options.
+  import tasks  # pylint: disable=g-import-not-at-top
+  try:
+    accepted = tasks.task_options(config.task)
+  except ValueError as e:
+    raise ConfigError(f'`task`: {e}') from None
+  keys = [pair[0] if isinstance(pair, tuple) and len(pair) == 2 else None
+          for pair in config.task_options]
+  if None in keys:
+    raise ConfigError('`task_option` must be key=value pairs; got '
+                      f'{config.task_options!r}.')
+  for key in keys:
+    if keys.count(key) > 1:
+      raise ConfigError(f'`task_option` {key!r} is given twice.')
+    if key not in accepted:
+      raise ConfigError(
+          f'`task_option` {key!r} is not an option of task {config.task!r}; '
+          f'its options are: {", ".join(accepted) or "none"}.')
 
 
 def prepare_output_dir(config: TrainConfig) -> bool:
@@ -317,12 +354,18 @@ def build_task(config: TrainConfig):
   # The task's own shuffle is off: the training loop shuffles every client's
   # data with a seed of (seed, round, client), so a resumed run sees the
   # same order as an uninterrupted one.
-  return tasks.get_task(
-      config.task, data_source=config.data_source,
-      num_clients=config.num_clients, partition=config.partition,
-      partition_alpha=config.partition_alpha, seed=config.seed,
-      train_batch_size=config.batch_size, local_epochs=config.local_epochs,
-      shuffle_buffer_size=1, cache_dir=config.cache_dir)
+  try:
+    return tasks.get_task(
+        config.task, data_source=config.data_source,
+        num_clients=config.num_clients, partition=config.partition,
+        partition_alpha=config.partition_alpha, seed=config.seed,
+        train_batch_size=config.batch_size, local_epochs=config.local_epochs,
+        shuffle_buffer_size=1, cache_dir=config.cache_dir,
+        **dict(config.task_options))
+  except (TypeError, ValueError) as e:
+    if not config.task_options:
+      raise
+    raise ConfigError(f'`task_option` (task {config.task!r}): {e}') from e
 
 
 def _client_optimizer(config):
@@ -412,11 +455,15 @@ def initial_model_weights(task, seed: int):
 
 def _client_dataset(task, client_id, config, round_num):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  dataset = task.datasets.train_data.create_tf_dataset_for_client(client_id)
   # crc32, not hash(): str hashes are salted per process.
   seed = int(np.random.default_rng(
       [config.seed, round_num, zlib.crc32(str(client_id).encode())]
   ).integers(2**31))
+  if getattr(task, 'round_train_data', None) is not None:
+    # Samples drawn afresh every round (seed 001's fat-tailed noise).
+    dataset = task.round_train_data(client_id, seed)
+  else:
+    dataset = task.datasets.train_data.create_tf_dataset_for_client(client_id)
   dataset = dataset.shuffle(1000, seed=seed, reshuffle_each_iteration=True)
   preprocess = task.datasets.train_preprocess_fn
   if preprocess is not None:
@@ -608,21 +655,32 @@ def run(config: TrainConfig) -> dict[str, Any]:
       _atomic_write_json(os.path.join(out, 'ledger.json'),
                          _ledger_report(ledger, config, noise_multiplier))
     if progress is None:
+      measure = (f'{task.problem.report_name}={row["objective"]:.6g} '
+                 if task.problem is not None else
+                 f'eval_accuracy={row["eval_accuracy"]:.4f} ')
       print(f'round {round_num}/{config.rounds} loss={row["train_loss"]:.4f} '
-            f'eval_accuracy={row["eval_accuracy"]:.4f} '
+            f'{measure}'
             f'clip_norm={row["clip_norm"]:.4g} epsilon={epsilon:.4g}',
             flush=True)
     else:
       progress.update(1)
-      progress.set_postfix(collections.OrderedDict(
-          loss=f'{row["train_loss"]:.3f}',
-          acc=f'{last_eval.get("eval_accuracy", math.nan):.3f}',
-          clip=f'{row["clip_norm"]:.3g}', eps=f'{epsilon:.3g}'))
+      postfix = collections.OrderedDict(loss=f'{row["train_loss"]:.3f}')
+      if task.problem is not None:  # Synthetic problems: no accuracy.
+        postfix[task.problem.report_name] = f'{row["objective"]:.4g}'
+      else:
+        postfix['acc'] = f'{last_eval.get("eval_accuracy", math.nan):.3f}'
+      postfix.update(clip=f'{row["clip_norm"]:.3g}', eps=f'{epsilon:.3g}')
+      progress.set_postfix(postfix)
   if progress is not None:
     progress.close()
 
   summary = _summary(config, ledger, noise_multiplier, last_eval,
                      len(client_ids))
+  if task.problem is not None:
+    # The synthetic problems' measure of progress (f(w) - f(w*), ||x||^2).
+    summary['objective_name'] = task.problem.report_name
+    summary['final_objective'] = float(task.problem.report(
+        process.get_model_weights(state).trainable))
   _atomic_write_json(os.path.join(out, 'summary.json'), summary)
   _atomic_write_json(os.path.join(out, 'ledger.json'),
                      _ledger_report(ledger, config, noise_multiplier))
