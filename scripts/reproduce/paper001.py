@@ -34,7 +34,7 @@ CLIP = 1.0  # lambda
 
 def _settings(quick):
   if quick:
-    return dict(seeds=[0], rounds=6, alphas=(1.0,), fig5=False)
+    return dict(seeds=[0], rounds=4, alphas=(1.0,), fig5=False)
   return dict(seeds=[0, 1, 2], rounds=40, alphas=(0.5, 1.0, 1.5), fig5=True)
 
 
