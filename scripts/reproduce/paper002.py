@@ -91,7 +91,7 @@ ARMS = (
 
 def training_claims(report, quick, output_dir):
   seeds = [0] if quick else [0, 1, 2]
-  rounds = 2 if quick else 30
+  rounds = 2 if quick else 20
   arms = ARMS[:2] if quick else ARMS
   base = dict(task='digits', num_clients=100, partition='dirichlet',
               partition_alpha=0.5, clip_norm=1.0, noise_multiplier=1.0,

@@ -41,7 +41,7 @@ PAPER_ROUNDS = 500
 def _settings(quick):
   if quick:
     return dict(rounds=2, clip_norms=(40.0,), seeds=[0], num_clients=10)
-  return dict(rounds=30, clip_norms=(40.0, 100.0), seeds=[0, 1],
+  return dict(rounds=20, clip_norms=(40.0, 100.0), seeds=[0, 1],
               num_clients=100)
 
 
