@@ -79,7 +79,9 @@ def fmt(value, digits: int = 4) -> str:
 
 def format_table(headers: Sequence[str], rows) -> str:
   """A markdown table (also readable as plain text)."""
-  cells = [[fmt(c) for c in row] for row in rows]
+  # Pipes inside cells (|x|, ||u||) are escaped so the markdown table holds.
+  cells = [[fmt(c).replace('|', '\\|') for c in row] for row in rows]
+  headers = [h.replace('|', '\\|') for h in headers]
   widths = [max([len(h)] + [len(r[i]) for r in cells])
             for i, h in enumerate(headers)]
   line = lambda items: '| ' + ' | '.join(
