@@ -58,7 +58,10 @@ def define_flags():
     choices = field.metadata.get('choices')
     if choices:
       help_text += f' One of: {", ".join(choices)}.'
-    if kind is bool:
+    name = field.metadata.get('flag') or field.name
+    if field.name == 'task_options':
+      flags.DEFINE_multi_string(name, [], help_text)
+    elif kind is bool:
       flags.DEFINE_bool(field.name, field.default, help_text)
     elif kind is tuple:
       flags.DEFINE_list(field.name, list(field.default), help_text)
@@ -74,8 +77,12 @@ def config_from_flags() -> config_lib.TrainConfig:
   """The configuration the flags describe; `ConfigError` names a bad flag."""
   values = {}
   for field, kind in config_lib.fields():
-    value = FLAGS[field.name].value
-    if kind is tuple:
+    value = FLAGS[field.metadata.get('flag') or field.name].value
+    if field.name == 'task_options':
+      value = config_lib.parse_task_options(value)
+    elif field.name == 'lus_sparsity':
+      value = config_lib.parse_lus_sparsity(value)
+    elif kind is tuple:
       value = tuple(value)
     elif kind is not bool:
       try:
@@ -101,7 +108,8 @@ def _describe(kind) -> str:
 def _format_summary(summary) -> str:
   lines = ['', f'== {summary["experiment"]} ==']
   if summary.get('final_objective') is not None:
-    lines.append(f'final objective: {summary["final_objective"]:.6g}')
+    lines.append(f'final objective ({summary["objective_name"]}): '
+                 f'{summary["final_objective"]:.6g}')
   if summary.get('final_eval_accuracy') is not None:
     lines.append(
         f'final eval accuracy: {summary["final_eval_accuracy"]:.4f}')

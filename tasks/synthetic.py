@@ -15,7 +15,12 @@ it like any other task. `task.problem` is the exact problem in numpy: its
     Reported: f(w) - f(w*), with w* solving (sum_i Q_i) w* = sum_i Q_i w_i*.
   * `fat_tailed_quadratic` -- Yang et al. (seed 001), Sec. 5.1:
     f(x, xi) = 1/2 ||x||^2 + <xi, x>, xi Cauchy, Student-t (nu = tail index)
-    or symmetric alpha-stable, m = 5 clients. Reported: ||x||^2.
+    or symmetric alpha-stable, m = 5 clients. Every round draws fresh noise
+    for every local step (`task.round_train_data`), so the problem trained
+    is the paper's expectation E_xi f(x, xi) = 1/2 ||x||^2 with optimum
+    x* = 0 -- not a finite sum over reused samples, whose optimum -mean(xi)
+    is itself Cauchy-distributed however many samples are drawn.
+    Reported: ||x||^2 = ||x - x*||^2.
   * `claim21_quadratic` -- Zhang et al. (seed 000), Claim 2.1 / App. A.3.1:
     f(x) = sum_{i=1..3} 1/2 (x - b_i)^2, b = (-c/2, -c/2, k c), x* = (k-1)c/3,
     where FedAvg with *model* clipping at c cannot reach x* when k > 4.
@@ -346,22 +351,64 @@ def build_fat_tailed_quadratic(args: task_lib.BuildArgs, *,
                                noise_scale: float = 1.0,
                                examples_per_client: int = 100,
                                initial_weights=None) -> task_lib.Task:
-  """Yang et al. (seed 001) Sec. 5.1: f(x, xi) = 1/2 ||x||^2 + <xi, x>."""
+  """Yang et al. (seed 001) Sec. 5.1: f(x, xi) = 1/2 ||x||^2 + <xi, x>.
+
+  Each client holds `examples_per_client` noise vectors per round (one per
+  example: with batch size B, examples_per_client / B local steps). The
+  training loop takes them from `task.round_train_data(client_id, seed)`,
+  which draws them afresh from `seed` (the loop's seed of (run seed, round,
+  client)), so no sample is reused across rounds: the paper's fresh
+  stochastic gradient at every local step. `task.datasets.train_data` is one
+  such draw (round seed = the task seed), for code that reads ClientData
+  directly.
+
+  Args:
+    args: the checked `get_task` arguments (`num_clients` is m, default 5).
+    dimension: d, the dimension of x (default 10).
+    noise: 'cauchy', 'student_t' or 'stable' (`NOISE_DISTRIBUTIONS`).
+    tail_index: Student-t's nu or the stable law's alpha (Fig. 5's alpha);
+      Cauchy's is 1.
+    noise_scale: multiplies every noise sample.
+    examples_per_client: noise vectors per client and round.
+    initial_weights: x_0 (default: all ones).
+
+  Returns:
+    The task, with `problem` (optimum 0, `report` = ||x||^2) and
+    `round_train_data`.
+  """
   num_clients = _check_num_clients(args, 5)
   if dimension < 1 or examples_per_client < 1:
     raise ValueError(f'`dimension` and `examples_per_client` must be '
                      f'positive; got {dimension} and {examples_per_client}.')
-  rng = np.random.default_rng(args.seed)
-  samples = sample_noise(noise, tail_index,
-                         (num_clients, examples_per_client, dimension), rng,
-                         noise_scale).astype(np.float32)
+  if not (isinstance(noise_scale, (int, float)) and noise_scale > 0):
+    raise ValueError(f'`noise_scale` must be a positive number; got '
+                     f'{noise_scale!r}.')
+  # Checks `noise` and `tail_index` before anything is built.
+  sample_noise(noise, tail_index, 1, np.random.default_rng(0))
+
+  def draw(client: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, client])
+    return sample_noise(noise, tail_index, (examples_per_client, dimension),
+                        rng, noise_scale).astype(np.float32)
+
+  samples = np.stack([draw(k, args.seed) for k in range(num_clients)])
   problem = NoisyQuadraticProblem(
       dimension, name='fat_tailed_quadratic',
       reference='Yang et al., Sec. 5.1 (seed 001)')
   width = len(str(num_clients - 1))
+  client_ids = [str(k).zfill(width) for k in range(num_clients)]
   train = tff.simulation.datasets.TestClientData({
-      str(k).zfill(width): collections.OrderedDict(noise=samples[k])
-      for k in range(num_clients)})
+      cid: collections.OrderedDict(noise=samples[k])
+      for k, cid in enumerate(client_ids)})
+  client_index = {cid: k for k, cid in enumerate(client_ids)}
+
+  def round_train_data(client_id: str, seed: int) -> tf.data.Dataset:
+    if client_id not in client_index:
+      raise ValueError(f'Unknown client {client_id!r}; clients are '
+                       f'{client_ids}.')
+    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+        noise=draw(client_index[client_id], int(seed))))
+
   spec = args.train_client_spec
   if spec.shuffle_buffer_size is None:
     spec = tff.simulation.baselines.ClientSpec(
@@ -395,5 +442,5 @@ def build_fat_tailed_quadratic(args: task_lib.BuildArgs, *,
       data_source=args.data_source,
       model_description=f'1/2||x||^2 + <xi, x>, x in R^{dimension}',
       data_description=(f'{num_clients} clients x {examples_per_client} '
-                        f'{law} noise vectors'),
-      problem=problem)
+                        f'fresh {law} noise vectors per round'),
+      problem=problem, round_train_data=round_train_data)

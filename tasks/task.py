@@ -57,12 +57,19 @@ class Task(tff.simulation.baselines.BaselineTask):
       `tasks.synthetic`): `problem.optimum`, `problem.objective(weights)`,
       `problem.excess_loss(weights)`, `problem.report(weights)`. `None` for
       learning tasks.
+    round_train_data: for problems whose samples are drawn afresh every
+      round (seed 001's fat-tailed noise), `round_train_data(client_id,
+      seed)` is that client's raw data for one round, a function of `seed`
+      alone; the training loop calls it with its (seed, round, client) seed
+      instead of `datasets.train_data.create_tf_dataset_for_client`. `None`:
+      the data is fixed.
   """
   name: str = attrs.field(kw_only=True)
   data_source: str = attrs.field(kw_only=True)
   model_description: str = attrs.field(kw_only=True)
   data_description: str = attrs.field(kw_only=True)
   problem: Optional[Any] = attrs.field(default=None, kw_only=True)
+  round_train_data: Optional[Any] = attrs.field(default=None, kw_only=True)
 
   @property
   def num_clients(self) -> int:

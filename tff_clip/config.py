@@ -42,9 +42,50 @@ class ConfigError(ValueError):
   """A configuration that cannot run; raised before anything is written."""
 
 
-def _field(default, help_text: str, choices=None):
+def _field(default, help_text: str, choices=None, flag=None):
+  """A field and its flag (named `flag`, default: the field's name)."""
   return dataclasses.field(default=default, metadata=dict(
-      help=help_text, choices=choices))
+      help=help_text, choices=choices, flag=flag))
+
+
+def _option_value(text: str):
+  """'1.5' -> 1.5, '3' -> 3, 'none' -> None, 'true' -> True, 'a,b' -> tuple."""
+  if ',' in text:
+    return tuple(_option_value(part) for part in text.split(','))
+  lowered = text.strip().lower()
+  if lowered == 'none':
+    return None
+  if lowered in ('true', 'false'):
+    return lowered == 'true'
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text.strip()
+
+
+def parse_task_options(values) -> tuple:
+  """`--task_option` values ['key=value', ...] -> ((key, value), ...)."""
+  options = []
+  for item in values:
+    key, sep, value = item.partition('=')
+    if not sep or not key.strip():
+      raise ConfigError(f'--task_option must be key=value; got {item!r}.')
+    options.append((key.strip(), _option_value(value)))
+  return tuple(options)
+
+
+def parse_lus_sparsity(text):
+  """'0.7' -> 0.7; '0.5,0.7,0.9' -> (0.5, 0.7, 0.9) (one per layer)."""
+  if text is None or str(text).strip().lower() in ('', 'none'):
+    return None
+  try:
+    values = tuple(float(v) for v in str(text).split(','))
+  except ValueError:
+    raise ConfigError('--lus_sparsity must be numbers in [0, 1) (one, or one '
+                      f'per layer, comma-separated); got {text!r}.') from None
+  return values[0] if len(values) == 1 else values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +97,13 @@ class TrainConfig:
       'offline', 'offline: no network (digits, tinyshakespeare, generated); '
       'online: the real data set, downloaded once into --cache_dir; '
       "synthetic: TFF's get_synthetic().", DATA_SOURCES)
+  task_options: tuple = _field(
+      (), 'A task option as key=value (repeat the flag for several), e.g. '
+      '--task_option=noise=student_t --task_option=tail_index=1.5 for '
+      'fat_tailed_quadratic, --task_option=offline_data=mnist (real 28x28 '
+      'MNIST) for the EMNIST tasks. Values: numbers, none, true/false, comma '
+      'lists, else strings. A task\'s options: tasks.task_options(name).',
+      flag='task_option')
   num_clients: Optional[int] = _field(None, 'Training clients (task default).')
   partition: Optional[str] = _field(
       None, 'Partition for image tasks (iid, dirichlet, classes_per_client, '
@@ -122,7 +170,9 @@ class TrainConfig:
   blur_lambda: Optional[float] = _field(None, 'BLUR regularisation strength.')
   blur_clip_norm: Optional[float] = _field(
       None, 'BLUR radius S (default: --clip_norm when numeric).')
-  lus_sparsity: Optional[float] = _field(None, 'LUS sparsity c in [0, 1).')
+  lus_sparsity: Union[float, tuple, None] = _field(
+      None, 'LUS sparsity c in [0, 1): one value for every layer, or one per '
+      'trainable layer (comma list).')
   eval_every: int = _field(5, 'Centralized evaluation every this many rounds.')
   # Outputs and execution.
   root_output_dir: str = _field('runs', 'Output root.')
@@ -175,6 +225,11 @@ class TrainConfig:
   def to_json(self) -> dict[str, Any]:
     out = dataclasses.asdict(self)
     out['workers'] = list(self.workers)
+    out['task_options'] = {key: (list(value) if isinstance(value, tuple)
+                                 else value)
+                           for key, value in self.task_options}
+    if isinstance(self.lus_sparsity, tuple):
+      out['lus_sparsity'] = list(self.lus_sparsity)
     return out
 
   def identity(self) -> dict[str, Any]:
@@ -296,9 +351,14 @@ def _check_training(config):
       raise ConfigError(
           f'--blur_lambda ({config.blur_lambda}) must be below 1 / '
           f'client_learning_rate ({1 / config.client_learning_rate:g}).')
-  if config.lus_sparsity is not None and not 0.0 <= config.lus_sparsity < 1.0:
-    raise ConfigError('--lus_sparsity must be in [0, 1); got '
-                      f'{config.lus_sparsity!r}.')
+  if config.lus_sparsity is not None:
+    values = (config.lus_sparsity if isinstance(config.lus_sparsity, tuple)
+              else (config.lus_sparsity,))
+    if not values or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and
+        0.0 <= v < 1.0 for v in values):
+      raise ConfigError('--lus_sparsity must be in [0, 1) (one value, or one '
+                        f'per trainable layer); got {config.lus_sparsity!r}.')
   _positive(config.eval_every, 'eval_every', int)
   _positive(config.checkpoint_every, 'checkpoint_every', int)
   if not (isinstance(config.checkpoint_interval_s, (int, float)) and
@@ -318,10 +378,30 @@ def _check_task(config):
                         f'({", ".join(task_names.PARTITIONABLE)}); '
                         f'{config.task!r} has its own clients.')
     _one_of(config.partition, 'partition', task_names.PARTITION_NAMES)
+  _check_task_options(config)
   sources = task_names.DATA_SOURCES[config.task]
   if config.data_source not in sources:
     raise ConfigError(f'--data_source for {config.task!r} must be one of '
                       f'{", ".join(sources)}; got {config.data_source!r}.')
+
+
+def _check_task_options(config):
+  if not config.task_options:
+    return  # `tasks.registry` imports TFF: only when options are given.
+  keys = [pair[0] if isinstance(pair, tuple) and len(pair) == 2 else None
+          for pair in config.task_options]
+  if None in keys:
+    raise ConfigError('--task_option must be key=value pairs; got '
+                      f'{config.task_options!r}.')
+  import tasks  # pylint: disable=g-import-not-at-top
+  accepted = tasks.task_options(config.task)
+  for key in keys:
+    if keys.count(key) > 1:
+      raise ConfigError(f'--task_option {key!r} is given twice.')
+    if key not in accepted:
+      raise ConfigError(
+          f'--task_option {key!r} is not an option of task {config.task!r}; '
+          f'its options are: {", ".join(accepted) or "none"}.')
 
 
 def _check_execution(config):

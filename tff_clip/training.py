@@ -202,12 +202,18 @@ def build_task(config: TrainConfig):
   # The task's own shuffle is off: the training loop shuffles every client's
   # data with a seed of (seed, round, client), so a resumed run sees the
   # same order as an uninterrupted one.
-  return tasks.get_task(
-      config.task, data_source=config.data_source,
-      num_clients=config.num_clients, partition=config.partition,
-      partition_alpha=config.partition_alpha, seed=config.seed,
-      train_batch_size=config.batch_size, local_epochs=config.local_epochs,
-      shuffle_buffer_size=1, cache_dir=config.cache_dir)
+  try:
+    return tasks.get_task(
+        config.task, data_source=config.data_source,
+        num_clients=config.num_clients, partition=config.partition,
+        partition_alpha=config.partition_alpha, seed=config.seed,
+        train_batch_size=config.batch_size, local_epochs=config.local_epochs,
+        shuffle_buffer_size=1, cache_dir=config.cache_dir,
+        **dict(config.task_options))
+  except (TypeError, ValueError) as e:
+    if not config.task_options:
+      raise
+    raise ConfigError(f'--task_option (task {config.task!r}): {e}') from e
 
 
 def _client_optimizer(config):
@@ -317,11 +323,15 @@ def initial_model_weights(task, seed: int):
 
 def _client_dataset(task, client_id, config, round_num):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  dataset = task.datasets.train_data.create_tf_dataset_for_client(client_id)
   # crc32, not hash(): str hashes are salted per process.
   seed = int(np.random.default_rng(
       [config.seed, round_num, zlib.crc32(str(client_id).encode())]
   ).integers(2**31))
+  if getattr(task, 'round_train_data', None) is not None:
+    # Samples drawn afresh every round (seed 001's fat-tailed noise).
+    dataset = task.round_train_data(client_id, seed)
+  else:
+    dataset = task.datasets.train_data.create_tf_dataset_for_client(client_id)
   dataset = dataset.shuffle(1000, seed=seed, reshuffle_each_iteration=True)
   preprocess = task.datasets.train_preprocess_fn
   if preprocess is not None:
@@ -714,6 +724,8 @@ def _summary(config, session, ledger, last_eval, last_row):
       final_eval_accuracy=last_eval.get('eval_accuracy', math.nan),
       final_eval_loss=last_eval.get('eval_loss', math.nan))
   if 'objective' in last_row:
+    # The synthetic problems' measure of progress (f(w) - f(w*), ||x||^2).
+    summary['objective_name'] = session.task.problem.report_name
     summary['final_objective'] = last_row['objective']
   if session.private:
     summary['epsilon'] = ledger.epsilon(config.delta) if len(ledger) else 0.0
