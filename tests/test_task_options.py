@@ -16,14 +16,14 @@ import sys
 import pytest
 
 import tasks
-from scripts import train
+from tff_clip import config as config_lib
 from tff_clip import training
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_task_option_values_are_parsed_by_one_rule():
-  assert train.parse_task_options(
+  assert config_lib.parse_task_options(
       ['noise=student_t', 'tail_index=1.5', 'dimension=3',
        'initial_weights=1,2.5,-3', 'text_path=none', 'flag=true']) == (
            ('noise', 'student_t'), ('tail_index', 1.5), ('dimension', 3),
@@ -32,8 +32,8 @@ def test_task_option_values_are_parsed_by_one_rule():
 
 
 def test_task_option_without_equals_is_a_usage_error():
-  with pytest.raises(train.app.UsageError, match='--task_option'):
-    train.parse_task_options(['tail_index'])
+  with pytest.raises(config_lib.ConfigError, match='--task_option'):
+    config_lib.parse_task_options(['tail_index'])
 
 
 def test_task_options_are_the_builders_keyword_options():
@@ -45,7 +45,7 @@ def test_task_options_are_the_builders_keyword_options():
 
 
 @pytest.mark.parametrize('options,message', [
-    ((('tail', 1.5),), "`task_option` 'tail' is not an option of task "
+    ((('tail', 1.5),), "--task_option 'tail' is not an option of task "
                        "'fat_tailed_quadratic'; its options are: dimension"),
     ((('noise', 'cauchy'), ('noise', 'stable')), "'noise' is given twice"),
 ])
@@ -59,7 +59,7 @@ def test_unknown_or_repeated_task_option_is_rejected_naming_the_flag(
 
 @pytest.mark.parametrize('sparsity', [(0.5, 1.0), (-0.1,), 1.0, ()])
 def test_lus_sparsity_outside_unit_interval_is_rejected(sparsity):
-  with pytest.raises(training.ConfigError, match='`lus_sparsity`'):
+  with pytest.raises(training.ConfigError, match='--lus_sparsity'):
     training.validate(training.TrainConfig(lus_sparsity=sparsity))
 
 
