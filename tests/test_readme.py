@@ -38,6 +38,7 @@ SMOKE_OVERRIDES = {
                                 '--clients_per_round=2', '--dp=on'],
     'scripts.benchmark_utility': ['--quick'],
     'scripts.audit_table': ['--noise_multipliers=1'],
+    'scripts.reproduce': ['--quick'],
 }
 # Extra train flags given to each sweep cell for the smoke run.
 SWEEP_TRAIN_OVERRIDES = ['--rounds=1', '--clients_per_round=2',
@@ -154,6 +155,8 @@ def test_every_readme_command_runs_at_smoke_size(command, tmp_path):
   if module in ('scripts.train', 'scripts.sweep', 'scripts.audit_table',
                 'scripts.benchmark_utility'):
     overrides.append(f'--root_output_dir={tmp_path}')
+  if module == 'scripts.reproduce':
+    overrides.append(f'--output_dir={tmp_path}')
   if '--' in args:  # sweep, audit_table: their flags, then train's.
     split = args.index('--')
     args = (args[:split] + overrides + ['--'] + args[split + 1:] +
