@@ -142,6 +142,14 @@ def test_default_factory_is_weighted_and_unweighted():
   assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
 
 
+def test_create_leaves_the_factory_unchanged():
+  factory = aggregators.clip_factory(1.0)
+  before = dict(vars(factory))
+  factory.create(VALUE_TYPE, WEIGHT_TYPE)
+  factory.create(VALUE_TYPE)
+  assert vars(factory) == before
+
+
 def test_inner_factory_sets_weightedness():
   weighted = aggregators.clip_factory(1.0, tff.aggregators.MeanFactory())
   unweighted = aggregators.clip_factory(1.0, tff.aggregators.SumFactory())
