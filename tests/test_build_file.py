@@ -261,3 +261,22 @@ def test_pyproject_declares_every_third_party_import_of_tff_clip():
       if not dists & declared:
         undeclared.add(f'{name} ({path}: {sorted(dists)})')
   assert not undeclared, sorted(undeclared)
+
+
+def _expected_deps(path):
+  """The deps labels (as seen from `path`'s own BUILD package) `path` needs."""
+  package = 'tasks' if path.startswith('tasks/') else ''
+  owners = set()
+  for module in _referenced_files(path):
+    owners.update(OWNERS.get(module, [('?', module)]))
+  if re.fullmatch(r'tests/test_\w+\.py', path):
+    owners.update(OWNERS[CONFTEST])
+  owners -= set(OWNERS.get(path, []))
+  return sorted(f':{n}' if p == package else f'//{p}:{n}' for p, n in owners)
+
+
+if __name__ == '__main__':
+  # `python tests/test_build_file.py tff_clip/new_module.py ...` prints the
+  # deps each file's target needs ('//?:file' marks a module without target).
+  for argument in sys.argv[1:]:
+    print(argument, _expected_deps(argument))
