@@ -36,15 +36,39 @@ FACTORIES = {
 }
 
 
+_FLOAT32_UNIT_ROUNDOFF = 2.0**-24
+# Every bound aims a hair below its norm so that the rounded result never
+# exceeds it (bounding.rounding_margins: 8 u + 2 u + 1e-9 relative in float32),
+# so a scaled entry may sit up to that much below its exact value.
+_BOUND_MARGIN = 10 * _FLOAT32_UNIT_ROUNDOFF + 1e-9
+# The (weighted) mean of non-negative entries over three clients: at most
+# three products, two additions and one division, each rounded in float32 (u
+# relative each), plus the per-layer budget C / sqrt(2) and the bound's factor
+# (two more roundings): 8 u.
+_MEAN_RTOL = _BOUND_MARGIN + 8 * _FLOAT32_UNIT_ROUNDOFF
+
+_R = 1 / math.sqrt(2)  # The uniform per-layer budget C_h = C / sqrt(H), C = 1.
+# The bounded clients written out by hand (C = 1). Client 0 (kernel norm 4,
+# bias norm 3, global norm 5) is scaled by 1/5 globally, or each layer to
+# 1/sqrt(2) per layer. Client 1 (kernel norm 0.5 < 1/sqrt(2), bias 0) is left
+# alone by clipping; normalizing scales it to norm 1 (global: x2) or its
+# kernel to 1/sqrt(2) (its zero bias stays zero). Client 2 (NaN) is zeroed.
+_ZERO = _update([[0.0, 0.0], [0.0, 0.0]], [0.0, 0.0])
+_EXPECTED_BOUNDED = {
+    'clip': [_update([[0.8, 0.0], [0.0, 0.0]], [0.6, 0.0]),
+             CLIENTS[1], _ZERO],
+    'normalize': [_update([[0.8, 0.0], [0.0, 0.0]], [0.6, 0.0]),
+                  _update([[0.6, 0.0], [0.0, 0.8]], [0.0, 0.0]), _ZERO],
+    'per_layer_clip': [_update([[_R, 0.0], [0.0, 0.0]], [_R, 0.0]),
+                       CLIENTS[1], _ZERO],
+    'per_layer_normalize': [
+        _update([[_R, 0.0], [0.0, 0.0]], [_R, 0.0]),
+        _update([[0.6 * _R, 0.0], [0.0, 0.8 * _R]], [0.0, 0.0]), _ZERO],
+}
+
+
 def _expected_bounded(method):
-  budgets = bounding.layer_budgets(VALUE_TYPE, 1.0, 'uniform')
-  out = []
-  for client in CLIENTS:
-    result = bounding.bound(
-        {k: tf.constant(v) for k, v in client.items()}, method, clip_norm=1.0,
-        budgets=budgets)
-    out.append({k: np.asarray(v) for k, v in result.value.items()})
-  return out
+  return _EXPECTED_BOUNDED[method]
 
 
 @pytest.fixture(scope='module', params=list(FACTORIES))
@@ -68,7 +92,7 @@ def test_unweighted_result_is_mean_of_bounded_updates(unweighted):
   for key in ('kernel', 'bias'):
     np.testing.assert_allclose(
         output.result[key], np.mean([e[key] for e in expected], axis=0),
-        rtol=1e-6, atol=1e-7)
+        rtol=_MEAN_RTOL, atol=0)  # Zero entries stay exactly zero.
 
 
 def test_weighted_result_is_weighted_mean_of_bounded_updates(weighted):
@@ -78,7 +102,7 @@ def test_weighted_result_is_weighted_mean_of_bounded_updates(weighted):
     np.testing.assert_allclose(
         output.result[key],
         np.average([e[key] for e in expected], axis=0, weights=weights),
-        rtol=1e-6, atol=1e-7)
+        rtol=_MEAN_RTOL, atol=0)  # Zero entries stay exactly zero.
 
 
 def test_nonfinite_client_is_zeroed_and_counted(unweighted):
@@ -118,6 +142,14 @@ def test_default_factory_is_weighted_and_unweighted():
   assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
 
 
+def test_create_leaves_the_factory_unchanged():
+  factory = aggregators.clip_factory(1.0)
+  before = dict(vars(factory))
+  factory.create(VALUE_TYPE, WEIGHT_TYPE)
+  factory.create(VALUE_TYPE)
+  assert vars(factory) == before
+
+
 def test_inner_factory_sets_weightedness():
   weighted = aggregators.clip_factory(1.0, tff.aggregators.MeanFactory())
   unweighted = aggregators.clip_factory(1.0, tff.aggregators.SumFactory())
@@ -134,7 +166,7 @@ def test_sum_inner_factory_sums_clipped_updates():
   expected = _expected_bounded('clip')[:2]
   np.testing.assert_allclose(output.result['bias'],
                              expected[0]['bias'] + expected[1]['bias'],
-                             rtol=1e-6)
+                             rtol=_MEAN_RTOL, atol=0)
 
 
 def test_adaptive_norm_from_estimation_process_moves():
@@ -151,6 +183,49 @@ def test_adaptive_norm_from_estimation_process_moves():
     norms.append(float(output.measurements['clip_norm']))
   assert norms[0] == pytest.approx(0.1)
   assert norms[2] > norms[1] > norms[0]
+
+
+def _tff_clipping_factory(clipping_norm):
+  return tff.aggregators.clipping_factory(clipping_norm,
+                                          tff.aggregators.MeanFactory())
+
+
+def test_clip_factory_agrees_with_tff_clipping_factory():
+  # TFF's own clipping (robust.py: u * min(1, C / ||u||), then the mean) is
+  # the oracle on the finite clients.
+  ours = aggregators.clip_factory(1.0).create(VALUE_TYPE, WEIGHT_TYPE)
+  tffs = _tff_clipping_factory(1.0).create(VALUE_TYPE, WEIGHT_TYPE)
+  weights = [1.0, 3.0]
+  ours_output = ours.next(ours.initialize(), CLIENTS[:2], weights)
+  tff_output = tffs.next(tffs.initialize(), CLIENTS[:2], weights)
+  for key in ('kernel', 'bias'):
+    np.testing.assert_allclose(ours_output.result[key],
+                               tff_output.result[key], rtol=_MEAN_RTOL, atol=0)
+
+
+def test_adaptive_clip_norm_follows_tff_clipping_factory():
+  # The same no-noise quantile process drives TFF's clipping_factory: both
+  # must report the same norm every round and the same mean. The norms agree
+  # to float32 rounding of the geometric update (a few u per round, 3 rounds).
+  def norm_process():
+    return tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
+        initial_estimate=0.1, target_quantile=0.5, learning_rate=0.5)
+  ours = aggregators.clip_factory(norm_process()).create(VALUE_TYPE,
+                                                        WEIGHT_TYPE)
+  tffs = _tff_clipping_factory(norm_process()).create(VALUE_TYPE, WEIGHT_TYPE)
+  ours_state, tff_state = ours.initialize(), tffs.initialize()
+  for _ in range(3):
+    ours_output = ours.next(ours_state, CLIENTS[:2], [1.0, 3.0])
+    tff_output = tffs.next(tff_state, CLIENTS[:2], [1.0, 3.0])
+    ours_state, tff_state = ours_output.state, tff_output.state
+    np.testing.assert_allclose(ours_output.measurements['clip_norm'],
+                               tff_output.measurements['clipping_norm'],
+                               rtol=16 * _FLOAT32_UNIT_ROUNDOFF)
+    for key in ('kernel', 'bias'):
+      np.testing.assert_allclose(ours_output.result[key],
+                                 tff_output.result[key],
+                                 rtol=_MEAN_RTOL + 16 * _FLOAT32_UNIT_ROUNDOFF,
+                                 atol=0)
 
 
 def test_adaptive_norm_scales_per_layer_budgets():

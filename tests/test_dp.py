@@ -228,27 +228,63 @@ def _adaptive_query(factory, structure):
           lambda x: tf.TensorSpec(x.shape, x.dtype), structure)))
 
 
-@pytest.mark.parametrize('z, tolerance', [(0.0, 0.10), (1.0, 0.25)])
-def test_adaptive_global_norm_reaches_target_quantile(z, tolerance):
+def _log_quantile_tolerance(norms, quantile, noise_multiplier,
+                            learning_rate=0.2):
+  """How far log C may sit from the log empirical quantile after convergence.
+
+  tensorflow-privacy's geometric update (Andrew et al. 2021, Eq. (2)) is
+  log C <- log C - eta (b~ - gamma), b~ = b + xi the fraction of norms <= C
+  plus count noise xi of standard deviation s = sigma_b / n, sigma_b = n / 20
+  (Andrew et al.'s choice, which dp_factory keeps at these settings). Two terms:
+  - Without noise C stops where b = gamma, i.e. between the order statistics
+    bracketing the quantile, up to one last step eta / n: the log gap between
+    x_(k-1) and x_(k+1) plus eta / n.
+  - With noise, linearising b = F(log C) around the quantile (slope f, the
+    density of log-norms there, measured from the norms) gives an AR(1) chain
+    x' = (1 - eta f) x - eta xi with stationary standard deviation
+    eta s / sqrt(1 - (1 - eta f)^2); we allow 4 of them (two-sided 6e-5).
+  """
+  log_norms = np.sort(np.log(norms))
+  n = len(log_norms)
+  k = int(quantile * n)
+  gap = log_norms[min(k + 1, n - 1)] - log_norms[max(k - 2, 0)]
+  tolerance = gap + learning_rate / n
+  if noise_multiplier > 0:
+    log_q = np.log(np.quantile(norms, quantile))
+    width = 0.1  # Density of log-norms from the fraction within +-0.1.
+    density = np.mean(np.abs(log_norms - log_q) <= width) / (2 * width)
+    s = (n / 20) / n
+    decay = 1 - learning_rate * density
+    tolerance += 4 * learning_rate * s / math.sqrt(1 - decay**2)
+  return tolerance
+
+
+@pytest.mark.parametrize('z', [0.0, 1.0])
+def test_adaptive_global_norm_reaches_target_quantile(z):
   clients = _lognormal_clients(100, {'a': 1.0, 'b': 2.0})
   factory = dp.dp_factory('clip', noise_multiplier=z, clients_per_round=100.0, clip_norm='adaptive',
                           target_quantile=0.7, noise_seed=5)
   state = _run_adaptive(_adaptive_query(factory, clients[0]), clients, 100)
   clip_norm = float(state.numerator_state.sum_state.clip_norm)
-  target = _empirical_quantile(clients, None, 0.7)
-  assert clip_norm == pytest.approx(target, rel=tolerance)
+  norms = [float(np.sqrt(sum(np.sum(np.square(x)) for x in c.values())))
+           for c in clients]
+  target = float(np.quantile(norms, 0.7))
+  assert abs(math.log(clip_norm / target)) <= _log_quantile_tolerance(
+      norms, 0.7, z)
 
 
-@pytest.mark.parametrize('z, tolerance', [(0.0, 0.10), (0.5, 0.25)])
-def test_per_layer_adaptive_norms_reach_each_layers_quantile(z, tolerance):
+@pytest.mark.parametrize('z', [0.0, 0.5])
+def test_per_layer_adaptive_norms_reach_each_layers_quantile(z):
   clients = _lognormal_clients(100, {'a': 0.5, 'b': 5.0})
   factory = dp.dp_factory('per_layer_clip', noise_multiplier=z, clients_per_round=100.0, clip_norm='adaptive',
                           per_layer_quantiles=True, noise_seed=6)
   state = _run_adaptive(_adaptive_query(factory, clients[0]), clients, 100)
   budgets = state.numerator_state.sum_state.clip_norm.numpy()
   for i, key in enumerate(['a', 'b']):
-    target = _empirical_quantile(clients, key, 0.5)
-    assert budgets[i] == pytest.approx(target, rel=tolerance)
+    norms = [float(np.linalg.norm(c[key])) for c in clients]
+    target = float(np.quantile(norms, 0.5))
+    assert abs(math.log(budgets[i] / target)) <= _log_quantile_tolerance(
+        norms, 0.5, z)
 
 
 def test_adaptive_normalize_scale_tracks_the_quantile():

@@ -140,7 +140,9 @@ class _BoundingFactoryBase:
       return constant_norm_process(self._clip_norm)
     return self._clip_norm
 
-  def _create(self, value_type, weight_type=None):
+  def _create(self, value_type, weight_type=None, inner=None):
+    """Builds the process; `inner` (default: the constructor's) takes the mean."""
+    inner = self._inner if inner is None else inner
     value_type = tff.types.to_type(value_type)
     check_value_type(value_type)
     method, per_layer = self._method, self._per_layer
@@ -214,9 +216,9 @@ class _BoundingFactoryBase:
       return out
 
     if weight_type is None:
-      inner_process = self._inner.create(value_type)
+      inner_process = inner.create(value_type)
     else:
-      inner_process = self._inner.create(value_type, weight_type)
+      inner_process = inner.create(value_type, weight_type)
 
     @tff.federated_computation()
     def init_fn():
@@ -281,11 +283,13 @@ class BoundingFactory(_BoundingFactoryBase,
     super().__init__(method, clip_norm, split, None)
 
   def create(self, value_type, weight_type=None):
+    # The mean is chosen per call, never stored: `create` leaves the factory
+    # as it was, so one factory serves weighted and unweighted calls alike.
     if weight_type is None:
-      self._inner = tff.aggregators.UnweightedMeanFactory()
+      inner = tff.aggregators.UnweightedMeanFactory()
     else:
-      self._inner = tff.aggregators.MeanFactory()
-    return self._create(value_type, weight_type)
+      inner = tff.aggregators.MeanFactory()
+    return self._create(value_type, weight_type, inner)
 
 
 class UnweightedBoundingFactory(_BoundingFactoryBase,

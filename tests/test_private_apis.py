@@ -1,0 +1,103 @@
+"""The private APIs of other libraries that the project relies on, pinned down.
+
+Each test fails loudly, naming the private API, when an upgrade of
+tensorflow-privacy or TFF renames or reshapes it. The list (found with
+`grep -rnE '\\._[a-z]' tff_clip tasks scripts` for accesses into other
+libraries) is:
+
+- tensorflow-privacy `QuantileEstimatorQuery._construct_below_estimate_query`
+  (overridden by `tff_clip.dp.CountQuantileEstimatorQuery` to seed and bound
+  the count noise; tensorflow-privacy's own subclasses use the same hook, and
+  there is no public way to choose the below-estimate query), together with
+  the attribute `_below_estimate_query` that stores its result and the fields
+  of `_SampleParams` (`current_estimate`, `below_estimate_params`) that
+  `CountQuantileEstimatorQuery.preprocess_record` reads.
+- TFF `simulation.baselines.stackoverflow.tag_prediction_tasks
+  ._build_logistic_regression_model` (used by `tasks.models`).
+- The location of TFF's C++ `worker_binary` inside its wheel
+  (`tff_clip.execution.local_worker_binary`).
+"""
+
+import inspect
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_privacy as tfp
+from tensorflow_federated.python.simulation.baselines.stackoverflow import tag_prediction_tasks
+
+from tff_clip import dp
+from tff_clip import execution
+
+
+class _SpyQuantileEstimatorQuery(tfp.QuantileEstimatorQuery):
+  """Records how tensorflow-privacy calls the hook."""
+
+  calls = []
+
+  def _construct_below_estimate_query(self, below_estimate_stddev,
+                                      expected_num_records):
+    query = tfp.NoPrivacyAverageQuery()
+    self.calls.append((below_estimate_stddev, expected_num_records, query))
+    return query
+
+
+def test_tfp_quantile_estimator_hook_keeps_its_name_and_parameters():
+  hook = getattr(tfp.QuantileEstimatorQuery,
+                 '_construct_below_estimate_query', None)
+  assert hook is not None, (
+      'tensorflow-privacy renamed QuantileEstimatorQuery.'
+      '_construct_below_estimate_query; update '
+      'tff_clip.dp.CountQuantileEstimatorQuery.')
+  assert list(inspect.signature(hook).parameters) == [
+      'self', 'below_estimate_stddev', 'expected_num_records']
+
+
+def test_tfp_quantile_estimator_builds_its_count_query_through_the_hook():
+  _SpyQuantileEstimatorQuery.calls.clear()
+  query = _SpyQuantileEstimatorQuery(
+      initial_estimate=1.0, target_quantile=0.5, learning_rate=0.2,
+      below_estimate_stddev=3.0, expected_num_records=10.0,
+      geometric_update=True)
+  ((stddev, num_records, built),) = _SpyQuantileEstimatorQuery.calls
+  assert (stddev, num_records) == (3.0, 10.0)
+  # The hook's result is stored where CountQuantileEstimatorQuery reads it.
+  assert query._below_estimate_query is built  # pylint: disable=protected-access
+  params = query.derive_sample_params(query.initial_global_state())
+  assert set(params._fields) >= {'current_estimate', 'below_estimate_params'}
+
+
+def test_count_quantile_estimator_override_is_the_query_in_use():
+  query = dp.CountQuantileEstimatorQuery(
+      initial_estimate=[1.0, 2.0], target_quantile=0.5, learning_rate=0.2,
+      below_estimate_stddev=3.0, expected_num_records=10.0, noise_seed=1)
+  below = query._below_estimate_query  # pylint: disable=protected-access
+  assert isinstance(below, tfp.NormalizedQuery)
+  # One count per layer: (norm <= C) - 1/2 for each of the two entries. The
+  # record goes through the override's bounded sum (L2 sensitivity
+  # sqrt(2)/2, which this record meets), so it is aimed a hair below the
+  # bound (bounding.rounding_margins: 10 u + 1e-9, u = 2^-24 in float32).
+  params = query.derive_sample_params(query.initial_global_state())
+  record = query.preprocess_record(params, tf.constant([0.5, 3.0]))
+  np.testing.assert_allclose(record, [0.5, -0.5],
+                             rtol=11 * 2.0**-24 + 1e-9, atol=0)
+
+
+def test_tff_logistic_regression_builder_keeps_its_name_and_parameters():
+  builder = getattr(tag_prediction_tasks, '_build_logistic_regression_model',
+                    None)
+  assert builder is not None, (
+      'TFF removed tag_prediction_tasks._build_logistic_regression_model; '
+      'update tasks.models.')
+  assert list(inspect.signature(builder).parameters) == [
+      'input_size', 'output_size']
+  model = builder(input_size=5, output_size=3)
+  assert model.output_shape == (None, 3)
+
+
+def test_tff_wheel_ships_the_worker_binary_where_execution_looks():
+  try:
+    path = execution.local_worker_binary()
+  except RuntimeError as e:
+    pytest.fail(f'TFF moved its worker binary: {e}')
+  assert path.endswith('worker_binary')
