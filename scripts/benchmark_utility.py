@@ -19,6 +19,7 @@ seeds, epsilon, seconds per run) and saves `utility.csv`, `utility.md` and
 
 import collections
 import csv
+import json
 import math
 import os
 import statistics
@@ -189,11 +190,20 @@ def main(argv):
   except config_lib.ConfigError as e:
     return cli.fail(e)
   from tff_clip import training  # pylint: disable=g-import-not-at-top
+  # Wall seconds per run, kept beside the runs: a rerun reuses finished runs
+  # (their summary.json) and their recorded timings.
+  timings_path = os.path.join(root, 'timings.json')
+  timings = {}
+  if os.path.exists(timings_path):
+    with open(timings_path) as f:
+      timings = json.load(f)
   results = []
   for i, (name, seed, config) in enumerate(plan, 1):
     started = time.perf_counter()
     summary = training.run(config)
-    seconds = time.perf_counter() - started
+    seconds = timings.setdefault(config.experiment_name,
+                                 time.perf_counter() - started)
+    training.write_json(timings_path, timings)
     results.append(dict(variant=name, seed=seed, seconds=seconds,
                         accuracy=summary['final_eval_accuracy'],
                         epsilon=summary['epsilon']))
@@ -201,9 +211,9 @@ def main(argv):
           f'{summary["final_eval_accuracy"]:.4f}, epsilon '
           f'{summary["epsilon"]}, {seconds:.1f} s', flush=True)
   rows = summarise(results, variants)
-  dp_epsilons = {round(r['epsilon'], 6) for r in rows
-                 if r['epsilon'] is not None}
-  if len(dp_epsilons) > 1:
+  # Equal up to the float32 noise multipliers held in aggregator states.
+  dp_epsilons = [r['epsilon'] for r in rows if r['epsilon'] is not None]
+  if dp_epsilons and max(dp_epsilons) > min(dp_epsilons) * (1 + 1e-5):
     return cli.fail(f'DP variants differ in epsilon: {dp_epsilons}')
   table = format_table(rows)
   with open(os.path.join(root, 'utility.csv'), 'w', newline='') as f:

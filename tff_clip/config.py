@@ -110,8 +110,10 @@ class TrainConfig:
       'shards, small_large).')
   partition_alpha: Optional[float] = _field(None, 'Dirichlet alpha (> 0).')
   # Bounding (tff_clip.bounding / aggregators / dp).
-  bounding: str = _field('clip', 'How each client update is bounded before '
-                         'aggregation.', BOUNDINGS)
+  # Adaptive normalization: the most accurate at equal epsilon in
+  # `scripts.benchmark_utility` (README, "Accuracy at equal privacy").
+  bounding: str = _field('normalize', 'How each client update is bounded '
+                         'before aggregation.', BOUNDINGS)
   clip_norm: Union[float, str] = _field(
       'adaptive', "Clip norm C (a number) or 'adaptive' (quantile tracking "
       'from --initial_clip_norm).')

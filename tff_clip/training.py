@@ -126,6 +126,10 @@ def existing_run(config: TrainConfig) -> str:
     previous = {k: v for k, v in json.load(f).items()
                 if k not in EXECUTION_KEYS}
   current = config.identity()
+  # A run recorded before a knob existed ran with that knob's default.
+  defaults = TrainConfig().identity()
+  previous = {**{k: defaults[k] for k in current if k not in previous},
+              **previous}
   if previous != current:
     changed = sorted(k for k in set(previous) | set(current)
                      if previous.get(k) != current.get(k))
