@@ -276,16 +276,27 @@ def _import(graph_def, input_map, return_elements):
     # Nodes with no pending reduction among their ancestors.
     blocked = {}
 
-    def is_blocked(name, stack=()):
-      if name in blocked:
-        return blocked[name]
-      if name in reduced or name in imported:
-        blocked[name] = False
-        return False
-      result = name in reduces or any(
-          is_blocked(_node_name(i)) for i in nodes[name].input)
-      blocked[name] = result
-      return result
+    def is_blocked(name):
+      # Depth-first over the inputs, iteratively: graphs with long chains
+      # (e.g. the audit's canaries) exceed Python's recursion limit.
+      stack = [(name, False)]
+      while stack:
+        node, expanded = stack.pop()
+        if node in blocked:
+          continue
+        if node in reduced or node in imported:
+          blocked[node] = False
+          continue
+        if node in reduces:
+          blocked[node] = True
+          continue
+        inputs = [_node_name(i) for i in nodes[node].input]
+        if expanded:
+          blocked[node] = any(blocked.get(i, False) for i in inputs)
+        else:
+          stack.append((node, True))
+          stack.extend((i, False) for i in inputs if i not in blocked)
+      return blocked[name]
 
     ready = [n for n in graph_def.node
              if n.name not in imported and n.name not in reduced and
