@@ -169,9 +169,9 @@ def set_execution_context(config: TrainConfig) -> None:
           '`tensorflow[and-cuda]==2.14.1` (pip install -e ".[gpu]") on a '
           'machine with an NVIDIA driver, or use --executor=local.')
     logging.info('GPUs visible: %s', gpus)
-  if config.executor == 'inprocess':
+  if _in_process(config):
     return  # `runners` wraps the processes; no TFF context is used.
-  if config.executor in ('local', 'gpu'):
+  if config.executor in ('inprocess', 'local', 'gpu'):
     execution.set_local_cpp_context(
         max_concurrent_clients=config.max_concurrent_clients)
   else:
@@ -186,13 +186,19 @@ def set_execution_context(config: TrainConfig) -> None:
     tff.backends.native.set_mergeable_comp_execution_context(contexts)
 
 
+def _in_process(config: TrainConfig) -> bool:
+  # The audit's canary graph (2K candidate directions drawn in `update`)
+  # exhausted 24 GB in the in-process importer; it runs on TFF's C++ worker.
+  return config.executor == 'inprocess' and not config.audit_canaries
+
+
 def runners(config: TrainConfig, *processes):
   """What runs the processes: `tff_clip.simulation` in-process, or TFF.
 
   Either way the result has the processes' `initialize`, `next`,
   `get_model_weights` and `set_model_weights`.
   """
-  if config.executor != 'inprocess':
+  if not _in_process(config):
     return processes
   from tff_clip import simulation  # pylint: disable=g-import-not-at-top
   try:
