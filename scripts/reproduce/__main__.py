@@ -1,6 +1,7 @@
 r"""Reproduce one seed paper's checkable claims.
 
   .venv/bin/python -m scripts.reproduce --paper=001 [--quick]
+  .venv/bin/python -m scripts.reproduce --paper=all [--quick]   # 000 to 004
 
 prints the paper's numbers beside ours, saves plots under
 `--output_dir/paper<NNN>/`, writes `report.md` there, and ends with one
@@ -27,7 +28,8 @@ import tensorflow as tf  # Before app.run: see scripts/train.py.
 PAPERS = ('000', '001', '002', '003', '004')
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum('paper', None, list(PAPERS), 'Which seed paper.')
+flags.DEFINE_enum('paper', None, list(PAPERS) + ['all'],
+                  'Which seed paper; `all` runs them one after the other.')
 flags.DEFINE_bool('quick', False, 'Smoke run: tiny, under a minute.')
 flags.DEFINE_string('output_dir', 'runs/reproduce',
                     'Where runs, plots and report.md go.')
@@ -56,13 +58,15 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if FLAGS.paper is None:
-    raise app.UsageError(f'--paper is required: one of {", ".join(PAPERS)}.')
+    raise app.UsageError(
+        f'--paper is required: one of {", ".join(PAPERS)} or all.')
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
-  started = time.perf_counter()
-  report = reproduce(FLAGS.paper, FLAGS.quick, FLAGS.output_dir)
-  print(report.text())
-  print(f'\n({time.perf_counter() - started:.0f} s)')
+  for paper in PAPERS if FLAGS.paper == 'all' else [FLAGS.paper]:
+    started = time.perf_counter()
+    report = reproduce(paper, FLAGS.quick, FLAGS.output_dir)
+    print(report.text())
+    print(f'\n({time.perf_counter() - started:.0f} s)\n', flush=True)
   return 0
 
 

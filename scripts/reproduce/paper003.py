@@ -49,7 +49,8 @@ def _process(task, method, z, clip_norm, num_clients, noise_seed):
   sgd = tff.learning.optimizers.build_sgdm
   return algorithms.build_fedavg(
       task.model_fn, client_optimizer=sgd(ETA), server_optimizer=sgd(ETA),
-      model_aggregator=dp.dp_factory(method, z, float(num_clients),
+      model_aggregator=dp.dp_factory(method, noise_multiplier=z,
+                                     clients_per_round=float(num_clients),
                                      clip_norm=clip_norm,
                                      noise_seed=noise_seed),
       client_weighting=tff.learning.ClientWeighting.UNIFORM)
