@@ -6,45 +6,36 @@ accountants interpret it. One round of DP federated averaging is
     PoissonSampledDpEvent(q, GaussianDpEvent(z))                # 'poisson'
     SampledWithoutReplacementDpEvent(K, n, GaussianDpEvent(z))  # 'fixed_size'
 
-and training is the composition of its rounds. Epsilon is always computed by
-an accountant from such events (those a `PrivacyLedger` recorded, or those
-`training_event` says fixed parameters would record), never from a formula.
+and training is the composition of its rounds: epsilon always comes from
+such events (recorded by a `PrivacyLedger`, or `training_event`'s), never
+from a separate formula. z (`noise_multiplier`) is the noise std over C, the
+L2 bound of ONE client's update, for noise N(0, (z C)^2 I) on the SUM of
+the cohort's updates (as `tff_clip.dp` and TFF; seed 002's noise on the
+average is sigma_DP = z / n); n `clients_per_round`, K `population_size`,
+q = n / K. User-level DP: neighbours differ in ALL the data of one client.
 
-Notation: `noise_multiplier` z is the noise std over C, the L2 bound of ONE
-client's update, for noise N(0, (z C)^2 I) on the SUM of the cohort's updates
-(as `GaussianDpEvent`, `tff.aggregators.DifferentiallyPrivateFactory` and
-`tff_clip.dp`; seed 002 writes the noise on the average, sigma_DP = z / n).
-`clients_per_round` n, `population_size` K, q = n / K. User-level DP:
-adjacent datasets differ in ALL the data of one client.
-
-  * 'poisson': each client joins each round independently with probability
-    q (n is the expected cohort, may be fractional); add-or-remove-one
-    adjacency. RDP (Mironov, Talwar, Zhang 2019, converted with Canonne,
-    Kamath, Steinke 2020, Prop. 12; the minimising order is `rdp_order`) and
-    PLD (Doroshenko et al. 2022, pessimistic: an upper bound on every grid).
-  * 'fixed_size': exactly n distinct clients of exactly K; replace-one
-    adjacency, the only one analysed for sampling without replacement (Wang,
-    Balle, Kasiviswanathan 2019, Thm. 27). Replacing a client moves the
-    clipped sum by 2C, so the RDP accountant sees z / 2: dp_accounting 0.4.3
-    feeds `noise_multiplier` into a formula normalised by the sensitivity
-    (google/differential-privacy#378; should upstream fix it, the halving
-    must go -- tests/test_accounting.py pins it). dp_accounting has no PLD
-    for it: `UnsupportedEventError`, never a silent fallback. A replace-one
-    epsilon is not comparable to an add-or-remove one, and rounds of the two
-    kinds are never composed (ValueError).
+  * 'poisson': each client joins each round with probability q (n is the
+    expected cohort); add-or-remove-one adjacency. RDP (Mironov, Talwar,
+    Zhang 2019; Canonne, Kamath, Steinke 2020, Prop. 12 to (epsilon, delta);
+    the minimising order is `rdp_order`) and PLD (Doroshenko et al. 2022,
+    pessimistic: an upper bound on every grid).
+  * 'fixed_size': n distinct clients of exactly K; replace-one adjacency, the
+    only one analysed for sampling without replacement (Wang, Balle,
+    Kasiviswanathan 2019, Thm. 27). Replacing a client moves the clipped sum
+    by 2C, so RDP is given z / 2: dp_accounting 0.4.3 leaves this factor out
+    (google/differential-privacy#378; if upstream fixes it, the halving must
+    go; tests/test_accounting.py pins it). No PLD exists for it
+    (`UnsupportedEventError`, never a silent fallback), a replace-one
+    epsilon is not comparable to an add-or-remove one, and the two kinds of
+    rounds are never composed (ValueError).
   * z = 0: epsilon = inf for every delta (the conservative report).
 
-PLD grid (`value_discretization_interval=None`): 1e-4 x the RDP epsilon of
-the same events, in [1e-6, 100], refined to 1e-4 x the PLD epsilon when that
-is much smaller. dp_accounting's fixed 1e-4 overstates epsilon ~ 0.1 by a few
-percent and is slow for epsilon ~ 5; the relative grid overstates by ~0.1%
-(measured), and a coarser grid can only overstate.
-
-Population extrapolation (McMahan et al. 2018, Sec. 3; seed 002, Table 1):
-utility depends on sigma_DP = z / n and C; holding both while scaling n and K
-gives z' = sigma_DP n', q' = n' / K' (`extrapolate_population`).
-
-No TensorFlow import: the CLI `python -m scripts.accountant` stays fast.
+PLD grid (`value_discretization_interval=None`): 1e-4 x the RDP epsilon, in
+[1e-6, 100], refined to 1e-4 x the PLD epsilon when that is much smaller.
+dp_accounting's fixed 1e-4 overstates epsilon ~ 0.1 by a few percent and is
+slow at epsilon ~ 5; this grid overstates by ~0.1% (measured), and a coarser
+grid can only overstate. Population extrapolation: `extrapolate_population`.
+No TensorFlow import: `python -m scripts.accountant` answers in a second.
 """
 
 from __future__ import annotations
@@ -96,9 +87,25 @@ _PLD_RELATIVE_GRID, _PLD_MIN_GRID, _PLD_MAX_GRID = 1e-4, 1e-6, 100.0
 # Calibration searches noise multipliers in about [2**-10, 2**20].
 _MIN_NOISE_MULTIPLIER, _MAX_NOISE_MULTIPLIER = 2.0**-10, 2.0**20
 _LEDGER_FORMAT, _LEDGER_VERSION = 'tff_clip.accounting.PrivacyLedger', 1
+# What each real argument must be: (requirement, test).
+_POSITIVE = ('finite and > 0', lambda v: math.isfinite(v) and v > 0)
+_REAL_RULES = {
+    'noise_multiplier': ('finite and >= 0',
+                         lambda v: math.isfinite(v) and v >= 0),
+    'delta': ('in (0, 1)', lambda v: 0 < v < 1),
+    'sampling_probability': ('in (0, 1]', lambda v: 0 < v <= 1),
+    'clients_per_round': ('> 0 (the expected cohort size under Poisson '
+                          'sampling)', _POSITIVE[1]),
+    'target_epsilon': ('finite and > 0 (epsilon = 0 is unreachable with '
+                       'Gaussian noise)', _POSITIVE[1]),
+    'tolerance': _POSITIVE,
+    'value_discretization_interval': _POSITIVE,
+    'scales': ('real', lambda v: True),
+}
 # Only these classes are ever built from a dict (never a module it names).
-_EVENT_CLASSES = {name: cls for name, cls in vars(dp_event_lib).items()
-                  if isinstance(cls, type) and issubclass(cls, dp_event_lib.DpEvent)}
+_EVENT_CLASSES = {
+    name: cls for name, cls in vars(dp_event_lib).items()
+    if isinstance(cls, type) and issubclass(cls, dp_accounting.DpEvent)}
 
 
 # ---------------------------------------------------------------------------
@@ -113,38 +120,21 @@ def _integer(value, name: str, minimum: int = 1) -> int:
   return int(value)
 
 
-def _real(value, name: str, requirement: str = '', ok=None) -> float:
-  """`value` as a float; `ok(value)` must hold ("must be {requirement}")."""
+def _real(value, name: str) -> float:
+  """`value` as a float, checked against `_REAL_RULES[name]`."""
   if isinstance(value, bool) or not isinstance(value, numbers.Real):
     raise ValueError(f'`{name}` must be a real number; got {value!r}.')
   value = float(value)
-  if ok is not None and not ok(value):
+  requirement, ok = _REAL_RULES[name]
+  if not ok(value):
     raise ValueError(f'`{name}` must be {requirement}; got {value!r}.')
   return value
-
-
-def _positive(value, name: str, requirement: str = 'finite and > 0') -> float:
-  return _real(value, name, requirement, lambda v: math.isfinite(v) and v > 0)
-
-
-def _noise_multiplier(value) -> float:
-  return _real(value, 'noise_multiplier', 'finite and >= 0',
-               lambda v: math.isfinite(v) and v >= 0)
-
-
-def _delta(value) -> float:
-  return _real(value, 'delta', 'in (0, 1)', lambda v: 0 < v < 1)
 
 
 def _choice(value, name: str, choices: tuple[str, ...]) -> str:
   if value not in choices:
     raise ValueError(f'`{name}` must be one of {choices}; got {value!r}.')
   return value
-
-
-def _grid(value) -> Optional[float]:
-  return None if value is None else _positive(value,
-                                              'value_discretization_interval')
 
 
 def _cohort(clients_per_round, population_size,
@@ -158,9 +148,7 @@ def _cohort(clients_per_round, population_size,
       clients_per_round = int(clients_per_round)
     clients_per_round = _integer(clients_per_round, 'clients_per_round')
   else:
-    clients_per_round = _positive(
-        clients_per_round, 'clients_per_round',
-        '> 0 (the expected cohort size under Poisson sampling)')
+    clients_per_round = _real(clients_per_round, 'clients_per_round')
   if clients_per_round > population_size:
     raise ValueError(
         f'`clients_per_round` ({clients_per_round:g}) must be <= '
@@ -175,10 +163,9 @@ def _check_event(event, name: str = 'event') -> None:
     raise TypeError(
         f'`{name}` must be a dp_accounting.DpEvent; got {type(event)}.')
   if isinstance(event, dp_accounting.GaussianDpEvent):
-    _noise_multiplier(event.noise_multiplier)
+    _real(event.noise_multiplier, 'noise_multiplier')
   elif isinstance(event, dp_accounting.PoissonSampledDpEvent):
-    _real(event.sampling_probability, 'sampling_probability', 'in (0, 1]',
-          lambda q: 0 < q <= 1)
+    _real(event.sampling_probability, 'sampling_probability')
   elif isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent):
     _cohort(event.sample_size, event.source_dataset_size, FIXED_SIZE)
   elif isinstance(event, dp_accounting.SelfComposedDpEvent):
@@ -235,7 +222,8 @@ def gaussian_round_event(noise_multiplier: float,
                          sampling: str = POISSON) -> dp_accounting.DpEvent:
   """`round_event(GaussianDpEvent(noise_multiplier), ...)`."""
   return round_event(
-      dp_accounting.GaussianDpEvent(_noise_multiplier(noise_multiplier)),
+      dp_accounting.GaussianDpEvent(_real(noise_multiplier,
+                                          'noise_multiplier')),
       clients_per_round, population_size, sampling)
 
 
@@ -375,11 +363,8 @@ def _epsilon_from_rdp(orders, rdp_values, delta: float) -> tuple[float, float]:
 class _RdpAccountant(rdp.RdpAccountant):
   """dp_accounting's RDP accountant, converting with `_epsilon_from_rdp`."""
 
-  def get_epsilon_and_optimal_order(self, target_delta):
-    return _epsilon_from_rdp(self.orders, self.rdp, target_delta)
-
   def get_epsilon(self, target_delta):
-    return self.get_epsilon_and_optimal_order(target_delta)[0]
+    return _epsilon_from_rdp(self.orders, self.rdp, target_delta)[0]
 
 
 def _new_accountant(accountant: str, relation, grid: Optional[float] = None):
@@ -401,18 +386,18 @@ def _unsupported(accountant: str, event, relation, error) -> Exception:
   return dp_accounting.UnsupportedEventError(f'{message} ({error})')
 
 
-def _compose(accountant: str, view, relation, original, grid=None):
-  """A fresh accountant that composed `view` (the view of `original`)."""
+def _compose(accountant: str, view, relation, grid=None):
+  """A fresh accountant that composed the (interpreted) event `view`."""
   try:
     return _new_accountant(accountant, relation, grid).compose(view)
   except dp_accounting.UnsupportedEventError as error:
-    raise _unsupported(accountant, original, relation, error) from error
+    raise _unsupported(accountant, view, relation, error) from error
 
 
-def _check_pld_supports(view, relation, original) -> None:
+def _check_pld_supports(view, relation) -> None:
   # Before any (possibly slow) RDP pass that would only size the PLD grid.
   if not _new_accountant(PLD, relation, 1.0).supports(view):
-    raise _unsupported(PLD, original, relation,
+    raise _unsupported(PLD, view, relation,
                        'unsupported by dp_accounting.pld.PLDAccountant')
 
 
@@ -430,15 +415,10 @@ def _pld_grid(epsilon: float) -> float:
 class PrivacyGuarantee:
   """An (epsilon, delta)-DP guarantee and how it was obtained.
 
-  Attributes:
-    epsilon: `math.inf` when no finite epsilon was shown (e.g. zero noise).
-    delta: The delta it holds for.
-    accountant: `'rdp'` or `'pld'`.
-    adjacency: `'add-or-remove-one client'` (Poisson sampling) or
-      `'replace-one client'` (fixed-size sampling).
-    rdp_order: RDP only: the minimising order. At `max(RDP_ORDERS)` the order
-      grid limits RDP (small epsilons): PLD is then much tighter.
-    value_discretization_interval: PLD only: the grid used.
+  `epsilon` is `math.inf` when no finite one was shown (zero noise);
+  `adjacency` 'add-or-remove-one client' (Poisson) or 'replace-one client'
+  (fixed-size). RDP gives its minimising `rdp_order` (at `max(RDP_ORDERS)`
+  the order grid limits RDP: PLD is much tighter), PLD its grid.
   """
   epsilon: float
   delta: float
@@ -449,25 +429,25 @@ class PrivacyGuarantee:
 
 
 def _guarantee(view, relation, delta, accountant, grid,
-               original) -> PrivacyGuarantee:
-  """Runs one accountant on an interpreted event."""
+               rdp_values=None) -> PrivacyGuarantee:
+  """Runs one accountant on an interpreted event (RDP: or on its RDP)."""
   adjacency = _ADJACENCY_NAMES[relation]
   if _releases_nothing(view):
     # E.g. an empty ledger (RDP would give its 2 delta^2 floor's epsilon).
     return PrivacyGuarantee(0.0, delta, accountant, adjacency)
   if accountant == RDP:
-    epsilon, order = _compose(RDP, view, relation,
-                              original).get_epsilon_and_optimal_order(delta)
+    if rdp_values is None:
+      rdp_values = _compose(RDP, view, relation).rdp
+    epsilon, order = _epsilon_from_rdp(RDP_ORDERS, rdp_values, delta)
     return PrivacyGuarantee(epsilon, delta, RDP, adjacency, rdp_order=order)
-  _check_pld_supports(view, relation, original)
+  _check_pld_supports(view, relation)
 
   def pld_epsilon(grid: float) -> float:
-    return float(_compose(PLD, view, relation, original, grid).get_epsilon(delta))
+    return float(_compose(PLD, view, relation, grid).get_epsilon(delta))
 
   if grid is None:
     try:
-      grid = _pld_grid(_guarantee(view, relation, delta, RDP, None,
-                                  original).epsilon)
+      grid = _pld_grid(_guarantee(view, relation, delta, RDP, None).epsilon)
     except dp_accounting.UnsupportedEventError:
       grid = 1e-4
     epsilon = pld_epsilon(grid)
@@ -489,25 +469,20 @@ def compute_epsilon(
     value_discretization_interval: Optional[float] = None) -> PrivacyGuarantee:
   """The (epsilon, delta) guarantee of everything `event` describes.
 
-  Args:
-    event: What happened, e.g. `training_event(...)` or
-      `PrivacyLedger.composed_event()`.
-    delta: In (0, 1).
-    accountant: `'rdp'` or `'pld'` (see the module docstring).
-    value_discretization_interval: PLD grid; None for the relative grid.
-
-  Raises:
-    ValueError: For a bad argument, or Poisson and fixed-size rounds mixed.
-    dp_accounting.UnsupportedEventError: If the accountant cannot account
-      for the event (e.g. PLD with fixed-size sampling).
+  `event` is e.g. `training_event(...)` or `PrivacyLedger.composed_event()`;
+  `value_discretization_interval` the PLD grid (None: the relative grid).
+  Raises ValueError for a bad argument or mixed Poisson and fixed-size
+  rounds, `dp_accounting.UnsupportedEventError` if the accountant cannot
+  account for the event (e.g. PLD with fixed-size sampling).
   """
   _check_event(event)
-  delta = _delta(delta)
+  delta = _real(delta, 'delta')
   accountant = _choice(accountant, 'accountant', ACCOUNTANTS)
-  grid = _grid(value_discretization_interval)
+  grid = (None if value_discretization_interval is None else
+          _real(value_discretization_interval, 'value_discretization_interval'))
   relation = _neighboring_relation(event)
   return _guarantee(_accounting_view(event, relation), relation, delta,
-                    accountant, grid, event)
+                    accountant, grid)
 
 
 def compute_training_epsilon(
@@ -523,7 +498,7 @@ def compute_training_epsilon(
 
   z = 0 gives epsilon = inf; n is the expected cohort for Poisson sampling.
   """
-  delta = _delta(delta)
+  delta = _real(delta, 'delta')
   event = training_event(noise_multiplier, clients_per_round, population_size,
                          rounds, sampling)
   return compute_epsilon(event, delta, accountant,
@@ -572,57 +547,41 @@ def calibrate_noise_multiplier(target_epsilon: float,
                                tolerance: float = 1e-6,
                                value_discretization_interval: Optional[
                                    float] = None) -> float:
-  """The smallest noise multiplier whose training has epsilon <= target.
+  """The smallest z whose `compute_training_epsilon` is <= `target_epsilon`.
 
-  Brackets z with RDP (then, for PLD, with PLD on a fixed grid, so epsilon is
-  smooth in z), then `dp_accounting.calibrate_dp_mechanism` (Brent's method)
-  over `training_event(z, ...)` as `compute_epsilon` interprets it. PLD costs
-  ~15 PLD evaluations (~10 s at the default grid for epsilon ~ 3), fixed-size
-  RDP ~0.5 s per evaluation.
-
-  Args:
-    target_epsilon: > 0.
-    clients_per_round, population_size, rounds, delta, sampling, accountant:
-      As for `compute_training_epsilon`.
-    tolerance: Absolute tolerance on z.
-    value_discretization_interval: PLD grid for the search and the check;
-      None: 1e-4 x target for the search, the relative grid for the check.
-
-  Returns:
-    z with `compute_training_epsilon(z, ...)` (same accountant and grid) <=
-    `target_epsilon`; z ~ 2**-10 if even that meets the target.
-
-  Raises:
-    ValueError: Naming a bad argument; `target_epsilon` unreachable with
-      z <= 2**20.
-    dp_accounting.UnsupportedEventError: PLD with fixed-size sampling.
+  Brackets z with RDP (for PLD then with PLD on a fixed grid, so epsilon is
+  smooth in z) and searches with `dp_accounting.calibrate_dp_mechanism`
+  (Brent's method, absolute `tolerance` on z). PLD costs ~15 PLD evaluations
+  (~10 s on the default grid at epsilon ~ 3), fixed-size RDP ~0.5 s each.
+  `value_discretization_interval` is the PLD grid of the search and of the
+  check; None: 1e-4 x target, then `compute_epsilon`'s relative grid.
+  Returns z ~ 2**-10 if even that meets the target; raises ValueError if
+  z = 2**20 does not (`target_epsilon` unreachable), UnsupportedEventError
+  for PLD with fixed-size sampling.
   """
-  target_epsilon = _positive(
-      target_epsilon, 'target_epsilon', 'finite and > 0 (epsilon = 0 is '
-      'unreachable with Gaussian noise)')
-  delta = _delta(delta)
+  target_epsilon = _real(target_epsilon, 'target_epsilon')
+  delta = _real(delta, 'delta')
   accountant = _choice(accountant, 'accountant', ACCOUNTANTS)
   sampling = _choice(sampling, 'sampling', SAMPLINGS)
   clients_per_round, population_size = _cohort(clients_per_round,
                                                population_size, sampling)
   rounds = _integer(rounds, 'rounds')
-  tolerance = _positive(tolerance, 'tolerance')
-  grid = _grid(value_discretization_interval)
+  tolerance = _real(tolerance, 'tolerance')
+  grid = (None if value_discretization_interval is None else
+          _real(value_discretization_interval, 'value_discretization_interval'))
 
-  def event_for(noise_multiplier: float) -> dp_accounting.DpEvent:
-    return training_event(noise_multiplier, clients_per_round,
-                          population_size, rounds, sampling)
-
-  relation = _neighboring_relation(event_for(1.0))
+  relation = _REPLACE_ONE if sampling == FIXED_SIZE else _ADD_OR_REMOVE
 
   def view_for(noise_multiplier: float) -> dp_accounting.DpEvent:
-    return _accounting_view(event_for(noise_multiplier), relation)
+    return _accounting_view(training_event(
+        noise_multiplier, clients_per_round, population_size, rounds,
+        sampling), relation)
 
   if accountant == PLD:
-    _check_pld_supports(view_for(1.0), relation, event_for(1.0))
+    _check_pld_supports(view_for(1.0), relation)
   lower, upper = _bracket(
-      lambda z: _compose(RDP, view_for(z), relation, event_for(z)).get_epsilon(
-          delta), target_epsilon, 1.0, _MIN_NOISE_MULTIPLIER)
+      lambda z: _compose(RDP, view_for(z), relation).get_epsilon(delta),
+      target_epsilon, 1.0, _MIN_NOISE_MULTIPLIER)
   if lower == upper:
     return upper
   search_grid = grid or _pld_grid(target_epsilon)
@@ -659,7 +618,7 @@ def calibrate_noise_multiplier(target_epsilon: float,
 
 @dataclasses.dataclass(frozen=True)
 class ExtrapolationRow:
-  """One row: n, K, q = n / K, z = sigma_DP n and the guarantee per accountant."""
+  """One row: n, K, q = n / K, z = sigma_DP n, the guarantee per accountant."""
   clients_per_round: Union[int, float]
   population_size: int
   sampling_probability: float
@@ -680,24 +639,16 @@ def extrapolate_population(
 
   Model quality depends on C and on sigma_DP = z / n (McMahan et al. 2018,
   Sec. 3; seed 002, Table 1), so a cohort n' = a n of K' = b K trains the
-  same with z' = sigma_DP n'. Each row is `compute_training_epsilon` of that
-  row (same `rounds` and `delta`).
-
-  Args:
-    noise_multiplier, clients_per_round, population_size, rounds: The run
-      actually trained.
-    delta: In (0, 1).
-    scales: (cohort scale a, population scale b) pairs, one row each. K' is
-      rounded, and n' too for fixed-size sampling (z' from the rounded n').
-    sampling: `'poisson'` or `'fixed_size'`.
-    accountants: Accountants to run for every row.
+  same with z' = sigma_DP n'. One row per (a, b) in `scales`, each the
+  `compute_training_epsilon` of (z', n', K', rounds) per accountant; K' is
+  rounded, and n' too for fixed-size sampling (z' from the rounded n').
   """
-  noise_multiplier = _noise_multiplier(noise_multiplier)
+  noise_multiplier = _real(noise_multiplier, 'noise_multiplier')
   sampling = _choice(sampling, 'sampling', SAMPLINGS)
   clients_per_round, population_size = _cohort(clients_per_round,
                                                population_size, sampling)
   rounds = _integer(rounds, 'rounds')
-  delta = _delta(delta)
+  delta = _real(delta, 'delta')
   accountants = [_choice(a, 'accountant', ACCOUNTANTS) for a in accountants]
   sigma_dp = noise_multiplier / clients_per_round
   rows = []
@@ -888,8 +839,7 @@ class PrivacyLedger:
 
   @staticmethod
   def _rdp_of(event, relation) -> np.ndarray:
-    return _compose(RDP, _accounting_view(event, relation), relation,
-                    event).rdp
+    return _compose(RDP, _accounting_view(event, relation), relation).rdp
 
   def _rdp_vector(self, index: int, relation) -> np.ndarray:
     # The relation changes if a bare (unsampled) event precedes fixed-size
@@ -919,22 +869,19 @@ class PrivacyLedger:
       value_discretization_interval: Optional[float] = None
   ) -> PrivacyGuarantee:
     """`compute_epsilon(self.composed_event(), ...)`, RDP from the cache."""
-    delta = _delta(delta)
+    delta = _real(delta, 'delta')
     accountant = _choice(accountant, 'accountant', ACCOUNTANTS)
     composed = self.composed_event()
     if accountant == PLD:
       return compute_epsilon(composed, delta, PLD,
                              value_discretization_interval)
     relation = _neighboring_relation(composed)
-    if _releases_nothing(_accounting_view(composed, relation)):
-      return PrivacyGuarantee(0.0, delta, RDP, _ADJACENCY_NAMES[relation])
     counts = collections.Counter(self._event_index.values())
     total = 0 * np.asarray(RDP_ORDERS)
     for index in range(len(self._distinct)):
       total = total + counts[index] * self._rdp_vector(index, relation)
-    epsilon, order = _epsilon_from_rdp(RDP_ORDERS, total, delta)
-    return PrivacyGuarantee(epsilon, delta, RDP, _ADJACENCY_NAMES[relation],
-                            rdp_order=order)
+    return _guarantee(_accounting_view(composed, relation), relation, delta,
+                      RDP, None, rdp_values=total)
 
   def epsilon(self,
               delta: float,
@@ -946,7 +893,7 @@ class PrivacyLedger:
 
   def epsilon_history(self, delta: float) -> list[tuple[int, float]]:
     """(round_num, RDP epsilon of the rounds up to it), ascending; O(rounds)."""
-    delta = _delta(delta)
+    delta = _real(delta, 'delta')
     relation = _neighboring_relation(self.composed_event())
     total = 0 * np.asarray(RDP_ORDERS)
     history = []
