@@ -7,14 +7,13 @@ each). The model is a small MLP, 64-32-10 (2,410 parameters), so a DP
 federated-averaging demo runs in about two minutes on two CPU cores.
 
 Elements have EMNIST's layout (`label` int32, `pixels` float32 [8, 8]), so
-TFF's EMNIST preprocessing is reused as is.
+TFF's EMNIST preprocessing is reused (`task.emnist_preprocess_fn`).
 """
 
 from __future__ import annotations
 
 import collections
 
-from tensorflow_federated.python.simulation.baselines.emnist import emnist_preprocessing
 import tensorflow_federated as tff
 
 from tasks import models
@@ -50,9 +49,9 @@ def build(args: task_lib.BuildArgs, *,
   datasets = tff.simulation.baselines.BaselineTaskDatasets(
       train_data=train_data,
       test_data=task_lib.centralized_dataset(test_arrays),
-      train_preprocess_fn=emnist_preprocessing.create_preprocess_fn(
+      train_preprocess_fn=task_lib.emnist_preprocess_fn(
           args.train_client_spec),
-      eval_preprocess_fn=emnist_preprocessing.create_preprocess_fn(eval_spec))
+      eval_preprocess_fn=task_lib.emnist_preprocess_fn(eval_spec))
   model_fn = task_lib.classification_model_fn(
       lambda: models.create_mlp((8, 8, 1), hidden_units, 10),
       datasets.element_type_structure)

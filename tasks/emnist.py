@@ -27,7 +27,6 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 from tensorflow_federated.python.simulation.baselines.emnist import char_recognition_tasks
-from tensorflow_federated.python.simulation.baselines.emnist import emnist_preprocessing
 import tensorflow_federated as tff
 
 from tasks import digits
@@ -151,22 +150,24 @@ def build(args: task_lib.BuildArgs, *, model: str,
   num_classes = 10 if only_digits else 62
   name = f'emnist_{model}'
   model_description = _MODEL_DESCRIPTIONS[model].format(classes=num_classes)
+  datasets = tff.simulation.baselines.BaselineTaskDatasets(
+      train_data=train,
+      test_data=test,
+      train_preprocess_fn=task_lib.emnist_preprocess_fn(
+          args.train_client_spec),
+      eval_preprocess_fn=task_lib.emnist_preprocess_fn(
+          args.eval_client_spec or _EVAL_SPEC))
   if model == 'cnn':
+    # TFF's task for its model; its datasets' preprocessing is replaced by
+    # the in-order one (`task.emnist_preprocess_fn`), same element types.
     baseline = (
         char_recognition_tasks.create_character_recognition_task_from_datasets(
             args.train_client_spec, args.eval_client_spec, 'cnn_dropout',
             only_digits, train, test))
     return task_lib.Task(
-        baseline.datasets, baseline.model_fn, name=name,
+        datasets, baseline.model_fn, name=name,
         data_source=args.data_source, model_description=model_description,
         data_description=description)
-  datasets = tff.simulation.baselines.BaselineTaskDatasets(
-      train_data=train,
-      test_data=test,
-      train_preprocess_fn=emnist_preprocessing.create_preprocess_fn(
-          args.train_client_spec),
-      eval_preprocess_fn=emnist_preprocessing.create_preprocess_fn(
-          args.eval_client_spec or _EVAL_SPEC))
   if model == 'mlp':
     keras_model_fn = lambda: models.create_mlp((28, 28, 1), 200, num_classes)
   else:

@@ -201,6 +201,28 @@ def _client_examples(task):
   return dataset.unbatch()
 
 
+@pytest.mark.parametrize('name', ['digits', 'emnist_cnn', 'emnist_mlp',
+                                  'cifar10_cnn'])
+def test_client_batches_keep_the_client_data_order_on_every_pass(name):
+  # With the client shuffle off, batch k holds example k (batch size 1), on
+  # every pass: training the same client twice takes the same steps. Passes
+  # run as the in-process executor runs them (no tf.data autotuning, so
+  # parallel maps run at full parallelism from the first batch).
+  task = tasks.get_task(name, train_batch_size=1, shuffle_buffer_size=1)
+  data = task.datasets.train_data
+  client = data.create_tf_dataset_for_client(data.client_ids[0])
+  expected = [int(example['label']) for example in client]
+  options = tf.data.Options()
+  options.autotune.enabled = False
+  dataset = task.datasets.train_preprocess_fn(client).with_options(options)
+  labels = tf.function(lambda: dataset.reduce(
+      tf.zeros([0], tf.int64),
+      lambda order, batch: tf.concat([order, tf.cast(batch[1], tf.int64)],
+                                     0)))
+  for _ in range(20):
+    np.testing.assert_array_equal(labels(), expected)
+
+
 def test_max_elements_per_client_caps_each_client():
   task = tasks.get_task('digits', max_elements_per_client=5,
                         train_batch_size=2)

@@ -19,11 +19,8 @@ from tff_clip import training
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # A small, fast run: 4 rounds of DP-FedAvg with adaptive clipping on digits,
 # with reproducible noise so that runs can be compared.
-# On TFF's C++ executor: the in-process one is not yet bit-reproducible
-# across calls (see README, "Simulation speed").
 SMALL = ['--rounds=4', '--clients_per_round=6', '--eval_every=2',
-         '--progress=false', '--seed=3', '--noise_seed=11',
-         '--executor=local']
+         '--progress=false', '--seed=3', '--noise_seed=11']
 
 
 def _train(args, **popen_kwargs):
