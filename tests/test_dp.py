@@ -277,7 +277,8 @@ def test_adaptive_global_norm_reaches_target_quantile(z):
 def test_per_layer_adaptive_norms_reach_each_layers_quantile(z):
   clients = _lognormal_clients(100, {'a': 0.5, 'b': 5.0})
   factory = dp.dp_factory('per_layer_clip', noise_multiplier=z, clients_per_round=100.0, clip_norm='adaptive',
-                          per_layer_quantiles=True, noise_seed=6)
+                          target_quantile=0.5, per_layer_quantiles=True,
+                          noise_seed=6)
   state = _run_adaptive(_adaptive_query(factory, clients[0]), clients, 100)
   budgets = state.numerator_state.sum_state.clip_norm.numpy()
   for i, key in enumerate(['a', 'b']):
@@ -289,7 +290,8 @@ def test_per_layer_adaptive_norms_reach_each_layers_quantile(z):
 
 def test_adaptive_normalize_scale_tracks_the_quantile():
   clients = _lognormal_clients(100, {'a': 3.0, 'b': 3.0})
-  factory = dp.dp_factory('normalize', noise_multiplier=0.0, clients_per_round=100.0, clip_norm='adaptive')
+  factory = dp.dp_factory('normalize', noise_multiplier=0.0, clients_per_round=100.0, clip_norm='adaptive',
+                          target_quantile=0.5)
   state = _run_adaptive(_adaptive_query(factory, clients[0]), clients, 100)
   target = _empirical_quantile(clients, None, 0.5)
   assert float(state.numerator_state.sum_state.clip_norm) == pytest.approx(
