@@ -81,6 +81,9 @@ def _assert_same_metrics(rows_a, rows_b):
     (dict(executor='remote'), 'workers'),
     (dict(executor='remote', workers=('nohost',)), 'workers'),
     (dict(executor='tpu'), 'executor'),
+    # A DP run checkpoints every round before releasing it.
+    (dict(checkpoint_every=2), 'checkpoint_every'),
+    (dict(checkpoint_interval_s=5.0), 'checkpoint_interval_s'),
 ])
 def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
   config = dataclasses.replace(training.TrainConfig(), **changes)
@@ -283,6 +286,59 @@ def _run(tmp_path, name, **changes):
                                 experiment_name=name, progress=False,
                                 **changes)
   return training.run(config), tmp_path / name
+
+
+def test_sparse_checkpoints_are_allowed_without_dp():
+  training.validate(training.TrainConfig(
+      bounding='none', noise_multiplier=None, checkpoint_every=5,
+      checkpoint_interval_s=10.0))
+
+
+class _Killed(Exception):
+  pass
+
+
+def test_dp_round_is_checkpointed_before_release_and_never_computed_twice(
+    tmp_path, monkeypatch):
+  # A kill after round 2's checkpoint and before its release (simulated by
+  # the release raising): the resumed run releases round 2's saved row and
+  # trains rounds 3-4 only. Re-running round 2 would release a second
+  # aggregate under the same noise (a function of the key and the round).
+  base = dict(rounds=4, clients_per_round=6, eval_every=1, seed=3)
+  release = training._MetricsWriters.release
+  attempted = {}
+
+  def release_until_round_2(self, round_num, row):
+    if round_num == 2 and not attempted:
+      attempted.update(row)
+      raise _Killed()
+    release(self, round_num, row)
+
+  monkeypatch.setattr(training._MetricsWriters, 'release',
+                      release_until_round_2)
+  with pytest.raises(_Killed):
+    _run(tmp_path, 'run', **base)
+  assert [r['round'] for r in _rows(tmp_path / 'run' / 'metrics.csv')] == ['1']
+
+  trained = []
+  train_round = training._Session.train_round
+
+  def recording_train_round(self, state, round_num, ledger):
+    trained.append(round_num)
+    return train_round(self, state, round_num, ledger)
+
+  monkeypatch.setattr(training._Session, 'train_round',
+                      recording_train_round)
+  summary, run_dir = _run(tmp_path, 'run', **base)
+  assert trained == [3, 4]
+  rows = _rows(run_dir / 'metrics.csv')
+  assert [r['round'] for r in rows] == ['1', '2', '3', '4']
+  for key, value in attempted.items():
+    if key != 'round':
+      np.testing.assert_equal(float(rows[1][key]), float(value))
+  ledger = json.loads((run_dir / 'ledger.json').read_text())
+  assert [r for r, _ in ledger['epsilon_per_round']] == [1, 2, 3, 4]
+  assert summary['epsilon'] == ledger['epsilon_per_round'][-1][1]
 
 
 def test_same_seed_runs_draw_different_noise_unless_noise_seed(tmp_path):

@@ -194,11 +194,13 @@ class TrainConfig:
                           'worker_binary, comma-separated.')
   worker_timeout_s: float = _field(
       30.0, 'Seconds to wait for a reachable remote worker to be ready.')
-  checkpoint_every: int = _field(1, 'Checkpoint every this many rounds.')
+  checkpoint_every: int = _field(
+      1, 'Checkpoint every this many rounds (a DP run: every round).')
   checkpoint_interval_s: float = _field(
       0.0, "Skip a round's checkpoint while the last one is younger than "
       'this (0: every --checkpoint_every rounds; a TFF checkpoint takes '
-      '0.3-0.5 s). A killed run then re-runs up to that many seconds.')
+      '0.3-0.5 s). A killed run then re-runs up to that many seconds. '
+      'Runs without DP only.')
   cache_dir: Optional[str] = _field(None, 'Online data cache directory.')
   progress: bool = _field(True, 'Show a progress bar.')
   # Empirical privacy audit (`tff_clip.audit`, docs/audit.md).
@@ -368,6 +370,18 @@ def _check_training(config):
           math.isfinite(config.checkpoint_interval_s) and
           config.checkpoint_interval_s >= 0):
     raise ConfigError('--checkpoint_interval_s must be a number >= 0; got '
+                      f'{config.checkpoint_interval_s!r}.')
+  # A DP run checkpoints every round before releasing it: a released round
+  # that a resumed run computed again would be released twice under the
+  # same noise (a function of the key and the round), and with a random
+  # client step (dropout) the two releases differ by a noise-free amount.
+  if config.private and config.checkpoint_every != 1:
+    raise ConfigError('--checkpoint_every must be 1 for a DP run (each round '
+                      'is checkpointed before it is released); got '
+                      f'{config.checkpoint_every}.')
+  if config.private and config.checkpoint_interval_s != 0:
+    raise ConfigError('--checkpoint_interval_s must be 0 for a DP run (each '
+                      'round is checkpointed before it is released); got '
                       f'{config.checkpoint_interval_s!r}.')
 
 

@@ -385,14 +385,23 @@ def _checkpoint_manager(out):
       keep_first=False)
 
 
-def _save_checkpoint(manager, state, ledger, round_num):
+def _save_checkpoint(manager, state, ledger, round_num, row=None):
+  """Saves the state and ledger, and `row` when it is not yet released."""
+  data = ledger.to_dict()
+  if row is not None:
+    data[_PENDING_ROW] = _strict(dict(row))
   asyncio.run(manager.save(collections.OrderedDict(
-      learning=state, ledger=np.asarray(json.dumps(ledger.to_dict()))),
-                           round_num))
+      learning=state, ledger=np.asarray(json.dumps(data))), round_num))
+
+
+# The checkpointed round's row, kept beside the ledger until it is released.
+_PENDING_ROW = 'pending_row'
 
 
 def _load_checkpoint(out, manager, state):
-  """(state, ledger, round) of the latest readable checkpoint, or None.
+  """(state, ledger, round, row) of the latest readable checkpoint, or None.
+
+  `row` is the round's row saved with it (DP runs), or None.
 
   A checkpoint torn by a kill mid-save is deleted (its directory follows the
   manager's documented `prefix + version` layout), and so are the temporary
@@ -412,9 +421,12 @@ def _load_checkpoint(out, manager, state):
       shutil.rmtree(os.path.join(root, f'round_{version}'), ignore_errors=True)
       continue
     text = np.asarray(loaded['ledger']).item()
-    ledger = accounting.PrivacyLedger.from_dict(json.loads(
-        text.decode() if isinstance(text, bytes) else text))
-    return loaded['learning'], ledger, version
+    data = json.loads(text.decode() if isinstance(text, bytes) else text)
+    row = data.pop(_PENDING_ROW, None)
+    if row is not None:
+      row = {k: math.nan if v is None else v for k, v in row.items()}
+    return (loaded['learning'], accounting.PrivacyLedger.from_dict(data),
+            version, row)
   return None
 
 
@@ -612,16 +624,21 @@ def run(config: TrainConfig) -> dict[str, Any]:
   prepare_output_dir(config)  # The first write: everything is checked.
 
   state, ledger, start_round = session.initial_state(), None, 1
+  pending_row = None  # A checkpointed DP round not yet released.
   manager = _checkpoint_manager(out)
   if status == 'resume':
     restored = _load_checkpoint(out, manager, state)
     if restored is not None:
-      state, ledger, last = restored
+      state, ledger, last, pending_row = restored
       start_round = last + 1
       print(f'Resuming {out}/ from its checkpoint after round {last} of '
             f'{config.rounds}.', flush=True)
   ledger = ledger or accounting.PrivacyLedger()
   writers = _MetricsWriters(out, resuming=start_round > 1)
+  if pending_row is not None:
+    # Killed between the checkpoint and the release: release it now (the
+    # writers drop a row already there and write it again, identically).
+    writers.release(last, pending_row)
   progress = _Progress(config, start_round, session.private)
   last_eval = collections.OrderedDict(eval_loss=math.nan,
                                       eval_accuracy=math.nan)
@@ -634,17 +651,25 @@ def run(config: TrainConfig) -> dict[str, Any]:
       last_eval = session.evaluate(state)
       row.update(last_eval)
     row = _released(row, config, session.private)
-    # Release, then checkpoint: a kill between the two re-runs this round
-    # from the previous checkpoint (same cohort, data order and noise key)
-    # and rewrites its row; the other order would lose the row.
-    writers.release(round_num, row)
-    if (round_num % config.checkpoint_every == 0 and
-        time.monotonic() - last_checkpoint >= config.checkpoint_interval_s
-       ) or round_num == config.rounds:
-      last_checkpoint = time.monotonic()
-      _save_checkpoint(manager, state, ledger, round_num)
+    if session.private:
+      # Checkpoint (with the row), then release: no released round is ever
+      # computed again, which would release a second aggregate under the
+      # same noise. A kill between the two releases the row on resume.
+      _save_checkpoint(manager, state, ledger, round_num, row)
       write_json(os.path.join(out, 'ledger.json'),
                  _ledger_report(ledger, config, session))
+      writers.release(round_num, row)
+    else:
+      # Release, then checkpoint when due: a kill in between re-runs the
+      # round from the previous checkpoint and rewrites its row.
+      writers.release(round_num, row)
+      if (round_num % config.checkpoint_every == 0 and
+          time.monotonic() - last_checkpoint >= config.checkpoint_interval_s
+         ) or round_num == config.rounds:
+        last_checkpoint = time.monotonic()
+        _save_checkpoint(manager, state, ledger, round_num)
+        write_json(os.path.join(out, 'ledger.json'),
+                   _ledger_report(ledger, config, session))
     progress.update(round_num, row, last_eval)
     last_row = row
   progress.close()

@@ -97,7 +97,7 @@ def training_claims(report, quick, output_dir):
               partition_alpha=0.5, clip_norm=1.0, noise_multiplier=1.0,
               clients_per_round=20, sampling='poisson', rounds=rounds,
               client_learning_rate=0.1, batch_size=16, server_momentum=0.9,
-              eval_every=max(1, rounds // 6), checkpoint_every=rounds)
+              eval_every=max(1, rounds // 6))
   accuracy = {a[0]: [] for a in arms}
   epsilon = {a[0]: [] for a in arms}
   curves = {a[0]: [] for a in arms}

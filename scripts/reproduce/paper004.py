@@ -61,8 +61,7 @@ def run(quick: bool, output_dir: str) -> common.Report:
       clients_per_round=s['clients_per_round'], sampling='poisson',
       rounds=s['rounds'], client_learning_rate=CLIENT_LR,
       local_steps=s['local_steps'], batch_size=16, server_optimizer='sgd',
-      server_learning_rate=1.0, eval_every=s['rounds'],
-      checkpoint_every=s['rounds'], delta=1e-5)
+      server_learning_rate=1.0, eval_every=s['rounds'], delta=1e-5)
   arms = [('DP-FedAvg', {})] + [
       (f'BLUR {lam:g} + LUS {c:g}',
        dict(blur_lambda=lam, blur_clip_norm=CLIP_NORM, lus_sparsity=c))
