@@ -28,6 +28,7 @@ Imports no TensorFlow, so it answers in about a second.
 
 from __future__ import annotations
 
+import numbers
 import sys
 
 from absl import app
@@ -164,6 +165,34 @@ def _calibration_lines(target_epsilon, clients_per_round, population_size,
   return lines, calibrated
 
 
+def _number(value) -> str:
+  if isinstance(value, numbers.Integral) or (float(value).is_integer() and
+                                             abs(value) < 1e15):
+    return f'{int(value):,}'
+  return f'{value:.4g}'
+
+
+def _extrapolation_table(rows) -> str:
+  """n, K, q, z, then epsilon (and RDP's order) per accountant, aligned."""
+  if not rows:
+    return '(no rows)'
+  with_order = {a: a == accounting.RDP for a in rows[0].guarantees}
+  table = [['n (clients/round)', 'K (population)', 'q', 'z']]
+  for accountant, order in with_order.items():
+    table[0] += [f'{accountant.upper()} epsilon'] + ['RDP order'] * order
+  for row in rows:
+    line = [_number(row.clients_per_round), _number(row.population_size),
+            f'{row.sampling_probability:.4g}', f'{row.noise_multiplier:.4g}']
+    for accountant, guarantee in row.guarantees.items():
+      line += [f'{guarantee.epsilon:.4g}'] + (
+          [f'{guarantee.rdp_order:g}'] if with_order[accountant] else [])
+    table.append(line)
+  widths = [max(map(len, column)) for column in zip(*table)]
+  return '\n'.join('  '.join(cell.rjust(width)
+                             for cell, width in zip(line, widths))
+                   for line in table)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -202,7 +231,7 @@ def main(argv):
           f'Population extrapolation (sigma_DP = z / n = '
           f'{noise_multiplier / clients_per_round:.4g} and clip norm fixed, '
           f'{rounds} rounds, delta = {delta:g}):',
-          accounting.format_extrapolation_table(rows),
+          _extrapolation_table(rows),
       ]
   except ValueError as error:
     return cli.fail(error)

@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -39,9 +40,12 @@ def test_cli_extrapolate_prints_the_population_table(
   lines = example_with_extrapolation.stdout.splitlines()
   header = next(i for i, line in enumerate(lines) if 'K (population)' in line)
 
-  assert 'PLD epsilon' in lines[header]
+  assert re.split(r'\s{2,}', lines[header].strip()) == [
+      'n (clients/round)', 'K (population)', 'q', 'z', 'RDP epsilon',
+      'RDP order', 'PLD epsilon']
   assert len(lines) - header - 1 == 5  # One row per default scale pair.
   assert lines[header + 1].split()[:4] == ['100', '10,000', '0.01', '1']
+  assert lines[header + 3].split()[:2] == ['10,000', '1,000,000']
 
 
 def test_cli_target_epsilon_calibrates_the_noise_multiplier():

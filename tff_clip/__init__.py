@@ -7,7 +7,9 @@ Modules (data flows down this list):
   aggregators  -- non-private TFF aggregation factories built on `bounding`.
   dp           -- Gaussian-noise DP queries and `dp_factory` (user-level DP).
   algorithms   -- `build_fedavg`: one call composing all of the above.
-  accounting   -- the privacy ledger on dp_accounting (no TF import).
+  accounting   -- epsilon of DpEvents on dp_accounting; calibration,
+                  extrapolation (no TF import).
+  privacy_ledger -- the DpEvents a run actually ran, and their JSON format.
   sampling     -- seeded Poisson / fixed-size client sampling.
   training     -- the training program behind `python -m scripts.train`.
   plotting     -- the run's PNG plot.

@@ -1,55 +1,45 @@
-"""The privacy ledger: (epsilon, delta) of federated training from its DpEvents.
+"""Epsilon of DP federated training, from dp_accounting DpEvents.
 
-What happened is described with `dp_accounting.DpEvent`s and dp_accounting's
-accountants interpret it. One round of DP federated averaging is
+One round of DP federated averaging is
 
     PoissonSampledDpEvent(q, GaussianDpEvent(z))                # 'poisson'
     SampledWithoutReplacementDpEvent(K, n, GaussianDpEvent(z))  # 'fixed_size'
 
-and training is the composition of its rounds: epsilon always comes from
-such events (recorded by a `PrivacyLedger`, or `training_event`'s), never
-from a separate formula. z (`noise_multiplier`) is the noise std over C, the
-L2 bound of ONE client's update, for noise N(0, (z C)^2 I) on the SUM of
-the cohort's updates (as `tff_clip.dp` and TFF; seed 002's noise on the
-average is sigma_DP = z / n); n `clients_per_round`, K `population_size`,
-q = n / K. User-level DP: neighbours differ in ALL the data of one client.
+and training the composition of its rounds (`training_event`, or what a
+`tff_clip.privacy_ledger.PrivacyLedger` recorded): epsilon always comes from
+such events, never from a separate formula. z (`noise_multiplier`) is the
+noise std over C, the L2 bound of ONE client's update, for noise
+N(0, (z C)^2 I) on the SUM of the cohort's updates (as `tff_clip.dp` and
+TFF; seed 002's noise on the average is sigma_DP = z / n); n
+`clients_per_round`, K `population_size`, q = n / K. User-level DP.
 
-  * 'poisson': each client joins each round with probability q (n is the
-    expected cohort); add-or-remove-one adjacency. RDP (Mironov, Talwar,
-    Zhang 2019; Canonne, Kamath, Steinke 2020, Prop. 12 to (epsilon, delta);
-    the minimising order is `rdp_order`) and PLD (Doroshenko et al. 2022,
-    pessimistic: an upper bound on every grid).
-  * 'fixed_size': n distinct clients of exactly K; replace-one adjacency, the
-    only one analysed for sampling without replacement (Wang, Balle,
-    Kasiviswanathan 2019, Thm. 27). Replacing a client moves the clipped sum
-    by 2C, so RDP is given z / 2: dp_accounting 0.4.3 leaves this factor out
-    (google/differential-privacy#378; if upstream fixes it, the halving must
-    go; tests/test_accounting.py pins it). No PLD exists for it
-    (`UnsupportedEventError`, never a silent fallback), a replace-one
-    epsilon is not comparable to an add-or-remove one, and the two kinds of
-    rounds are never composed (ValueError).
-  * z = 0: epsilon = inf for every delta (the conservative report).
+  * 'poisson': add-or-remove-one adjacency. RDP (Mironov, Talwar, Zhang
+    2019; Canonne, Kamath, Steinke 2020, Prop. 12) and PLD (Doroshenko et
+    al. 2022, pessimistic: an upper bound on every grid).
+  * 'fixed_size': replace-one adjacency (Wang, Balle, Kasiviswanathan 2019,
+    Thm. 27). Replacing a client moves the clipped sum by 2C, so RDP is
+    given z / 2: dp_accounting 0.4.3 leaves this factor out
+    (google/differential-privacy#378; tests/test_accounting.py pins it). No
+    PLD exists for it (`UnsupportedEventError`), and the two kinds of rounds
+    are never composed (ValueError).
+  * z = 0: epsilon = inf for every delta.
 
 PLD grid (`value_discretization_interval=None`): 1e-4 x the RDP epsilon, in
-[1e-6, 100], refined to 1e-4 x the PLD epsilon when that is much smaller.
-dp_accounting's fixed 1e-4 overstates epsilon ~ 0.1 by a few percent and is
-slow at epsilon ~ 5; this grid overstates by ~0.1% (measured), and a coarser
-grid can only overstate. Population extrapolation: `extrapolate_population`.
-No TensorFlow import: `python -m scripts.accountant` answers in a second.
+[1e-6, 100], refined to 1e-4 x the PLD epsilon when that is much smaller
+(dp_accounting's fixed 1e-4 overstates epsilon ~ 0.1 by a few percent and is
+slow at epsilon ~ 5; this grid overstates by ~0.1%, measured). No TensorFlow
+import: `python -m scripts.accountant` answers in a second.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
-import attr
 import dp_accounting
-from dp_accounting import dp_event as dp_event_lib
 from dp_accounting import pld
 from dp_accounting import rdp
 from dp_accounting.rdp import rdp_privacy_accountant
@@ -57,10 +47,9 @@ import numpy as np
 
 __all__ = [
     'ACCOUNTANTS', 'DEFAULT_EXTRAPOLATION_SCALES', 'ExtrapolationRow',
-    'FIXED_SIZE', 'PLD', 'POISSON', 'PrivacyGuarantee', 'PrivacyLedger', 'RDP',
-    'RDP_ORDERS', 'SAMPLINGS', 'calibrate_noise_multiplier', 'compute_epsilon',
-    'compute_training_epsilon', 'event_from_dict', 'event_to_dict',
-    'extrapolate_population', 'format_extrapolation_table',
+    'FIXED_SIZE', 'PLD', 'POISSON', 'PrivacyGuarantee', 'RDP', 'RDP_ORDERS',
+    'SAMPLINGS', 'calibrate_noise_multiplier', 'compute_epsilon',
+    'compute_training_epsilon', 'extrapolate_population',
     'gaussian_round_event', 'round_event', 'training_event',
 ]
 
@@ -86,7 +75,8 @@ _SILENT = (dp_accounting.NoOpDpEvent, dp_accounting.NonPrivateDpEvent)
 _PLD_RELATIVE_GRID, _PLD_MIN_GRID, _PLD_MAX_GRID = 1e-4, 1e-6, 100.0
 # Calibration searches noise multipliers in about [2**-10, 2**20].
 _MIN_NOISE_MULTIPLIER, _MAX_NOISE_MULTIPLIER = 2.0**-10, 2.0**20
-_LEDGER_FORMAT, _LEDGER_VERSION = 'tff_clip.accounting.PrivacyLedger', 1
+_RDP_CACHE: dict[tuple[str, dp_accounting.NeighboringRelation],
+                 np.ndarray] = {}
 # What each real argument must be: (requirement, test).
 _POSITIVE = ('finite and > 0', lambda v: math.isfinite(v) and v > 0)
 _REAL_RULES = {
@@ -102,10 +92,6 @@ _REAL_RULES = {
     'value_discretization_interval': _POSITIVE,
     'scales': ('real', lambda v: True),
 }
-# Only these classes are ever built from a dict (never a module it names).
-_EVENT_CLASSES = {
-    name: cls for name, cls in vars(dp_event_lib).items()
-    if isinstance(cls, type) and issubclass(cls, dp_accounting.DpEvent)}
 
 
 # ---------------------------------------------------------------------------
@@ -190,20 +176,12 @@ def round_event(noise_event: dp_accounting.DpEvent,
                 clients_per_round: Union[int, float],
                 population_size: int,
                 sampling: str = POISSON) -> dp_accounting.DpEvent:
-  """One round: the cohort's sampling around `noise_event`.
+  """`PoissonSampledDpEvent(n / K, noise_event)` or, for `'fixed_size'`
+  sampling, `SampledWithoutReplacementDpEvent(K, n, noise_event)`.
 
-  Args:
-    noise_event: What the aggregator released about the cohort, e.g.
-      `GaussianDpEvent(z)` or a DP aggregator state's event
-      (`tff_clip.dp.extract_dp_event`; a `ComposedDpEvent` of Gaussians for
-      adaptive clipping).
-    clients_per_round: n; expected (Poisson, may be fractional) or exact.
-    population_size: K, the number of clients sampled from.
-    sampling: `'poisson'` or `'fixed_size'`, as the training loop samples.
-
-  Returns:
-    `PoissonSampledDpEvent(n / K, noise_event)` or
-    `SampledWithoutReplacementDpEvent(K, n, noise_event)`.
+  `noise_event` is what the aggregator released about the cohort, e.g. a DP
+  aggregator state's event (`tff_clip.dp.extract_dp_event`); n is the
+  expected cohort under Poisson sampling (may be fractional).
   """
   _check_event(noise_event, 'noise_event')
   sampling = _choice(sampling, 'sampling', SAMPLINGS)
@@ -373,32 +351,51 @@ def _new_accountant(accountant: str, relation, grid: Optional[float] = None):
   return pld.PLDAccountant(relation, value_discretization_interval=grid)
 
 
-def _unsupported(accountant: str, event, relation, error) -> Exception:
-  if accountant == PLD and relation == _REPLACE_ONE:
-    message = (
-        'The PLD accountant cannot account for fixed-size sampling without '
-        'replacement (SampledWithoutReplacementDpEvent): dp_accounting has no '
-        'PLD for it. Use accountant="rdp" (replace-one adjacency), or Poisson '
-        'sampling.')
-  else:
-    message = (f'The {accountant.upper()} accountant cannot account for '
-               f'{event}.')
-  return dp_accounting.UnsupportedEventError(f'{message} ({error})')
-
-
 def _compose(accountant: str, view, relation, grid=None):
   """A fresh accountant that composed the (interpreted) event `view`."""
   try:
     return _new_accountant(accountant, relation, grid).compose(view)
   except dp_accounting.UnsupportedEventError as error:
-    raise _unsupported(accountant, view, relation, error) from error
+    raise dp_accounting.UnsupportedEventError(
+        f'The {accountant.upper()} accountant cannot account for {view}. '
+        f'({error})') from error
+
+
+def _rdp(view, relation) -> np.ndarray:
+  """RDP of `view` at `RDP_ORDERS`, as dp_accounting's RDP accountant adds it.
+
+  The RDP of each composed event (each round) is computed once per process:
+  a ledger's epsilon after every round costs nothing per distinct round
+  already seen (fixed-size sampling takes ~0.5 s per new one).
+  """
+  total, pending = np.zeros(len(RDP_ORDERS)), [(view, 1)]
+  while pending:  # Depth first, in order: the accountant's order of sums.
+    event, count = pending.pop()
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+      pending.extend((e, count) for e in reversed(event.events))
+    elif isinstance(event, dp_accounting.SelfComposedDpEvent):
+      pending.append((event.event, count * event.count))
+    elif count:
+      key = (repr(event), relation)
+      if key not in _RDP_CACHE:
+        if len(_RDP_CACHE) > 4096:
+          _RDP_CACHE.clear()
+        _RDP_CACHE[key] = _compose(RDP, event, relation).rdp
+      total += count * _RDP_CACHE[key]
+  return total
 
 
 def _check_pld_supports(view, relation) -> None:
   # Before any (possibly slow) RDP pass that would only size the PLD grid.
   if not _new_accountant(PLD, relation, 1.0).supports(view):
-    raise _unsupported(PLD, view, relation,
-                       'unsupported by dp_accounting.pld.PLDAccountant')
+    message = (
+        'The PLD accountant cannot account for fixed-size sampling without '
+        'replacement (SampledWithoutReplacementDpEvent): dp_accounting has no '
+        'PLD for it. Use accountant="rdp" (replace-one adjacency), or Poisson '
+        'sampling.' if relation == _REPLACE_ONE else
+        f'The PLD accountant cannot account for {view}.')
+    raise dp_accounting.UnsupportedEventError(
+        f'{message} (unsupported by dp_accounting.pld.PLDAccountant)')
 
 
 def _pld_grid(epsilon: float) -> float:
@@ -428,17 +425,14 @@ class PrivacyGuarantee:
   value_discretization_interval: Optional[float] = None
 
 
-def _guarantee(view, relation, delta, accountant, grid,
-               rdp_values=None) -> PrivacyGuarantee:
-  """Runs one accountant on an interpreted event (RDP: or on its RDP)."""
+def _guarantee(view, relation, delta, accountant, grid) -> PrivacyGuarantee:
+  """Runs one accountant on an interpreted event."""
   adjacency = _ADJACENCY_NAMES[relation]
   if _releases_nothing(view):
     # E.g. an empty ledger (RDP would give its 2 delta^2 floor's epsilon).
     return PrivacyGuarantee(0.0, delta, accountant, adjacency)
   if accountant == RDP:
-    if rdp_values is None:
-      rdp_values = _compose(RDP, view, relation).rdp
-    epsilon, order = _epsilon_from_rdp(RDP_ORDERS, rdp_values, delta)
+    epsilon, order = _epsilon_from_rdp(RDP_ORDERS, _rdp(view, relation), delta)
     return PrivacyGuarantee(epsilon, delta, RDP, adjacency, rdp_order=order)
   _check_pld_supports(view, relation)
 
@@ -469,8 +463,7 @@ def compute_epsilon(
     value_discretization_interval: Optional[float] = None) -> PrivacyGuarantee:
   """The (epsilon, delta) guarantee of everything `event` describes.
 
-  `event` is e.g. `training_event(...)` or `PrivacyLedger.composed_event()`;
-  `value_discretization_interval` the PLD grid (None: the relative grid).
+  `value_discretization_interval`: the PLD grid (None: the relative grid).
   Raises ValueError for a bad argument or mixed Poisson and fixed-size
   rounds, `dp_accounting.UnsupportedEventError` if the accountant cannot
   account for the event (e.g. PLD with fixed-size sampling).
@@ -550,14 +543,11 @@ def calibrate_noise_multiplier(target_epsilon: float,
   """The smallest z whose `compute_training_epsilon` is <= `target_epsilon`.
 
   Brackets z with RDP (for PLD then with PLD on a fixed grid, so epsilon is
-  smooth in z) and searches with `dp_accounting.calibrate_dp_mechanism`
-  (Brent's method, absolute `tolerance` on z). PLD costs ~15 PLD evaluations
-  (~10 s on the default grid at epsilon ~ 3), fixed-size RDP ~0.5 s each.
-  `value_discretization_interval` is the PLD grid of the search and of the
-  check; None: 1e-4 x target, then `compute_epsilon`'s relative grid.
-  Returns z ~ 2**-10 if even that meets the target; raises ValueError if
-  z = 2**20 does not (`target_epsilon` unreachable), UnsupportedEventError
-  for PLD with fixed-size sampling.
+  smooth in z), then `dp_accounting.calibrate_dp_mechanism` (Brent's method,
+  absolute `tolerance` on z). PLD takes ~15 evaluations (~10 s at epsilon ~
+  3). PLD grid: `value_discretization_interval`, or 1e-4 x target for the
+  search and `compute_epsilon`'s for the check. Returns z ~ 2**-10 if that
+  meets the target; ValueError if z = 2**20 does not.
   """
   target_epsilon = _real(target_epsilon, 'target_epsilon')
   delta = _real(delta, 'delta')
@@ -673,258 +663,3 @@ def extrapolate_population(
     rows.append(ExtrapolationRow(cohort, population, cohort / population,
                                  sigma_dp * cohort, guarantees))
   return rows
-
-
-def _format_number(value: float) -> str:
-  if isinstance(value, numbers.Integral):
-    return f'{value:,}'
-  if float(value).is_integer() and abs(value) < 1e15:
-    return f'{int(value):,}'
-  return f'{value:.4g}'
-
-
-def format_extrapolation_table(rows: Sequence[ExtrapolationRow]) -> str:
-  """A plain-text table: n, K, q, z, then epsilon (and order) per accountant."""
-  if not rows:
-    return '(no rows)'
-  accountants = list(rows[0].guarantees)
-  header = ['n (clients/round)', 'K (population)', 'q', 'z']
-  for accountant in accountants:
-    header += [f'{accountant.upper()} epsilon'] + (
-        ['RDP order'] if accountant == RDP else [])
-  table = [header]
-  for row in rows:
-    line = [_format_number(row.clients_per_round),
-            _format_number(row.population_size),
-            f'{row.sampling_probability:.4g}', f'{row.noise_multiplier:.4g}']
-    for accountant in accountants:
-      guarantee = row.guarantees[accountant]
-      line += [f'{guarantee.epsilon:.4g}'] + (
-          [f'{guarantee.rdp_order:g}'] if accountant == RDP else [])
-    table.append(line)
-  widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-  return '\n'.join('  '.join(cell.rjust(width) for cell, width in
-                             zip(line, widths)) for line in table)
-
-
-# ---------------------------------------------------------------------------
-# Events as JSON-able dicts. (`DpEvent.from_named_tuple` would import the
-# module a checkpoint names; these dicts name only a dp_event class.)
-
-
-def _to_plain(value):
-  if isinstance(value, dp_accounting.DpEvent):
-    return event_to_dict(value)
-  if isinstance(value, (list, tuple)):
-    return [_to_plain(v) for v in value]
-  if isinstance(value, bool) or value is None or isinstance(value, str):
-    return value
-  if isinstance(value, numbers.Integral):
-    return int(value)
-  if isinstance(value, numbers.Real):
-    return float(value)
-  raise TypeError(f'Cannot serialise DpEvent field value {value!r}.')
-
-
-def event_to_dict(event: dp_accounting.DpEvent) -> dict[str, Any]:
-  """{'type': class name, **fields}; NumPy scalars become Python numbers."""
-  if type(event).__name__ not in _EVENT_CLASSES:
-    raise TypeError(f'Cannot serialise {type(event)}: only the event classes '
-                    'of dp_accounting.dp_event are supported.')
-  return {'type': type(event).__name__,
-          **{field.name: _to_plain(getattr(event, field.name))
-             for field in attr.fields(type(event))}}
-
-
-def _from_plain(value):
-  if isinstance(value, Mapping):
-    return event_from_dict(value)
-  if isinstance(value, list):
-    return [_from_plain(v) for v in value]
-  return value
-
-
-def event_from_dict(data: Mapping[str, Any]) -> dp_accounting.DpEvent:
-  """The inverse of `event_to_dict`."""
-  if not isinstance(data, Mapping) or data.get('type') not in _EVENT_CLASSES:
-    raise ValueError(f'Not a serialised dp_accounting event: {data!r}.')
-  cls = _EVENT_CLASSES[data['type']]
-  fields = {f.name for f in attr.fields(cls)}
-  if set(data) - {'type'} != fields:
-    raise ValueError(f'Fields of serialised {data["type"]} must be '
-                     f'{sorted(fields)}; got {sorted(set(data) - {"type"})}.')
-  return cls(**{name: _from_plain(data[name]) for name in fields})
-
-
-# ---------------------------------------------------------------------------
-# The ledger.
-
-
-class PrivacyLedger:
-  """The DpEvents a training run actually ran, one per round.
-
-  Record each round's event after it ran, e.g. with TFF:
-
-    noise_event = (tff.aggregators.differential_privacy
-                   .extract_dp_event_from_state(aggregator_state))
-    ledger.record(round_num, accounting.round_event(
-        noise_event, clients_per_round, population_size, sampling='poisson'))
-
-  Epsilon composes exactly the recorded events (`composed_event()`). A round
-  number recorded twice raises, so a run resumed from a checkpoint
-  (`to_dict` / `from_dict`) never counts a round twice. Each distinct
-  event's RDP is computed once, so epsilon after every round is cheap.
-  """
-
-  def __init__(self):
-    self._event_index: dict[int, int] = {}  # round_num -> index in _distinct
-    self._distinct: list[dp_accounting.DpEvent] = []
-    self._rdp_cache: dict[tuple[int, Any], np.ndarray] = {}
-
-  def __len__(self) -> int:
-    return len(self._event_index)
-
-  def __repr__(self) -> str:
-    return (f'PrivacyLedger({len(self)} rounds, {len(self._distinct)} '
-            'distinct events)')
-
-  @property
-  def rounds(self) -> tuple[int, ...]:
-    """The recorded round numbers, ascending."""
-    return tuple(sorted(self._event_index))
-
-  @property
-  def events(self) -> tuple[dp_accounting.DpEvent, ...]:
-    """The recorded events, in ascending round order."""
-    return tuple(self._distinct[self._event_index[r]] for r in self.rounds)
-
-  def record(self, round_num: int, event: dp_accounting.DpEvent) -> None:
-    """Records that round `round_num` ran `event` (its sampling included).
-
-    Raises:
-      ValueError: A bad argument; `round_num` already recorded; `event`
-        mixes Poisson and fixed-size sampling with the recorded events, or
-        cannot be accounted (a ledger never holds a release it cannot
-        account).
-      TypeError: If `event` is not a `dp_accounting.DpEvent`.
-    """
-    round_num = _integer(round_num, 'round_num', minimum=0)
-    _check_event(event)
-    if round_num in self._event_index:
-      raise ValueError(f'`round_num` {round_num} is already recorded; a round '
-                       'must never be counted twice.')
-    # Python numbers and lists: equal events compare equal (TFF gives NumPy
-    # scalars and tuples) and survive serialisation unchanged.
-    event = event_from_dict(event_to_dict(event))
-    relation = _neighboring_relation(
-        dp_accounting.ComposedDpEvent(self._distinct + [event]))
-    if event not in self._distinct:
-      try:
-        rdp_values = self._rdp_of(event, relation)
-      except dp_accounting.UnsupportedEventError as error:
-        raise ValueError(f'`event` cannot be accounted: {error}') from error
-      self._rdp_cache[(len(self._distinct), relation)] = rdp_values
-      self._distinct.append(event)
-    self._event_index[round_num] = self._distinct.index(event)
-
-  def record_gaussian_round(self,
-                            round_num: int,
-                            noise_multiplier: float,
-                            clients_per_round: Union[int, float],
-                            population_size: int,
-                            sampling: str = POISSON) -> None:
-    """`record(round_num, gaussian_round_event(z, n, K, sampling))`."""
-    self.record(round_num, gaussian_round_event(
-        noise_multiplier, clients_per_round, population_size, sampling))
-
-  @staticmethod
-  def _rdp_of(event, relation) -> np.ndarray:
-    return _compose(RDP, _accounting_view(event, relation), relation).rdp
-
-  def _rdp_vector(self, index: int, relation) -> np.ndarray:
-    # The relation changes if a bare (unsampled) event precedes fixed-size
-    # rounds: cached per relation.
-    key = (index, relation)
-    if key not in self._rdp_cache:
-      self._rdp_cache[key] = self._rdp_of(self._distinct[index], relation)
-    return self._rdp_cache[key]
-
-  def composed_event(self) -> dp_accounting.DpEvent:
-    """`ComposedDpEvent([SelfComposedDpEvent(e, count of e), ...])`.
-
-    Over the distinct round events (composition ignores order), so PLD
-    self-composes each once; `NoOpDpEvent()` for an empty ledger.
-    """
-    if not self._event_index:
-      return dp_accounting.NoOpDpEvent()
-    counts = collections.Counter(self._event_index.values())
-    return dp_accounting.ComposedDpEvent([
-        dp_accounting.SelfComposedDpEvent(event, counts[index])
-        for index, event in enumerate(self._distinct)])
-
-  def guarantee(
-      self,
-      delta: float,
-      accountant: str = RDP,
-      value_discretization_interval: Optional[float] = None
-  ) -> PrivacyGuarantee:
-    """`compute_epsilon(self.composed_event(), ...)`, RDP from the cache."""
-    delta = _real(delta, 'delta')
-    accountant = _choice(accountant, 'accountant', ACCOUNTANTS)
-    composed = self.composed_event()
-    if accountant == PLD:
-      return compute_epsilon(composed, delta, PLD,
-                             value_discretization_interval)
-    relation = _neighboring_relation(composed)
-    counts = collections.Counter(self._event_index.values())
-    total = 0 * np.asarray(RDP_ORDERS)
-    for index in range(len(self._distinct)):
-      total = total + counts[index] * self._rdp_vector(index, relation)
-    return _guarantee(_accounting_view(composed, relation), relation, delta,
-                      RDP, None, rdp_values=total)
-
-  def epsilon(self,
-              delta: float,
-              accountant: str = RDP,
-              value_discretization_interval: Optional[float] = None) -> float:
-    """`guarantee(...).epsilon`."""
-    return self.guarantee(delta, accountant,
-                          value_discretization_interval).epsilon
-
-  def epsilon_history(self, delta: float) -> list[tuple[int, float]]:
-    """(round_num, RDP epsilon of the rounds up to it), ascending; O(rounds)."""
-    delta = _real(delta, 'delta')
-    relation = _neighboring_relation(self.composed_event())
-    total = 0 * np.asarray(RDP_ORDERS)
-    history = []
-    for round_num in self.rounds:
-      total = total + self._rdp_vector(self._event_index[round_num], relation)
-      history.append(
-          (round_num, _epsilon_from_rdp(RDP_ORDERS, total, delta)[0]))
-    return history
-
-  def to_dict(self) -> dict[str, Any]:
-    """A JSON-able dict (for checkpoints): distinct events with their rounds."""
-    groups = [{'event': event_to_dict(event), 'round_nums': []}
-              for event in self._distinct]
-    for round_num in self.rounds:
-      groups[self._event_index[round_num]]['round_nums'].append(round_num)
-    return {'format': _LEDGER_FORMAT, 'version': _LEDGER_VERSION,
-            'groups': groups}
-
-  @classmethod
-  def from_dict(cls, data: Mapping[str, Any]) -> 'PrivacyLedger':
-    """The inverse of `to_dict`; raises ValueError on a malformed dict."""
-    if (not isinstance(data, Mapping) or
-        data.get('format') != _LEDGER_FORMAT or
-        data.get('version') != _LEDGER_VERSION):
-      raise ValueError(f'`data` is not a version {_LEDGER_VERSION} '
-                       f'{_LEDGER_FORMAT} dict.')
-    entries = []
-    for group in data['groups']:
-      event = event_from_dict(group['event'])
-      entries.extend((round_num, event) for round_num in group['round_nums'])
-    ledger = cls()
-    for round_num, event in sorted(entries, key=lambda entry: entry[0]):
-      ledger.record(round_num, event)
-    return ledger

@@ -3,7 +3,7 @@
 Data flows one way, one call site per arrow: task (`tasks.get_task`) ->
 client work (`algorithms.build_fedavg`: local training, optional per-step
 clipping, BLUR, LUS) -> bounding (`aggregators`) -> noise (`dp`) -> mean ->
-server optimizer -> ledger (`accounting.PrivacyLedger`) and metrics.
+server optimizer -> ledger (`privacy_ledger.PrivacyLedger`) and metrics.
 
 A run directory is a record, never silently changed. Everything is checked
 (flags, task, sizes, DP feasibility, workers) before the first file is
@@ -51,6 +51,7 @@ from absl import logging
 import numpy as np
 
 from tff_clip import accounting
+from tff_clip import privacy_ledger
 from tff_clip import sampling as sampling_lib
 from tff_clip.config import BOUNDINGS, CLIENT_OPTIMIZERS, EXECUTION_KEYS, EXECUTORS, SERVER_OPTIMIZERS  # pylint: disable=unused-import
 from tff_clip import config as config_lib
@@ -425,7 +426,7 @@ def _load_checkpoint(out, manager, state):
     row = data.pop(_PENDING_ROW, None)
     if row is not None:
       row = {k: math.nan if v is None else v for k, v in row.items()}
-    return (loaded['learning'], accounting.PrivacyLedger.from_dict(data),
+    return (loaded['learning'], privacy_ledger.PrivacyLedger.from_dict(data),
             version, row)
   return None
 
@@ -568,7 +569,7 @@ class _Session:
                               'aggregator/dp_query_metrics/clip',  # TFF's.
                               'aggregator/clip_norm') if k in metrics),
         math.nan)
-    row['epsilon'] = (ledger.epsilon(self.config.delta) if self.private
+    row['epsilon'] = (ledger.guarantee(self.config.delta).epsilon if self.private
                       else math.inf)
     if self.task.problem is not None:
       row['objective'] = float(self.task.problem.report(
@@ -633,7 +634,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
       start_round = last + 1
       print(f'Resuming {out}/ from its checkpoint after round {last} of '
             f'{config.rounds}.', flush=True)
-  ledger = ledger or accounting.PrivacyLedger()
+  ledger = ledger or privacy_ledger.PrivacyLedger()
   writers = _MetricsWriters(out, resuming=start_round > 1)
   if pending_row is not None:
     # Killed between the checkpoint and the release: release it now (the
@@ -763,7 +764,7 @@ def _summary(config, session, ledger, last_eval, last_row):
     summary['objective_name'] = session.task.problem.report_name
     summary['final_objective'] = last_row['objective']
   if session.private:
-    summary['epsilon'] = ledger.epsilon(config.delta) if len(ledger) else 0.0
+    summary['epsilon'] = ledger.guarantee(config.delta).epsilon if len(ledger) else 0.0
     released = [k for k in NOT_COVERED if k in last_row]
     if released:
       summary['not_covered_by_epsilon'] = released
