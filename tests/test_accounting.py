@@ -164,6 +164,18 @@ def test_zero_noise_gives_infinite_epsilon(sampling, accountant):
   assert guarantee.epsilon == math.inf
 
 
+def test_events_that_print_alike_are_never_confused():
+  # float32(1.1) prints as 1.1 but is 1.1000000238...: RDP is computed once
+  # per distinct event, and each gets dp_accounting's own value, in any order.
+  epsilons = []
+  for scale in (1.1, np.float32(1.1), 1.1, np.float32(1.1)):
+    event = dp_accounting.LaplaceDpEvent(scale)
+    direct = rdp.RdpAccountant().compose(event).get_epsilon(DELTA)
+    epsilons.append(accounting.compute_epsilon(event, DELTA).epsilon)
+    assert epsilons[-1] == direct
+  assert epsilons[0] != epsilons[1]
+
+
 def test_huge_noise_never_rounds_to_zero_epsilon():
   # dp_accounting's RDP at order 1.1 is exactly 0.0 here (true value 5e-15
   # per round), which would make compute_epsilon claim epsilon = 0.

@@ -75,8 +75,8 @@ _SILENT = (dp_accounting.NoOpDpEvent, dp_accounting.NonPrivateDpEvent)
 _PLD_RELATIVE_GRID, _PLD_MIN_GRID, _PLD_MAX_GRID = 1e-4, 1e-6, 100.0
 # Calibration searches noise multipliers in about [2**-10, 2**20].
 _MIN_NOISE_MULTIPLIER, _MAX_NOISE_MULTIPLIER = 2.0**-10, 2.0**20
-_RDP_CACHE: dict[tuple[str, dp_accounting.NeighboringRelation],
-                 np.ndarray] = {}
+_RDP_CACHE: dict[tuple[dp_accounting.DpEvent,
+                       dp_accounting.NeighboringRelation], np.ndarray] = {}
 # What each real argument must be: (requirement, test).
 _POSITIVE = ('finite and > 0', lambda v: math.isfinite(v) and v > 0)
 _REAL_RULES = {
@@ -376,13 +376,22 @@ def _rdp(view, relation) -> np.ndarray:
     elif isinstance(event, dp_accounting.SelfComposedDpEvent):
       pending.append((event.event, count * event.count))
     elif count:
-      key = (repr(event), relation)
-      if key not in _RDP_CACHE:
-        if len(_RDP_CACHE) > 4096:
-          _RDP_CACHE.clear()
-        _RDP_CACHE[key] = _compose(RDP, event, relation).rdp
-      total += count * _RDP_CACHE[key]
+      total += count * _cached_rdp(event, relation)
   return total
+
+
+def _cached_rdp(event, relation) -> np.ndarray:
+  # Keyed by the event itself (its fields compared exactly, so float32(1.1)
+  # is not 1.1); an unhashable event (a list inside) is not cached.
+  try:
+    return _RDP_CACHE[(event, relation)]
+  except KeyError:
+    if len(_RDP_CACHE) > 4096:
+      _RDP_CACHE.clear()
+    value = _RDP_CACHE[(event, relation)] = _compose(RDP, event, relation).rdp
+  except TypeError:
+    value = _compose(RDP, event, relation).rdp
+  return value
 
 
 def _check_pld_supports(view, relation) -> None:
