@@ -569,8 +569,8 @@ class _Session:
                               'aggregator/dp_query_metrics/clip',  # TFF's.
                               'aggregator/clip_norm') if k in metrics),
         math.nan)
-    row['epsilon'] = (ledger.guarantee(self.config.delta).epsilon if self.private
-                      else math.inf)
+    row['epsilon'] = (ledger.guarantee(self.config.delta).epsilon
+                      if self.private else math.inf)
     if self.task.problem is not None:
       row['objective'] = float(self.task.problem.report(
           self.process.get_model_weights(state).trainable))
@@ -764,7 +764,7 @@ def _summary(config, session, ledger, last_eval, last_row):
     summary['objective_name'] = session.task.problem.report_name
     summary['final_objective'] = last_row['objective']
   if session.private:
-    summary['epsilon'] = ledger.guarantee(config.delta).epsilon if len(ledger) else 0.0
+    summary['epsilon'] = ledger.guarantee(config.delta).epsilon  # 0 if empty.
     released = [k for k in NOT_COVERED if k in last_row]
     if released:
       summary['not_covered_by_epsilon'] = released
