@@ -51,9 +51,12 @@ __all__ = [
     'SAMPLINGS', 'calibrate_noise_multiplier', 'compute_epsilon',
     'compute_training_epsilon', 'extrapolate_population',
     'gaussian_round_event', 'round_event', 'training_event',
+    'min_separation_round_event', 'correlated_training_event',
+    'calibrate_correlated_noise_multiplier',
 ]
 
-from tff_clip.names import ACCOUNTANTS, FIXED_SIZE, PLD, POISSON, RDP, SAMPLINGS  # pylint: disable=g-bad-import-order,wrong-import-position
+from tff_clip import correlated_noise  # pylint: disable=g-bad-import-order,wrong-import-position
+from tff_clip.names import ACCOUNTANTS, FIXED_SIZE, MIN_SEPARATION, PLD, POISSON, RDP, SAMPLINGS  # pylint: disable=g-bad-import-order,wrong-import-position
 
 # dp_accounting's default Renyi orders (1.1 ... 10.9, 11 ... 63, 128 ... 1024).
 RDP_ORDERS = tuple(rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
@@ -185,6 +188,10 @@ def round_event(noise_event: dp_accounting.DpEvent,
   """
   _check_event(noise_event, 'noise_event')
   sampling = _choice(sampling, 'sampling', SAMPLINGS)
+  if sampling == MIN_SEPARATION:
+    raise ValueError("`sampling`: 'min_separation' rounds are recorded with "
+                     '`min_separation_round_event` (they depend on the '
+                     'round number).')
   clients_per_round, population_size = _cohort(clients_per_round,
                                                population_size, sampling)
   if sampling == POISSON:
@@ -215,6 +222,48 @@ def training_event(noise_multiplier: float,
   return dp_accounting.SelfComposedDpEvent(
       gaussian_round_event(noise_multiplier, clients_per_round,
                            population_size, sampling), rounds)
+
+
+def min_separation_round_event(noise_event: dp_accounting.DpEvent,
+                               round_num: int,
+                               separation: int) -> dp_accounting.DpEvent:
+  """Round `round_num` under participation with minimum separation b.
+
+  A client takes part at most once in each cycle of b rounds
+  (`tff_clip.sampling`), so each cycle is charged `noise_event` -- ONE
+  participation (`tff_clip.correlated_noise.participation_event`) -- at its
+  first round, and its other rounds `NoOpDpEvent`: after T rounds the ledger
+  composes k = ceil(T / b) participations, with no amplification.
+  """
+  _check_event(noise_event, 'noise_event')
+  round_num = _integer(round_num, 'round_num', minimum=0)
+  separation = _integer(separation, 'separation')
+  if round_num % separation == 0:
+    return noise_event
+  return dp_accounting.NoOpDpEvent()
+
+
+def correlated_training_event(noise_mechanism: str, noise_multiplier: float,
+                              bands: int, rounds: int,
+                              separation: int) -> dp_accounting.DpEvent:
+  """T rounds with separation b: k = ceil(T / b) participation events.
+
+  Banded: k Gaussians with z / max_j ||C e_j|| (one Gaussian with
+  z / (sqrt(k) max_j ||C e_j||), Choquette-Choo et al. 2023); tree: k
+  restarted trees (tensorflow-privacy's
+  `compute_rdp_tree_restart`); independent: k Gaussians.
+  """
+  noise_multiplier = _real(noise_multiplier, 'noise_multiplier')
+  rounds = _integer(rounds, 'rounds')
+  separation = _integer(separation, 'separation')
+  bands = correlated_noise.check_mechanism(noise_mechanism, bands)
+  if separation < bands:
+    raise ValueError(f'`bands` ({bands}) must be at most the participation '
+                     f'separation ({separation}).')
+  return dp_accounting.SelfComposedDpEvent(
+      correlated_noise.participation_event(noise_mechanism, noise_multiplier,
+                                           bands),
+      correlated_noise.participations(rounds, separation))
 
 
 # ---------------------------------------------------------------------------
@@ -672,3 +721,38 @@ def extrapolate_population(
     rows.append(ExtrapolationRow(cohort, population, cohort / population,
                                  sigma_dp * cohort, guarantees))
   return rows
+
+
+def calibrate_correlated_noise_multiplier(target_epsilon: float,
+                                          noise_mechanism: str,
+                                          bands: int,
+                                          rounds: int,
+                                          separation: int,
+                                          delta: float,
+                                          tolerance: float = 1e-6) -> float:
+  """The smallest z whose `correlated_training_event` meets the target (RDP)."""
+  target_epsilon = _real(target_epsilon, 'target_epsilon')
+  delta = _real(delta, 'delta')
+  correlated_training_event(noise_mechanism, 1.0, bands, rounds, separation)
+
+  def view_for(noise_multiplier: float) -> dp_accounting.DpEvent:
+    return _accounting_view(correlated_training_event(
+        noise_mechanism, noise_multiplier, bands, rounds, separation),
+        _ADD_OR_REMOVE)
+
+  def epsilon_at(noise_multiplier: float) -> float:
+    return compute_epsilon(view_for(noise_multiplier), delta).epsilon
+
+  lower, upper = _bracket(epsilon_at, target_epsilon, 1.0,
+                          _MIN_NOISE_MULTIPLIER)
+  if lower == upper:
+    return upper
+  noise_multiplier = float(dp_accounting.calibrate_dp_mechanism(
+      lambda: _new_accountant(RDP, _ADD_OR_REMOVE), view_for, target_epsilon,
+      delta, bracket_interval=dp_accounting.ExplicitBracketInterval(
+          lower, upper), tol=tolerance))
+  step = tolerance
+  while epsilon_at(noise_multiplier) > target_epsilon:
+    noise_multiplier += step
+    step *= 2
+  return noise_multiplier

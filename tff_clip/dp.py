@@ -54,6 +54,7 @@ import tensorflow_privacy as tfp
 from tff_clip import aggregators
 from tff_clip import bounding
 from tff_clip import checks
+from tff_clip import correlated_noise
 
 __all__ = [
     'ActualCountNormalizedQuery',
@@ -164,12 +165,22 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
   # server's (secret) key is never broadcast to clients.
   SampleParams = collections.namedtuple('SampleParams',
                                         ['clip_norm', 'client_noise_key'])
+  CorrelatedGlobalState = collections.namedtuple(
+      'CorrelatedGlobalState', GlobalState._fields + ('noise_history',))
+
+  def set_template(self, template):
+    """The record's tensor specs (correlated noise keeps past noise)."""
+    self._template = template
 
   def __init__(self, bounding_method: str, clip_norm, noise_multiplier: float,
                layer_fractions: Optional[np.ndarray] = None,
                noise_seed: Optional[int] = None,
                noise_placement: str = 'central',
-               expected_clients: Optional[float] = None):
+               expected_clients: Optional[float] = None,
+               noise_mechanism: str = correlated_noise.INDEPENDENT,
+               bands: int = 1):
+    self._mechanism = noise_mechanism
+    self._bands = correlated_noise.check_mechanism(noise_mechanism, bands)
     if bounding_method not in bounding.BOUNDINGS:
       raise ValueError(f'`bounding` must be one of {bounding.BOUNDINGS}; got '
                        f'{bounding_method!r}.')
@@ -190,15 +201,28 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
     if noise_placement == 'client' and not expected_clients:
       raise ValueError('`clients_per_round` is required for client noise.')
     self._placement = noise_placement
+    if noise_placement == 'client' and self._correlated:
+      raise ValueError('`noise_mechanism`: correlated noise needs '
+                       "noise_placement='central'.")
     self._expected_clients = expected_clients
+    self._template = None
+
+  @property
+  def _correlated(self):
+    return self._mechanism != correlated_noise.INDEPENDENT
 
   def initial_global_state(self):
     # The key lives in the aggregator state: checkpointed (server-private),
     # so a resumed run continues the same stream, and never released.
-    return self.GlobalState(tf.constant(self._clip_norm, tf.float32),
-                            tf.constant(self._noise_multiplier, tf.float32),
-                            _initial_key(self._noise_seed),
-                            tf.constant(0, tf.int64))
+    state = self.GlobalState(tf.constant(self._clip_norm, tf.float32),
+                             tf.constant(self._noise_multiplier, tf.float32),
+                             _initial_key(self._noise_seed),
+                             tf.constant(0, tf.int64))
+    if not self._correlated:
+      return state
+    # Correlated noise: its past noise vectors are server-private state too.
+    return self.CorrelatedGlobalState(*state, correlated_noise.initial_history(
+        self._mechanism, self._bands, self._template))
 
   def initial_sample_state(self, template=None):
     # Records are summed in >= float32 (see `_widen`).
@@ -253,13 +277,23 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
   def get_noised_result(self, sample_state, global_state):
     stddev = global_state.noise_multiplier * self.sensitivity(
         global_state.clip_norm)
-    if self._placement == 'central':
-      result = _add_noise(sample_state, stddev,
-                          _fold_in(global_state.noise_key, global_state.round))
+    round_key = _fold_in(global_state.noise_key, global_state.round)
+    if self._correlated:
+      # x_t + S_t (C^{-1} z)_t: `tff_clip.correlated_noise`.
+      unit, history = correlated_noise.correlated_noise(
+          self._mechanism, self._bands, sample_state, global_state.noise_key,
+          global_state.round, global_state.noise_history, round_key)
+      result = tf.nest.map_structure(
+          lambda s, u: s + tf.cast(stddev * u, s.dtype), sample_state, unit)
+      global_state = global_state._replace(noise_history=history)
+    elif self._placement == 'central':
+      result = _add_noise(sample_state, stddev, round_key)
     else:
       result = sample_state
     new_state = global_state._replace(round=global_state.round + 1)
-    event = dp_accounting.GaussianDpEvent(global_state.noise_multiplier)
+    # Per participation: `tff_clip.accounting` composes one per cycle.
+    event = correlated_noise.participation_event(
+        self._mechanism, global_state.noise_multiplier, self._bands)
     return result, new_state, event
 
   def derive_metrics(self, global_state):
@@ -545,9 +579,9 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
     z = cfg['noise_multiplier']
     n = cfg['clients_per_round']
     if not cfg['adaptive']:
-      query = BoundedGaussianSumQuery(
+      query = sum_query = BoundedGaussianSumQuery(
           method, cfg['clip_norm'], z, fractions, cfg['noise_seed'],
-          cfg['noise_placement'], n)
+          cfg['noise_placement'], n, cfg['noise_mechanism'], cfg['bands'])
     else:
       per_layer_quantiles = per_layer and cfg['per_layer_quantiles']
       num_counts = num_layers if per_layer_quantiles else 1
@@ -560,7 +594,7 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
         initial = (initial * fractions).astype(np.float32)
       sum_query = BoundedGaussianSumQuery(
           method, initial, value_z, fractions, cfg['noise_seed'],
-          cfg['noise_placement'], n)
+          cfg['noise_placement'], n, cfg['noise_mechanism'], cfg['bands'])
       # The count noise gets its own seed stream (seed + 1): reusing the
       # value noise's seed would correlate the two releases.
       count_seed = (None if cfg['noise_seed'] is None else
@@ -571,6 +605,7 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
           noise_seed=count_seed)
       query = AdaptiveBoundedSumQuery(sum_query, estimator,
                                       per_layer_quantiles)
+    sum_query.set_template(tff.types.type_to_tf_tensor_specs(value_type))
     if cfg['denominator'] == 'expected':
       query = tfp.NormalizedQuery(query, denominator=float(n))
     else:
@@ -610,6 +645,8 @@ def dp_factory(
     noise_seed: Optional[int] = None,
     record_aggregation_factory: Optional[
         tff.aggregators.UnweightedAggregationFactory] = None,
+    noise_mechanism: str = correlated_noise.INDEPENDENT,
+    bands: int = 1,
 ) -> DPBoundingFactory:
   """User-level DP aggregation: bound, add N(0,(z S)^2 I) to the sum, average.
 
@@ -648,6 +685,14 @@ def dp_factory(
       for reproducible experiments (the noise is then predictable from it).
     record_aggregation_factory: how bounded records are summed (default
       `tff.aggregators.SumFactory`; a secure sum fits here).
+    noise_mechanism: 'independent' (fresh noise every round), 'tree'
+      (DP-FTRL tree aggregation restarted every `bands` rounds) or 'banded'
+      (banded square-root matrix factorization with `bands` bands); see
+      `tff_clip.correlated_noise`. Correlated noise needs central noise and
+      participation with minimum separation >= `bands`
+      (`sampling='min_separation'`); each round's DpEvent is then the event of
+      one participation. The adaptive norm's count noise stays independent.
+    bands: b >= 1 (b = 1 'banded' is independent noise).
 
   Returns:
     A `DPBoundingFactory`.
@@ -690,6 +735,11 @@ def dp_factory(
   if noise_placement not in NOISE_PLACEMENTS:
     raise ValueError(f'`noise_placement` must be one of {NOISE_PLACEMENTS}; '
                      f'got {noise_placement!r}.')
+  correlated_noise.check_mechanism(noise_mechanism, bands)
+  if noise_mechanism != correlated_noise.INDEPENDENT and (
+      noise_placement != 'central'):
+    raise ValueError('`noise_mechanism`: correlated noise needs '
+                     "noise_placement='central'.")
   if noise_seed is not None and (isinstance(noise_seed, bool) or
                                  not isinstance(noise_seed, int)):
     raise TypeError(f'`noise_seed` must be an int or None; got {noise_seed!r}.')
@@ -707,7 +757,9 @@ def dp_factory(
       clipped_count_stddev=clipped_count_stddev,
       per_layer_quantiles=per_layer_quantiles,
       noise_placement=noise_placement, noise_seed=noise_seed,
-      record_aggregation_factory=record_aggregation_factory)
+      record_aggregation_factory=record_aggregation_factory,
+      noise_mechanism=noise_mechanism,
+      bands=correlated_noise.check_mechanism(noise_mechanism, bands))
 
 
 def extract_dp_event(aggregator_state) -> dp_accounting.DpEvent:

@@ -15,7 +15,16 @@ DENOMINATORS = ('expected', 'actual')
 # without replacement (replace-one adjacency).
 POISSON = 'poisson'
 FIXED_SIZE = 'fixed_size'
-SAMPLINGS = (POISSON, FIXED_SIZE)
+# Participation with minimum separation (`tff_clip.sampling`): round t takes
+# group t mod b of b seeded groups; accounted without amplification.
+MIN_SEPARATION = 'min_separation'
+SAMPLINGS = (POISSON, FIXED_SIZE, MIN_SEPARATION)
+# How the DP noise of successive rounds is correlated
+# (`tff_clip.correlated_noise`).
+INDEPENDENT = 'independent'
+TREE = 'tree'
+BANDED = 'banded'
+NOISE_MECHANISMS = (INDEPENDENT, TREE, BANDED)
 # Privacy accountants.
 RDP = 'rdp'
 PLD = 'pld'

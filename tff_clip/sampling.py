@@ -5,7 +5,20 @@ Two schemes, named as in `tff_clip.accounting`, which accounts each:
     replacement (replace-one adjacency);
   * 'poisson': every client independently with probability
     q = clients_per_round / population (add/remove-one adjacency); the cohort
-    size varies and may be zero.
+    size varies and may be zero;
+  * 'min_separation': every client belongs to one of b groups, a seeded hash
+    of (seed, client id), and round t takes part of group t mod b (at most
+    `clients_per_round` of its members, a seeded sample): a client takes
+    part at most k = ceil(T / b) times in T rounds, at least b rounds apart.
+    No amplification is claimed; the privacy comes from correlated noise
+    (`tff_clip.correlated_noise`) or from composing k participations.
+
+    What a deployment must enforce for that guarantee: a client's group is
+    fixed for the whole run (by its identity, not by when it checks in), a
+    client never contributes in a round of another group, and never twice in
+    one cycle of b rounds -- on devices that is a server-side rule keyed by
+    a stable user identifier, with users holding several devices counted
+    once. The separation b must be at least the number of bands of the noise.
 
 The cohort of round r depends only on (seed, r): no sampler state needs a
 checkpoint, and resuming at round r reproduces the uninterrupted run.
@@ -17,16 +30,28 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tff_clip.names import FIXED_SIZE, POISSON, SAMPLINGS
+import hashlib
 
-__all__ = ['FIXED_SIZE', 'POISSON', 'SAMPLINGS', 'ClientSampler']
+from tff_clip.names import FIXED_SIZE, MIN_SEPARATION, POISSON, SAMPLINGS
+
+__all__ = ['FIXED_SIZE', 'MIN_SEPARATION', 'POISSON', 'SAMPLINGS',
+           'ClientSampler', 'separation_group']
+
+
+def separation_group(client_id: str, separation: int, seed: int) -> int:
+  """The group (0..separation-1) of a client: a hash of (seed, id), so a
+  client's group does not depend on who else is in the population."""
+  digest = hashlib.blake2b(f'{int(seed)}:{client_id}'.encode(),
+                           digest_size=8).digest()
+  return int.from_bytes(digest, 'little') % int(separation)
 
 
 class ClientSampler:
   """Draws each round's cohort from `client_ids`."""
 
   def __init__(self, client_ids: Sequence[str], clients_per_round: int,
-               sampling: str = FIXED_SIZE, seed: int = 0):
+               sampling: str = FIXED_SIZE, seed: int = 0,
+               separation: int = 1):
     self._client_ids = list(client_ids)
     if not self._client_ids:
       raise ValueError('`client_ids` is empty: there is no client to sample.')
@@ -42,9 +67,20 @@ class ClientSampler:
       raise ValueError(
           f'`clients_per_round` ({clients_per_round}) exceeds the number of '
           f'clients ({len(self._client_ids)}).')
+    if (isinstance(separation, bool) or
+        not isinstance(separation, (int, np.integer)) or separation < 1):
+      raise ValueError('`separation` must be a positive int; got '
+                       f'{separation!r}.')
     self.clients_per_round = int(clients_per_round)
     self.sampling = sampling
     self.seed = int(seed)
+    self.separation = int(separation)
+    self._groups = None
+    if sampling == MIN_SEPARATION:
+      self._groups = [[] for _ in range(self.separation)]
+      for i, client_id in enumerate(self._client_ids):
+        self._groups[separation_group(client_id, self.separation,
+                                      self.seed)].append(i)
 
   @property
   def population_size(self) -> int:
@@ -57,7 +93,13 @@ class ClientSampler:
   def sample(self, round_num: int) -> list[str]:
     """The cohort of round `round_num` (a pure function of seed and round)."""
     rng = np.random.default_rng([self.seed, int(round_num)])
-    if self.sampling == FIXED_SIZE:
+    if self.sampling == MIN_SEPARATION:
+      group = self._groups[int(round_num) % self.separation]
+      chosen = np.asarray(group, np.int64)
+      if len(group) > self.clients_per_round:
+        chosen = np.sort(rng.choice(chosen, self.clients_per_round,
+                                    replace=False))
+    elif self.sampling == FIXED_SIZE:
       chosen = rng.choice(self.population_size, self.clients_per_round,
                           replace=False)
       chosen.sort()
