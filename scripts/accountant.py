@@ -23,6 +23,14 @@ add-or-remove-one adjacency) or `fixed_size` (exactly clients_per_round
 distinct clients per round; replace-one adjacency, RDP only). See
 `tff_clip/accounting.py` for what each number means.
 
+Correlated noise under participation with minimum separation (each client
+in at most one of every --min_separation rounds; no amplification): the
+event is ceil(rounds / b) participations (`tff_clip.correlated_noise`):
+
+  python -m scripts.accountant --noise_multiplier=2.0 --clients_per_round=100 \
+      --population_size=10000 --rounds=2000 --delta=1e-6 \
+      --sampling=min_separation --noise_mechanism=banded --bands=100
+
 Imports no TensorFlow, so it answers in about a second.
 """
 
@@ -37,6 +45,7 @@ import dp_accounting
 
 from scripts import cli
 from tff_clip import accounting
+from tff_clip import correlated_noise
 
 _NOISE_MULTIPLIER = flags.DEFINE_float(
     'noise_multiplier', None,
@@ -56,6 +65,15 @@ _DELTA = flags.DEFINE_float('delta', None, 'Target delta, in (0, 1).')
 _SAMPLING = flags.DEFINE_enum(
     'sampling', accounting.POISSON, list(accounting.SAMPLINGS),
     'How each cohort is drawn; must be what the training loop does.')
+_NOISE_MECHANISM = flags.DEFINE_enum(
+    'noise_mechanism', 'independent', list(correlated_noise.NOISE_MECHANISMS),
+    'With --sampling=min_separation: independent, tree (restarted every '
+    '--bands rounds) or banded (--bands bands) noise.')
+_BANDS = flags.DEFINE_integer('bands', 1, 'Bands, or the tree restart period.')
+_MIN_SEPARATION = flags.DEFINE_integer(
+    'min_separation', None,
+    'With --sampling=min_separation: rounds between two participations of '
+    'a client (default: --bands).')
 _ACCOUNTANTS = flags.DEFINE_list(
     'accountants', list(accounting.ACCOUNTANTS),
     'Accountants to run: rdp, pld (PLD cannot do fixed-size sampling).')
@@ -193,6 +211,28 @@ def _extrapolation_table(rows) -> str:
                    for line in table)
 
 
+def _correlated_lines(rounds, delta, accountants) -> list[str]:
+  """Epsilon (or the calibrated z) of correlated noise, min separation."""
+  mechanism, bands = _NOISE_MECHANISM.value, _BANDS.value
+  separation = _MIN_SEPARATION.value or bands
+  noise_multiplier = _NOISE_MULTIPLIER.value
+  lines = []
+  if _TARGET_EPSILON.value is not None:
+    noise_multiplier = accounting.calibrate_correlated_noise_multiplier(
+        _TARGET_EPSILON.value, mechanism, bands, rounds, separation, delta)
+    lines.append(f'Noise multiplier for epsilon <= '
+                 f'{_TARGET_EPSILON.value:g} (RDP):')
+  event = accounting.correlated_training_event(mechanism, noise_multiplier,
+                                               bands, rounds, separation)
+  lines.append(f'noise_multiplier = {noise_multiplier:g}, {mechanism} noise, '
+               f'bands = {bands}, separation = {separation}: '
+               f'{event.count} participations of {event.event}')
+  for accountant in accountants:
+    guarantee = accounting.compute_epsilon(event, delta, accountant)
+    lines.append('  ' + _describe_guarantee(guarantee))
+  return lines
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -206,6 +246,16 @@ def main(argv):
   delta = _DELTA.value
   # Everything is computed before anything is printed, so a bad argument
   # gives only its error (which names it).
+  if sampling == accounting.MIN_SEPARATION:
+    try:
+      lines = _correlated_lines(rounds, delta, _accountants())
+    except ValueError as error:
+      return cli.fail(error)
+    print(f'{rounds} rounds, participation with minimum separation, delta = '
+          f'{delta:g}; user-level DP, add-or-remove-one client adjacency, no '
+          'amplification')
+    print('\n'.join(lines))
+    return 0
   try:
     accountants = _accountants()
     scales = _scales() if _EXTRAPOLATE.value else None

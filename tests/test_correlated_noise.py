@@ -356,3 +356,39 @@ def test_adaptive_bounding_with_banded_noise_composes_the_count_noise(method):
   assert isinstance(count_event, dp_accounting.GaussianDpEvent)
   # The value noise's participation event: z_v / max column norm.
   assert value_event.noise_multiplier < count_event.noise_multiplier
+
+
+# ----------------------------------------------------------------------------
+# Flags.
+
+
+def _config(**overrides):
+  from tff_clip import config as config_lib  # pylint: disable=g-import-not-at-top
+  return config_lib.TrainConfig(**overrides)
+
+
+@pytest.mark.parametrize('overrides,flag', [
+    (dict(noise_mechanism='banded', bands=2), '--noise_mechanism'),
+    (dict(noise_mechanism='tree', bands=2, sampling='min_separation',
+          noise_placement='client'), '--noise_mechanism'),
+    (dict(noise_mechanism='banded', bands=2, sampling='min_separation',
+          noise_multiplier=None), '--noise_mechanism'),
+    (dict(noise_mechanism='banded', bands=4, sampling='min_separation',
+          min_separation=3), '--min_separation'),
+    (dict(sampling='min_separation', bands=0), '--bands'),
+    (dict(sampling='min_separation', min_separation=0), '--min_separation'),
+    (dict(noise_mechanism='banded', bands=2, sampling='min_separation',
+          audit_canaries=10), '--audit_canaries'),
+])
+def test_bad_correlated_flags_name_the_flag(overrides, flag):
+  from tff_clip import config as config_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(config_lib.ConfigError, match=flag):
+    config_lib.validate(_config(**overrides))
+
+
+def test_good_correlated_flags_pass():
+  from tff_clip import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = _config(noise_mechanism='banded', bands=3, min_separation=5,
+                   sampling='min_separation')
+  config_lib.validate(config)
+  assert config.separation == 5

@@ -47,7 +47,8 @@ import numpy as np
 
 __all__ = [
     'ACCOUNTANTS', 'DEFAULT_EXTRAPOLATION_SCALES', 'ExtrapolationRow',
-    'FIXED_SIZE', 'PLD', 'POISSON', 'PrivacyGuarantee', 'RDP', 'RDP_ORDERS',
+    'FIXED_SIZE', 'MIN_SEPARATION', 'PLD', 'POISSON', 'PrivacyGuarantee',
+    'RDP', 'RDP_ORDERS',
     'SAMPLINGS', 'calibrate_noise_multiplier', 'compute_epsilon',
     'compute_training_epsilon', 'extrapolate_population',
     'gaussian_round_event', 'round_event', 'training_event',

@@ -156,7 +156,20 @@ class TrainConfig:
   clients_per_round: int = _field(
       20, 'Clients per round (expected, for Poisson sampling).')
   sampling: str = _field('poisson', 'Client sampling; the ledger accounts the '
-                         'one used.', names.SAMPLINGS)
+                         'one used. min_separation: round t takes group t mod '
+                         'b of b seeded client groups (b = --min_separation), '
+                         'no amplification.', names.SAMPLINGS)
+  noise_mechanism: str = _field(
+      'independent', 'DP noise across rounds: independent, tree (DP-FTRL, '
+      'restarted every --bands rounds) or banded (banded square-root matrix '
+      'factorization, --bands bands). tree/banded need '
+      '--sampling=min_separation (docs/correlated_noise.md).',
+      names.NOISE_MECHANISMS)
+  bands: int = _field(1, 'Bands of --noise_mechanism=banded; the tree '
+                      'restart period of --noise_mechanism=tree.')
+  min_separation: Optional[int] = _field(
+      None, 'Groups b of --sampling=min_separation: a client takes part at '
+      'most every b rounds (default: --bands).')
   # Training.
   rounds: int = _field(30, 'Training rounds.')
   client_optimizer: str = _field('sgd', 'Client optimizer.', CLIENT_OPTIMIZERS)
@@ -222,6 +235,11 @@ class TrainConfig:
   @property
   def output_dir(self) -> str:
     return os.path.join(self.root_output_dir, self.experiment_name)
+
+  @property
+  def separation(self) -> int:
+    """The participation separation of --sampling=min_separation."""
+    return self.bands if self.min_separation is None else self.min_separation
 
   @property
   def private(self) -> bool:
@@ -452,6 +470,31 @@ def _check_audit(config):
                       f'{config.audit_confidence!r}.')
 
 
+def _check_correlated(config):
+  _positive(config.bands, 'bands', kind=int)
+  _positive(config.min_separation, 'min_separation', kind=int,
+            allow_none=True)
+  if config.noise_mechanism != 'independent' and (
+      config.sampling != names.MIN_SEPARATION or not config.private or
+      config.bounding not in names.BOUNDINGS or
+      config.noise_placement != 'central'):
+    raise ConfigError(
+        '--noise_mechanism=tree/banded needs --sampling=min_separation, '
+        '--noise_multiplier or --target_epsilon, central noise and a '
+        'tff_clip --bounding: correlated noise is accounted per '
+        'participation, without amplification.')
+  if config.sampling == names.MIN_SEPARATION:
+    if config.separation < config.bands:
+      raise ConfigError(f'--min_separation ({config.separation}) must be at '
+                        f'least --bands ({config.bands}).')
+    if config.audit_canaries:
+      raise ConfigError(
+          '--audit_canaries needs --sampling=poisson or fixed_size: its '
+          'canaries are sampled independently each round and its test '
+          'treats rounds as independent releases, which correlated noise '
+          'and cyclic participation are not.')
+
+
 def validate(config: TrainConfig) -> None:
   """Raises `ConfigError` naming the flag for a configuration that cannot run."""
   _check_choices(config)
@@ -459,5 +502,6 @@ def validate(config: TrainConfig) -> None:
   _check_task(config)
   _check_adaptive(config)
   _check_privacy(config)
+  _check_correlated(config)
   _check_training(config)
   _check_execution(config)

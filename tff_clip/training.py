@@ -282,7 +282,8 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
         denominator=config.denominator,
         # None: a key from OS entropy, drawn in the graph at initialize and
         # kept only in the (checkpointed) aggregator state. Never `seed`.
-        noise_seed=config.noise_seed)
+        noise_seed=config.noise_seed,
+        noise_mechanism=config.noise_mechanism, bands=config.bands)
   if config.clip_norm == 'adaptive':
     # CE-FedAvg with a moving threshold (seed 000), noise-free.
     clip_norm = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
@@ -495,6 +496,12 @@ def resolve_noise_multiplier(config: TrainConfig, population: int):
   if config.target_epsilon is None:
     return config.noise_multiplier
   try:
+    if config.sampling == sampling_lib.MIN_SEPARATION:
+      # The total z; with adaptive clipping the ledger's event (value noise
+      # / its sensitivity, plus the count noise) is then at most as large.
+      return accounting.calibrate_correlated_noise_multiplier(
+          config.target_epsilon, config.noise_mechanism, config.bands,
+          config.rounds, config.separation, config.delta)
     return accounting.calibrate_noise_multiplier(
         config.target_epsilon, clients_per_round=config.clients_per_round,
         population_size=population, rounds=config.rounds, delta=config.delta,
@@ -519,7 +526,7 @@ class _Session:
     self.private = self.noise_multiplier is not None
     self.sampler = sampling_lib.ClientSampler(
         self.client_ids, config.clients_per_round, config.sampling,
-        config.seed)
+        config.seed, config.separation)
     self.auditor = None
     try:
       if config.audit_canaries:  # Canaries inside the DP query.
@@ -556,9 +563,16 @@ class _Session:
     metrics = {}
     _flatten('', output.metrics, metrics)
     if self.private:  # The event the aggregator actually ran this round.
-      ledger.record(round_num, accounting.round_event(
-          dp.extract_dp_event(state.aggregator), self.config.clients_per_round,
-          self.population, self.config.sampling))
+      event = dp.extract_dp_event(state.aggregator)
+      if self.config.sampling == sampling_lib.MIN_SEPARATION:
+        # Rounds run from 1: cycle c is rounds c b + 1 .. c b + b, the
+        # aggregator's rounds (its tree restarts) c b .. c b + b - 1.
+        event = accounting.min_separation_round_event(
+            event, round_num - 1, self.config.separation)
+      else:
+        event = accounting.round_event(event, self.config.clients_per_round,
+                                       self.population, self.config.sampling)
+      ledger.record(round_num, event)
     row = collections.OrderedDict(round=round_num, clients=len(cohort))
     row['train_loss'] = metrics.get('client_work/train/loss', math.nan)
     row['train_accuracy'] = metrics.get(
@@ -768,7 +782,7 @@ def _summary(config, session, ledger, last_eval, last_row):
     released = [k for k in NOT_COVERED if k in last_row]
     if released:
       summary['not_covered_by_epsilon'] = released
-    if z > 0:
+    if z > 0 and config.sampling != sampling_lib.MIN_SEPARATION:
       # Same noise on the average (z / n fixed) at production scale.
       scaled_z = (z / config.clients_per_round *
                   EXTRAPOLATION_CLIENTS_PER_ROUND)
