@@ -26,7 +26,10 @@ __all__ = [
 # gaussian_fixed` / `gaussian_adaptive`, what `tff.learning.dp_aggregator`
 # builds on), the baseline tff_clip is measured against.
 TFF_GAUSSIAN = 'tff_gaussian'
-BOUNDINGS = ('none',) + names.BOUNDINGS + (TFF_GAUSSIAN,)
+# TFF's DifferentiallyPrivateFactory.tree_adaptive (DP-FTRL), restarted
+# every --bands rounds: the baseline of docs/correlated_noise.md.
+TFF_TREE = 'tff_tree_adaptive'
+BOUNDINGS = ('none',) + names.BOUNDINGS + (TFF_GAUSSIAN, TFF_TREE)
 CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
 EXECUTORS = ('inprocess', 'local', 'gpu', 'remote')
@@ -474,9 +477,13 @@ def _check_correlated(config):
   _positive(config.bands, 'bands', kind=int)
   _positive(config.min_separation, 'min_separation', kind=int,
             allow_none=True)
+  if config.bounding == TFF_TREE and (
+      config.noise_mechanism != 'tree' or config.clip_norm != 'adaptive'):
+    raise ConfigError(f'--bounding={TFF_TREE} is TFF\'s tree_adaptive: it '
+                      'needs --noise_mechanism=tree and --clip_norm=adaptive.')
   if config.noise_mechanism != 'independent' and (
       config.sampling != names.MIN_SEPARATION or not config.private or
-      config.bounding not in names.BOUNDINGS or
+      config.bounding not in names.BOUNDINGS + (TFF_TREE,) or
       config.noise_placement != 'central'):
     raise ConfigError(
         '--noise_mechanism=tree/banded needs --sampling=min_separation, '

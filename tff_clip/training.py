@@ -251,12 +251,43 @@ def _server_optimizer(config):
   }[config.server_optimizer]()
 
 
+class _TffTreeAdaptive:
+  """TFF's `DifferentiallyPrivateFactory.tree_adaptive`, restarted every
+  --bands rounds, built when the model's specs are known (`create`)."""
+
+  def __new__(cls, config, noise_multiplier):
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+    class Factory(tff.aggregators.UnweightedAggregationFactory):
+
+      def create(self, value_type):
+        from tff_clip import dp  # pylint: disable=g-import-not-at-top
+        specs = tff.types.type_to_tf_tensor_specs(value_type)
+        bands = config.bands
+        # tff_clip's default count noise: TFF's n / 20 fails at large z.
+        count_stddev = config.clipped_count_stddev or (
+            dp.default_clipped_count_stddev(
+                noise_multiplier, float(config.clients_per_round), 1))
+        return tff.aggregators.DifferentiallyPrivateFactory.tree_adaptive(
+            noise_multiplier, float(config.clients_per_round), specs,
+            initial_l2_norm_clip=config.initial_clip_norm,
+            restart_warmup=None, restart_frequency=bands,
+            target_unclipped_quantile=config.target_quantile,
+            clip_learning_rate=config.clip_learning_rate,
+            clipped_count_stddev=count_stddev,
+            noise_seed=config.noise_seed).create(value_type)
+
+    return Factory()
+
+
 def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
   """The model aggregator: bounding, then (when private) noise, then mean."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip import aggregators, dp  # pylint: disable=g-import-not-at-top
   if config.bounding == 'none':
     return None
+  if config.bounding == config_lib.TFF_TREE:
+    return _TffTreeAdaptive(config, noise_multiplier)
   if config.bounding == config_lib.TFF_GAUSSIAN:
     n = float(config.clients_per_round)
     factory = tff.aggregators.DifferentiallyPrivateFactory
@@ -563,7 +594,14 @@ class _Session:
     metrics = {}
     _flatten('', output.metrics, metrics)
     if self.private:  # The event the aggregator actually ran this round.
-      event = dp.extract_dp_event(state.aggregator)
+      if self.config.bounding == config_lib.TFF_TREE:
+        # TFF's tree queries report UnsupportedDpEvent: the same restarted
+        # tree, accounted as tff_clip's (`correlated_noise`).
+        from tff_clip import correlated_noise  # pylint: disable=g-import-not-at-top
+        event = correlated_noise.participation_event(
+            'tree', self.noise_multiplier, self.config.bands)
+      else:
+        event = dp.extract_dp_event(state.aggregator)
       if self.config.sampling == sampling_lib.MIN_SEPARATION:
         # Rounds run from 1: cycle c is rounds c b + 1 .. c b + b, the
         # aggregator's rounds (its tree restarts) c b .. c b + b - 1.
