@@ -8,16 +8,22 @@ the aggregator's secret noise key.
 """
 
 import collections
+import threading
+import time
 
+import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
+from tensorflow_federated.proto.v0 import executor_pb2
+from tensorflow_federated.python.core.impl.executors import value_serialization
 
 from tff_clip import algorithms
 from tff_clip import dp
 from tff_clip import execution
 from tff_clip import split_execution
+from tff_clip import training
 import tiny_model  # pylint: disable=g-bad-import-order
 
 _STUB_METHODS = ('create_value', 'create_call', 'create_struct',
@@ -45,8 +51,8 @@ def dp_process(noise_seed=None):
                                      noise_seed=noise_seed))
 
 
-def noise_key(state) -> np.ndarray:
-  """The `noise_key` leaf of the state's aggregator (the DP query's state)."""
+def noise_keys(state) -> list[np.ndarray]:
+  """The `noise_key` leaves of the state's aggregator (DP queries' states)."""
   found = []
 
   def visit(value):
@@ -64,8 +70,14 @@ def noise_key(state) -> np.ndarray:
         visit(element)
 
   visit(state.aggregator)
-  assert len(found) == 1, found
-  return found[0]
+  return found
+
+
+def noise_key(state) -> np.ndarray:
+  """The one noise key of a state with one DP query."""
+  keys = noise_keys(state)
+  assert len(keys) == 1, keys
+  return keys[0]
 
 
 def key_encodings(key: np.ndarray) -> list[bytes]:
@@ -183,10 +195,177 @@ def test_a_client_input_holding_the_key_is_refused(secret_runner):
 def test_a_dead_worker_stops_the_call_naming_it():
   proc, port = execution.start_worker()
   target = f'127.0.0.1:{port}'
-  release = __import__('threading').Event()
+  release = threading.Event()
   proc.kill()
   proc.wait()
   with pytest.raises(split_execution.WorkerLostError, match=target):
     split_execution.call_watching_workers(
         lambda: release.wait(60), lambda: [target], timeout_s=0.5)
   release.set()
+
+
+# ----------------------------------------------------------------------------
+# A third-party gRPC client on the worker's port, and dead workers, in runs of
+# `training.run`.
+
+ATTACK_MAX_REQUESTS = 20_000
+
+
+class Attacker:
+  """Asks a worker for values by guessed ids while (and after) a run goes on.
+
+  Executor ids come from the worker itself (`GetExecutor` with a guessed
+  number of clients returns the live executor); value ids are the small
+  integers TFF's worker hands out ('0', '1', ...).
+  """
+
+  def __init__(self, targets, cardinalities=range(1, 8), value_ids=range(16)):
+    self._targets = targets
+    self._cardinalities = cardinalities
+    self._value_ids = value_ids
+    self._stop = threading.Event()
+    self.responses = []
+    self._thread = threading.Thread(target=self._run, daemon=True)
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *unused):
+    self._probe_once()  # And once more after the run.
+    self._stop.set()
+    self._thread.join(timeout=60)
+
+  def _run(self):
+    requests = 0
+    while not self._stop.is_set() and requests < ATTACK_MAX_REQUESTS:
+      requests += max(1, self._probe_once())
+
+  def _probe_once(self) -> int:
+    requests = 0
+    for target in self._targets():
+      stub = tff.framework.RemoteExecutorGrpcStub(
+          grpc.insecure_channel(target, execution.GRPC_CHANNEL_OPTIONS))
+      for clients in self._cardinalities:
+        try:
+          executor = stub.get_executor(executor_pb2.GetExecutorRequest(
+              cardinalities=value_serialization.serialize_cardinalities(
+                  {tff.CLIENTS: clients}))).executor
+        except Exception:  # pylint: disable=broad-except
+          continue
+        for value_id in self._value_ids:
+          requests += 1
+          try:
+            response = stub.compute(executor_pb2.ComputeRequest(
+                executor=executor,
+                value_ref=executor_pb2.ValueRef(id=str(value_id))))
+          except Exception:  # pylint: disable=broad-except
+            continue
+          self.responses.append(response.SerializeToString())
+    return requests
+
+
+@pytest.fixture
+def keys_of_split_rounds(monkeypatch):
+  """The noise key of every state a `SplitRunner` runs a round from."""
+  keys = []
+  original = split_execution.SplitRunner.next
+
+  def recording(self, state, client_datasets):
+    if hasattr(state, 'aggregator'):  # Not the evaluation process.
+      keys.extend(noise_keys(state))
+    return original(self, state, client_datasets)
+
+  monkeypatch.setattr(split_execution.SplitRunner, 'next', recording)
+  return keys
+
+
+@pytest.fixture
+def restore_local_context():
+  yield
+  execution.set_local_cpp_context()
+
+
+def started_worker(port=None):
+  """A TFF worker on 127.0.0.1, once it accepts connections (60 s at most)."""
+  proc, port = execution.start_worker(port=port)
+  target = f'127.0.0.1:{port}'
+  grpc.channel_ready_future(grpc.insecure_channel(target)).result(timeout=60)
+  return proc, target
+
+
+def small_run(tmp_path, name, **changes):
+  values = dict(rounds=2, clients_per_round=3, eval_every=2, progress=False,
+                root_output_dir=str(tmp_path), experiment_name=name)
+  return training.TrainConfig(**{**values, **changes})
+
+
+def test_attacker_on_the_worker_port_finds_the_key_of_process_next(
+    secret_process):
+  # Today's TFF path, attacked as below: the attack does find the key.
+  state = secret_process.initialize()
+  with Attacker(execution.local_worker_targets) as attacker:
+    secret_process.next(state, client_datasets(1))
+  assert sent_key(attacker.responses, noise_key(state))
+
+
+def test_attacker_on_the_local_worker_port_gets_values_but_not_the_key(
+    tmp_path, keys_of_split_rounds, restore_local_context):
+  del restore_local_context
+  with Attacker(execution.local_worker_targets) as attacker:
+    training.run(small_run(tmp_path, 'local', executor='local'))
+  assert len(keys_of_split_rounds) >= 2 and keys_of_split_rounds[0].any()
+  assert attacker.responses  # It did read values off the worker...
+  for key in keys_of_split_rounds:  # ...none of them the key.
+    assert not sent_key(attacker.responses, key)
+
+
+def test_attacker_on_a_remote_worker_port_gets_values_but_not_the_key(
+    tmp_path, keys_of_split_rounds, restore_local_context):
+  del restore_local_context
+  proc, target = started_worker()
+  try:
+    with Attacker(lambda: [target]) as attacker:
+      training.run(small_run(tmp_path, 'remote', executor='remote',
+                             workers=(target,)))
+  finally:
+    proc.kill()
+    proc.wait()
+  assert len(keys_of_split_rounds) >= 2 and keys_of_split_rounds[0].any()
+  assert attacker.responses
+  for key in keys_of_split_rounds:
+    assert not sent_key(attacker.responses, key)
+
+
+def test_a_dead_remote_worker_stops_the_run_and_a_rerun_resumes(
+    tmp_path, monkeypatch, restore_local_context, capsys):
+  del restore_local_context
+  proc, target = started_worker()
+  config = small_run(tmp_path, 'dies', executor='remote', workers=(target,),
+                     rounds=3, eval_every=3, worker_timeout_s=2.0)
+  original = split_execution.SplitRunner.next
+  rounds = []
+
+  def killing_in_round_two(self, state, client_datasets):
+    rounds.append(None)
+    if len(rounds) == 2:
+      proc.kill()
+      proc.wait()
+    return original(self, state, client_datasets)
+
+  monkeypatch.setattr(split_execution.SplitRunner, 'next',
+                      killing_in_round_two)
+  started = time.monotonic()
+  with pytest.raises(split_execution.WorkerLostError, match=target):
+    training.run(config)
+  assert time.monotonic() - started < 60
+  monkeypatch.setattr(split_execution.SplitRunner, 'next', original)
+  capsys.readouterr()
+  proc, _ = started_worker(port=int(target.rpartition(':')[2]))
+  try:
+    summary = training.run(config)
+  finally:
+    proc.kill()
+    proc.wait()
+  assert 'from its checkpoint after round 1' in capsys.readouterr().out
+  assert summary['rounds'] == 3

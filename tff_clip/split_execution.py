@@ -220,8 +220,12 @@ class SplitRunner(simulation.InProcessRunner):
     self._check_no_secret(state_leaves, client_input)
     client_value = tf_graphs.pack_value(self._client_input_type, client_input)
 
+    # TFF's context stack is per thread: the watched call runs in another.
+    context = tff.framework.get_context_stack().current
+
     def clients_round():
-      return self._clients_round(client_value, list(client_datasets))
+      with tff.framework.get_context_stack().install(context):
+        return self._clients_round(client_value, list(client_datasets))
 
     if self._worker_targets is None:
       aggregates = clients_round()
