@@ -188,9 +188,7 @@ def set_execution_context(config: TrainConfig) -> None:
 
 
 def _in_process(config: TrainConfig) -> bool:
-  # The audit's canary graph (2K candidate directions drawn in `update`)
-  # exhausted 24 GB in the in-process importer; it runs on TFF's C++ worker.
-  return config.executor == 'inprocess' and not config.audit_canaries
+  return config.executor == 'inprocess'
 
 
 def runners(config: TrainConfig, *processes):
