@@ -18,6 +18,7 @@ import tensorflow_federated as tff
 
 from tff_clip import aggregators
 from tff_clip import algorithms
+from tff_clip import audit
 from tff_clip import dp
 from tff_clip import optimizers
 from tff_clip import simulation
@@ -97,6 +98,16 @@ def test_dp_per_layer_adaptive_matches_cpp_runtime(dp_adaptive_process):
   _assert_equivalent(dp_adaptive_process)
 
 
+def test_audited_process_matches_cpp_runtime():
+  # The canary query draws and compares 2K candidates in while loops inside
+  # `update`; the in-process importer runs them as TFF's runtime does.
+  factory = audit.CanaryFactory(
+      dp.dp_factory('clip', noise_multiplier=0.5, clients_per_round=3.0,
+                    clip_norm=0.5, noise_seed=3), num_canaries=3,
+      sampling_probability=0.5, seed=4)
+  _assert_equivalent(_fedavg(model_aggregator=factory), rounds=2)
+
+
 def test_round_with_no_clients_matches_cpp_runtime(dp_adaptive_process):
   # An empty Poisson cohort: the aggregate of nobody, then the server update
   # with its noise. TFF's C++ runtime accepts an empty client list too.
@@ -163,7 +174,8 @@ def test_evaluation_process_matches_cpp_runtime():
     # Client-placed noise is never seeded (`dp._gaussian_like`): z = 0 here;
     # its freshness per call is `test_tf_graphs`' random-ops test.
     ('DP clip fixed, client placement', dict(model_aggregator=dp.dp_factory(
-        'clip', noise_multiplier=0.0, clients_per_round=3.0, clip_norm=0.5, noise_placement='client'))),
+        'clip', noise_multiplier=0.0, clients_per_round=3.0, clip_norm=0.5, noise_placement='client',
+        noise_seed=2))),
     ('DP per-layer normalize, actual count', dict(
         model_aggregator=dp.dp_factory(
         'per_layer_normalize', noise_multiplier=0.5, clients_per_round=3.0, clip_norm=0.5,
