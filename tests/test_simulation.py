@@ -29,17 +29,6 @@ ROUNDS = 3
 RTOL, ATOL = 1e-5, 1e-6
 
 
-def _client_datasets(round_num, sizes=(5, 3, 7)):
-  datasets = []
-  for client, size in enumerate(sizes):
-    rng = np.random.default_rng([round_num, client])
-    x = rng.normal(size=[size, 3]).astype(np.float32)
-    y = (x @ rng.normal(scale=2.0, size=[3, 2])).astype(np.float32)
-    datasets.append(tf.data.Dataset.from_tensor_slices(
-        collections.OrderedDict(x=x, y=y)).batch(2))
-  return datasets
-
-
 def _sgd(learning_rate):
   return tff.learning.optimizers.build_sgdm(learning_rate)
 
@@ -70,7 +59,7 @@ def _assert_equivalent(process, rounds=ROUNDS, sizes=(5, 3, 7)):
   assert type(state_inp) is type(state_cpp)  # pylint: disable=unidiomatic-typecheck
   _assert_same(state_inp, state_cpp, 'initial state')
   for round_num in range(1, rounds + 1):
-    data = _client_datasets(round_num, sizes)
+    data = tiny_model.client_datasets(round_num, sizes)
     out_cpp = process.next(state_cpp, data)
     out_inp = runner.next(state_inp, data)
     assert type(out_inp) is type(out_cpp)  # pylint: disable=unidiomatic-typecheck
@@ -121,7 +110,7 @@ def test_unseeded_noise_is_fresh_per_initialization_and_round():
   process = _fedavg(model_aggregator=dp.dp_factory(
       'clip', noise_multiplier=1.0, clients_per_round=3.0, clip_norm=1.0))
   runner = simulation.InProcessRunner(process)
-  data = _client_datasets(1)
+  data = tiny_model.client_datasets(1)
   state = runner.initialize()
   first = runner.next(state, data).state
   other_key = runner.next(runner.initialize(), data).state
@@ -149,7 +138,7 @@ def test_set_model_weights_matches_cpp_runtime(dp_adaptive_process):
 def test_evaluation_process_matches_cpp_runtime():
   evaluation = tff.learning.algorithms.build_fed_eval(tiny_model.model_fn)
   runner = simulation.InProcessRunner(evaluation)
-  data = _client_datasets(1)
+  data = tiny_model.client_datasets(1)
   expected = evaluation.next(evaluation.initialize(), data).metrics
   actual = runner.next(runner.initialize(), data).metrics
   _assert_same(actual, expected, 'evaluation metrics')

@@ -30,17 +30,6 @@ _STUB_METHODS = ('create_value', 'create_call', 'create_struct',
                  'create_selection', 'get_executor')
 
 
-def client_datasets(round_num, sizes=(5, 3, 7)):
-  datasets = []
-  for client, size in enumerate(sizes):
-    rng = np.random.default_rng([round_num, client])
-    x = rng.normal(size=[size, 3]).astype(np.float32)
-    y = (x @ rng.normal(scale=2.0, size=[3, 2])).astype(np.float32)
-    datasets.append(tf.data.Dataset.from_tensor_slices(
-        collections.OrderedDict(x=x, y=y)).batch(2))
-  return datasets
-
-
 def dp_process(noise_seed=None):
   sgd = tff.learning.optimizers.build_sgdm
   return algorithms.build_fedavg(
@@ -134,7 +123,7 @@ def test_split_round_equals_process_next_on_the_cpp_runtime(seeded_process):
   runner = split_execution.SplitRunner(seeded_process)
   state_cpp, state_split = seeded_process.initialize(), runner.initialize()
   for round_num in (1, 2):
-    data = client_datasets(round_num)
+    data = tiny_model.client_datasets(round_num)
     out_cpp = seeded_process.next(state_cpp, data)
     out_split = runner.next(state_split, data)
     leaves_split, leaves_cpp = (tf.nest.flatten(out_split),
@@ -166,7 +155,7 @@ def test_no_request_to_the_worker_holds_the_key(secret_runner, sent_requests):
   state = secret_runner.initialize()
   key = noise_key(state)
   assert key.any()
-  output = secret_runner.next(state, client_datasets(1))
+  output = secret_runner.next(state, tiny_model.client_datasets(1))
   assert len(sent_requests) > 3  # The worker did the clients' work.
   assert not sent_key(sent_requests, key)
   np.testing.assert_array_equal(noise_key(output.state), key)
@@ -178,7 +167,7 @@ def test_process_next_on_the_worker_sends_the_key(secret_process,
   # search above can find the key when it is there.
   state = secret_process.initialize()
   sent_requests.clear()
-  secret_process.next(state, client_datasets(1))
+  secret_process.next(state, tiny_model.client_datasets(1))
   assert sent_key(sent_requests, noise_key(state))
 
 
@@ -215,14 +204,15 @@ class Attacker:
   """Asks a worker for values by guessed ids while (and after) a run goes on.
 
   Executor ids come from the worker itself (`GetExecutor` with a guessed
-  number of clients returns the live executor); value ids are the small
-  integers TFF's worker hands out ('0', '1', ...).
+  number of clients returns the live executor); value ids are the integers
+  of a counter per executor ('0', '1', ...): the attacker creates a value of
+  its own to read the counter, then asks for the `window` ids below it.
   """
 
-  def __init__(self, targets, cardinalities=range(1, 8), value_ids=range(16)):
+  def __init__(self, targets, cardinalities=range(1, 8), window=32):
     self._targets = targets
     self._cardinalities = cardinalities
-    self._value_ids = value_ids
+    self._window = window
     self._stop = threading.Event()
     self.responses = []
     self._thread = threading.Thread(target=self._run, daemon=True)
@@ -253,7 +243,13 @@ class Attacker:
                   {tff.CLIENTS: clients}))).executor
         except Exception:  # pylint: disable=broad-except
           continue
-        for value_id in self._value_ids:
+        try:
+          latest = int(stub.create_value(executor_pb2.CreateValueRequest(
+              executor=executor, value=value_serialization.serialize_value(
+                  np.int32(0), tff.TensorType(np.int32))[0])).value_ref.id)
+        except Exception:  # pylint: disable=broad-except
+          continue
+        for value_id in range(max(0, latest - self._window), latest):
           requests += 1
           try:
             response = stub.compute(executor_pb2.ComputeRequest(
@@ -308,7 +304,7 @@ def test_attacker_on_the_worker_port_finds_the_key_of_process_next(
   key = noise_key(state)
   with Attacker(execution.local_worker_targets) as attacker:
     for _ in range(30):
-      state = secret_process.next(state, client_datasets(1)).state
+      state = secret_process.next(state, tiny_model.client_datasets(1)).state
       if sent_key(attacker.responses, key):
         break
   assert sent_key(attacker.responses, key)

@@ -24,3 +24,15 @@ def model_fn():
   return tff.learning.models.from_keras_model(
       keras_model, loss=tf.keras.losses.MeanSquaredError(),
       input_spec=INPUT_SPEC)
+
+
+def client_datasets(round_num, sizes=(5, 3, 7)):
+  """One round's client datasets (batches of 2) for the model above."""
+  datasets = []
+  for client, size in enumerate(sizes):
+    rng = np.random.default_rng([round_num, client])
+    x = rng.normal(size=[size, 3]).astype(np.float32)
+    y = (x @ rng.normal(scale=2.0, size=[3, 2])).astype(np.float32)
+    datasets.append(tf.data.Dataset.from_tensor_slices(
+        collections.OrderedDict(x=x, y=y)).batch(2))
+  return datasets
