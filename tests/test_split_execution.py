@@ -142,7 +142,9 @@ def test_split_round_equals_process_next_on_the_cpp_runtime(seeded_process):
 def test_workers_receive_no_server_state_type(secret_runner):
   sent_type = secret_runner._clients_round.type_signature.parameter  # pylint: disable=protected-access
   state_type = secret_process_state_type(secret_runner)
-  assert split_execution.secret_paths(state_type)  # The state has a key...
+  # The state has a key, also when placed (as `process.next` sends it)...
+  assert split_execution.secret_paths(tff.FederatedType(state_type,
+                                                        tff.SERVER))
   assert not split_execution.secret_paths(sent_type)  # ...what is sent none.
   assert not any(state_type.is_assignable_from(t.member) for t in sent_type)
 
@@ -370,3 +372,31 @@ def test_a_dead_remote_worker_stops_the_run_and_a_rerun_resumes(
     proc.wait()
   assert 'from its checkpoint after round 1' in capsys.readouterr().out
   assert summary['rounds'] == 3
+
+
+def test_a_process_broadcasting_a_secret_field_is_refused_at_construction():
+  # A hand-made process whose client input carries a field named like the
+  # DP query's key: refused before any round.
+  key_type = collections.OrderedDict(noise_key=tff.TensorType(np.int64, [2]))
+
+  @tff.tensorflow.computation
+  def initialize_fn():
+    return collections.OrderedDict(noise_key=tf.constant([1, 2], tf.int64))
+
+  @tff.tensorflow.computation(key_type, np.float32)
+  def client_fn(key, value):
+    return value + tf.cast(key['noise_key'][0], tf.float32)
+
+  @tff.federated_computation(tff.FederatedType(key_type, tff.SERVER),
+                             tff.FederatedType(np.float32, tff.CLIENTS))
+  def next_fn(state, values):
+    broadcast = tff.federated_broadcast(state)
+    total = tff.federated_sum(
+        tff.federated_map(client_fn, (broadcast, values)))
+    return state, total
+
+  process = tff.templates.IterativeProcess(
+      tff.federated_computation(
+          lambda: tff.federated_eval(initialize_fn, tff.SERVER)), next_fn)
+  with pytest.raises(split_execution.SecretLeakError, match='noise_key'):
+    split_execution.SplitRunner(process)

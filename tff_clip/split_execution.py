@@ -96,8 +96,14 @@ def clients_computation(form) -> tff.Computation:
 
 
 def secret_paths(type_spec, path=()) -> list[tuple]:
-  """Paths (tuples of element indices) of the secret fields in `type_spec`."""
+  """Paths (tuples of element indices) of the secret fields in `type_spec`.
+
+  A placement is looked through: the path of `<x@SERVER, <noise_key=..>@
+  CLIENTS>`'s key is (1, 0).
+  """
   out = []
+  if isinstance(type_spec, tff.FederatedType):
+    return secret_paths(type_spec.member, path)
   if isinstance(type_spec, tff.StructType):
     for i, (name, element) in enumerate(tff.structure.to_elements(type_spec)):
       if name in SECRET_FIELD_NAMES:
@@ -195,6 +201,11 @@ class SplitRunner(simulation.InProcessRunner):
                worker_timeout_s: float = 30.0):
     super().__init__(process)
     self._clients_round = clients_computation(self._form)
+    if secret_paths(self._clients_round.type_signature.parameter):
+      raise SecretLeakError(
+          "This process broadcasts a field of the server's secret state "
+          f'({", ".join(SECRET_FIELD_NAMES)}) to its clients; it cannot run '
+          'on TFF workers. Use --executor=inprocess.')
     self._client_input_type = self._form.prepare.type_signature.result
     self._clients_result_type = self._clients_round.type_signature.result.member
     self._secret_ranges = _leaf_ranges(self._state_type,
