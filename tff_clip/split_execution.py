@@ -43,7 +43,8 @@ from tff_clip import simulation
 from tff_clip import tf_graphs
 
 __all__ = ['SecretLeakError', 'SplitRunner', 'WorkerLostError',
-           'call_watching_workers', 'clients_computation', 'secret_paths']
+           'call_watching_workers', 'clients_computation', 'for_workers',
+           'secret_paths']
 
 # Fields of an aggregator state that must never leave this process
 # (`dp.DPQueryFactory`'s `GlobalState.noise_key`).
@@ -247,3 +248,22 @@ class SplitRunner(simulation.InProcessRunner):
         aggregates, self._clients_result_type, [])
     result = self._update(*state_leaves, *aggregate_leaves)
     return tf_graphs.pack_value(self._result_type, result)
+
+
+def for_workers(process, worker_targets=None, worker_timeout_s: float = 30.0):
+  """What runs `process` on TFF's workers without sending them its secrets.
+
+  `SplitRunner(process, ...)`; for a process without a MapReduceForm, which
+  cannot be split, the process itself (run whole by TFF) when its state holds
+  no secret field, and a `SecretLeakError` when it does.
+  """
+  try:
+    return SplitRunner(process, worker_targets, worker_timeout_s)
+  except ValueError as e:
+    if secret_paths(process.next.type_signature.parameter[0]):
+      raise SecretLeakError(
+          'This process has no MapReduceForm, so its server half cannot be '
+          "kept out of TFF's workers, and its state holds a secret field "
+          f'({", ".join(SECRET_FIELD_NAMES)}): it cannot run on workers.'
+      ) from e
+    return process

@@ -209,13 +209,15 @@ def runners(config: TrainConfig, *processes):
     targets = (execution.local_worker_targets
                if config.executor != 'remote' else lambda: config.workers)
     def make(process):
-      return split_execution.SplitRunner(
+      return split_execution.for_workers(
           process, worker_targets=targets,
           worker_timeout_s=config.worker_timeout_s)
   try:
     return tuple(make(p) for p in processes)
   except ValueError as e:  # Not a MapReduceForm: names --executor=local.
     raise ConfigError(f'--executor: {e}') from e
+  except split_execution.SecretLeakError as e:
+    raise ConfigError(f'--executor={config.executor}: {e}') from e
 
 
 def build_task(config: TrainConfig):
