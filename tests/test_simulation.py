@@ -253,20 +253,6 @@ def test_every_dp_factory_compiles_to_map_reduce_form(
 
 
 def test_a_process_without_map_reduce_form_names_the_executor_to_use():
-  # Two client-to-server aggregations in sequence, the second depending on
-  # the first's result: not one MapReduce round.
-  @tff.federated_computation(tff.FederatedType(np.float32, tff.SERVER),
-                             tff.FederatedType(np.float32, tff.CLIENTS))
-  def two_rounds(state, data):
-    first = tff.federated_sum(data)
-    again = tff.federated_sum(tff.federated_map(
-        tff.tensorflow.computation(lambda x, y: x * y),
-        (data, tff.federated_broadcast(first))))
-    return state, again
-
-  process = tff.templates.IterativeProcess(
-      tff.federated_computation(
-          lambda: tff.federated_value(np.float32(0.0), tff.SERVER)),
-      two_rounds)
+  process = tiny_model.two_rounds_process(np.float32(0.0), np.float32)
   with pytest.raises(ValueError, match='--executor=local'):
     simulation.InProcessRunner(process)

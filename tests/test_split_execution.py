@@ -402,27 +402,10 @@ def test_a_process_broadcasting_a_secret_field_is_refused_at_construction():
     split_execution.SplitRunner(process)
 
 
-def _two_rounds_process(state_value, state_type):
-  # Two client-to-server aggregations in sequence, the second depending on
-  # the first's result: not one MapReduce round, so it cannot be split.
-  @tff.federated_computation(tff.FederatedType(state_type, tff.SERVER),
-                             tff.FederatedType(np.float32, tff.CLIENTS))
-  def two_rounds(state, data):
-    first = tff.federated_sum(data)
-    again = tff.federated_sum(tff.federated_map(
-        tff.tensorflow.computation(lambda x, y: x * y),
-        (data, tff.federated_broadcast(first))))
-    return state, again
-
-  return tff.templates.IterativeProcess(
-      tff.federated_computation(
-          lambda: tff.federated_value(state_value, tff.SERVER)), two_rounds)
-
-
 def test_a_process_that_cannot_be_split_runs_whole_only_without_secrets():
-  plain = _two_rounds_process(np.float32(0.0), np.float32)
+  plain = tiny_model.two_rounds_process(np.float32(0.0), np.float32)
   assert split_execution.for_workers(plain) is plain
-  keyed = _two_rounds_process(
+  keyed = tiny_model.two_rounds_process(
       collections.OrderedDict(noise_key=np.array([1, 2], np.int64)),
       collections.OrderedDict(noise_key=tff.TensorType(np.int64, [2])))
   with pytest.raises(split_execution.SecretLeakError, match='MapReduceForm'):

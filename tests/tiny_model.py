@@ -36,3 +36,21 @@ def client_datasets(round_num, sizes=(5, 3, 7)):
     datasets.append(tf.data.Dataset.from_tensor_slices(
         collections.OrderedDict(x=x, y=y)).batch(2))
   return datasets
+
+
+def two_rounds_process(state_value, state_type):
+  """A process that is not one MapReduce round (no MapReduceForm)."""
+  # Two client-to-server aggregations in sequence, the second depending on
+  # the first's result: not one MapReduce round, so it cannot be split.
+  @tff.federated_computation(tff.FederatedType(state_type, tff.SERVER),
+                             tff.FederatedType(np.float32, tff.CLIENTS))
+  def two_rounds(state, data):
+    first = tff.federated_sum(data)
+    again = tff.federated_sum(tff.federated_map(
+        tff.tensorflow.computation(lambda x, y: x * y),
+        (data, tff.federated_broadcast(first))))
+    return state, again
+
+  return tff.templates.IterativeProcess(
+      tff.federated_computation(
+          lambda: tff.federated_value(state_value, tff.SERVER)), two_rounds)
