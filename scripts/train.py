@@ -156,11 +156,15 @@ def main(argv) -> int:
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # TF/TFF info logs hide the bar.
+  from tff_clip import split_execution  # pylint: disable=g-import-not-at-top
   from tff_clip import training  # pylint: disable=g-import-not-at-top
   try:
     summary = training.run(config)
   except config_lib.ConfigError as e:
     return cli.fail(e)
+  except split_execution.WorkerLostError as e:  # Checkpointed: rerun resumes.
+    cli.fail(e)
+    return 1
   print(_format_summary(summary))
   print(f'outputs: {config.output_dir}/ (metrics.csv, ledger.json, '
         'summary.json, plot.png, tensorboard/, checkpoints/)')

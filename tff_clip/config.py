@@ -206,7 +206,7 @@ class TrainConfig:
   # Empirical privacy audit (`tff_clip.audit`, docs/audit.md).
   audit_canaries: int = _field(
       0, 'Empirical privacy audit: about this many canary clients (0: none, '
-      "nothing changes). See docs/audit.md. Runs on TFF's C++ executor.")
+      'nothing changes). See docs/audit.md.')
   audit_confidence: float = _field(
       0.95, "Confidence of the audit's epsilon lower bound.")
 

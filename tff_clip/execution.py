@@ -31,6 +31,7 @@ import tensorflow_federated as tff
 __all__ = [
     'create_remote_async_context',
     'local_worker_binary',
+    'local_worker_targets',
     'set_local_cpp_context',
     'start_worker',
 ]
@@ -168,13 +169,20 @@ def set_local_cpp_context(max_concurrent_clients: int | None = None,
     stub = tff.framework.RemoteExecutorGrpcStub(
         grpc.insecure_channel(target, GRPC_CHANNEL_OPTIONS))
     _wait_ready(stub, target, timeout_s=60, proc=proc)
-    holder.update(stub=stub, proc=proc)
+    holder.update(stub=stub, proc=proc, target=target)
     return stub
 
   context = tff.framework.SyncExecutionContext(
       executor_fn=_executor_factory(get_stub, default_num_clients),
       **_context_kwargs())
   tff.framework.set_default_context(context)
+
+
+def local_worker_targets() -> list[str]:
+  """'host:port' of the worker of the current local context (if started)."""
+  with _lock:
+    holder = _current_local.get('holder', {})
+  return [holder['target']] if 'target' in holder else []
 
 
 def create_remote_async_context(target: str, timeout_s: float = 30.0,

@@ -82,6 +82,7 @@ class InProcessRunner:
   def __init__(self, process):
     self._process = process
     form = map_reduce_form(process)
+    self._form = form
     next_type = process.next.type_signature
     self._state_type = next_type.parameter[0].member
     self._result_type = next_type.result

@@ -188,24 +188,36 @@ def set_execution_context(config: TrainConfig) -> None:
 
 
 def _in_process(config: TrainConfig) -> bool:
-  # The audit's canary graph (2K candidate directions drawn in `update`)
-  # exhausted 24 GB in the in-process importer; it runs on TFF's C++ worker.
-  return config.executor == 'inprocess' and not config.audit_canaries
+  return config.executor == 'inprocess'
 
 
 def runners(config: TrainConfig, *processes):
-  """What runs the processes: `tff_clip.simulation` in-process, or TFF.
+  """What runs the processes: all in-process, or split with TFF's workers.
 
-  Either way the result has the processes' `initialize`, `next`,
-  `get_model_weights` and `set_model_weights`.
+  Off `executor=inprocess`, `tff_clip.split_execution.SplitRunner` keeps the
+  server's half of each round (and the DP noise key) here and sends only the
+  clients' work to TFF's C++ workers. Either way the result has the
+  processes' `initialize`, `next`, `get_model_weights` and
+  `set_model_weights`.
   """
-  if not _in_process(config):
-    return processes
+  from tff_clip import execution  # pylint: disable=g-import-not-at-top
   from tff_clip import simulation  # pylint: disable=g-import-not-at-top
+  from tff_clip import split_execution  # pylint: disable=g-import-not-at-top
+  if _in_process(config):
+    make = simulation.InProcessRunner
+  else:
+    targets = (execution.local_worker_targets
+               if config.executor != 'remote' else lambda: config.workers)
+    def make(process):
+      return split_execution.for_workers(
+          process, worker_targets=targets,
+          worker_timeout_s=config.worker_timeout_s)
   try:
-    return tuple(simulation.InProcessRunner(p) for p in processes)
+    return tuple(make(p) for p in processes)
   except ValueError as e:  # Not a MapReduceForm: names --executor=local.
     raise ConfigError(f'--executor: {e}') from e
+  except split_execution.SecretLeakError as e:
+    raise ConfigError(f'--executor={config.executor}: {e}') from e
 
 
 def build_task(config: TrainConfig):
