@@ -13,6 +13,7 @@ is written. Every flag is a field of `tff_clip.config.TrainConfig`; see
 Stack Overflow command lines.
 """
 
+import math
 import os
 import sys
 import typing
@@ -105,6 +106,26 @@ def _describe(kind) -> str:
           typing.Optional[float]: 'a number or none'}.get(kind, 'a value')
 
 
+def format_epsilon(epsilon) -> str:
+  """Epsilon as printed: never 0 for a noisy mechanism (it is only small)."""
+  if epsilon is None or not math.isfinite(epsilon):
+    return 'infinite'
+  if epsilon < 1e-3:
+    return '< 0.001'
+  return f'{epsilon:.4g}'
+
+
+def meaning_of_epsilon(epsilon, delta) -> str:
+  """What the figure means: the odds bound of user-level (epsilon, delta)-DP."""
+  if epsilon is None or not math.isfinite(epsilon):
+    return 'Meaning: no guarantee.'
+  odds = math.exp(min(epsilon, 700.0))
+  return ('Meaning: whoever sees everything this run released can tell '
+          'whether any one client took part at most e^epsilon = '
+          f'{odds:.3g} times better than by guessing, except with '
+          f'probability {delta:g}.')
+
+
 def _format_summary(summary) -> str:
   lines = ['', f'== {summary["experiment"]} ==']
   if summary.get('final_objective') is not None:
@@ -118,22 +139,23 @@ def _format_summary(summary) -> str:
     lines.append('privacy: none (no noise, no DP guarantee)')
   else:
     lines.append(
-        f'privacy: epsilon = {epsilon:.4g} at delta = {summary["delta"]:g} '
-        f'(z = {summary["noise_multiplier"]:.4g}, '
+        f'privacy: epsilon = {format_epsilon(epsilon)} at delta = '
+        f'{summary["delta"]:g} (z = {summary["noise_multiplier"]:.4g}, '
         f'{summary["clients_per_round"]} of {summary["population_size"]} '
         f'clients per round, {summary["sampling"]} sampling, '
         f'{summary["rounds"]} rounds); noise: {summary["noise"]}')
+    lines.append('  ' + meaning_of_epsilon(epsilon, summary['delta']))
     if summary.get('not_covered_by_epsilon'):
       lines.append('  NOT covered by epsilon (released on request): ' +
                    ', '.join(summary['not_covered_by_epsilon']))
     ext = summary.get('extrapolated')
     if ext:
       lines.append(
-          f'  A population of {summary["population_size"]} is far too small '
-          'for a meaningful guarantee. The same noise on the average '
-          f'(z/n fixed) with {ext["clients_per_round"]:,} of '
-          f'{ext["population_size"]:,} clients per round would give epsilon '
-          f'= {ext["epsilon"]:.4g} (z = {ext["noise_multiplier"]:.4g}).')
+          '  The same noise on the average (z/n fixed) with '
+          f'{ext["clients_per_round"]:,} of {ext["population_size"]:,} '
+          f'clients per round would give epsilon = '
+          f'{format_epsilon(ext["epsilon"])} (z = '
+          f'{ext["noise_multiplier"]:.4g}, same rounds and delta).')
   if summary.get('empirical_epsilon'):
     from tff_clip import audit  # pylint: disable=g-import-not-at-top
     lines.append(audit.format_report(summary['empirical_epsilon'], epsilon))
@@ -156,18 +178,20 @@ def main(argv) -> int:
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # TF/TFF info logs hide the bar.
+  from tff_clip import run_records  # pylint: disable=g-import-not-at-top
   from tff_clip import split_execution  # pylint: disable=g-import-not-at-top
   from tff_clip import training  # pylint: disable=g-import-not-at-top
   try:
     summary = training.run(config)
   except config_lib.ConfigError as e:
     return cli.fail(e)
-  except split_execution.WorkerLostError as e:  # Checkpointed: rerun resumes.
+  except (split_execution.WorkerLostError,  # Checkpointed: rerun resumes.
+          run_records.RunRecordError) as e:  # Damaged records, full disk.
     cli.fail(e)
     return 1
   print(_format_summary(summary))
-  print(f'outputs: {config.output_dir}/ (metrics.csv, ledger.json, '
-        'summary.json, plot.png, tensorboard/, checkpoints/)')
+  print(f'outputs: {config.output_dir}/ (metrics.csv, releases.jsonl, '
+        'ledger.json, summary.json, plot.png, tensorboard/, checkpoints/)')
   return 0
 
 

@@ -84,6 +84,14 @@ def _assert_same_metrics(rows_a, rows_b):
     # A DP run checkpoints every round before releasing it.
     (dict(checkpoint_every=2), 'checkpoint_every'),
     (dict(checkpoint_interval_s=5.0), 'checkpoint_interval_s'),
+    # Checked in the dtype they are used in: float32 inf and 0 are refused.
+    (dict(clip_norm=1e39), 'clip_norm.*overflows float32'),
+    (dict(initial_clip_norm=1e39), 'initial_clip_norm'),
+    (dict(noise_multiplier=1e39), 'noise_multiplier.*overflows'),
+    (dict(noise_multiplier=1e-50), 'noise_multiplier.*underflows'),
+    (dict(client_learning_rate=1e-50), 'client_learning_rate'),
+    (dict(noise_seed=2**70), 'noise_seed'),
+    (dict(noise_seed=True), 'noise_seed'),
 ])
 def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
   config = dataclasses.replace(training.TrainConfig(), **changes)
@@ -105,6 +113,9 @@ def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
     (['--noise_seed=-1'], '--noise_seed'),
     (['--denominator=actual'], '--denominator'),
     (['--no_such_flag=1'], 'no_such_flag'),
+    (['--clip_norm=1e39'], '--clip_norm'),
+    (['--noise_multiplier=1e39'], '--noise_multiplier'),
+    (['--noise_seed=1180591620717411303424'], '--noise_seed'),
 ])
 def test_cli_bad_flag_is_one_line_exit_2_and_writes_nothing(tmp_path, args,
                                                             flag):
@@ -308,11 +319,11 @@ def test_dp_round_is_checkpointed_before_release_and_never_computed_twice(
   release = training._MetricsWriters.release
   attempted = {}
 
-  def release_until_round_2(self, round_num, row):
+  def release_until_round_2(self, round_num, row, *event):
     if round_num == 2 and not attempted:
       attempted.update(row)
       raise _Killed()
-    release(self, round_num, row)
+    release(self, round_num, row, *event)
 
   monkeypatch.setattr(training._MetricsWriters, 'release',
                       release_until_round_2)

@@ -81,6 +81,16 @@ def check_value_type(value_type, label: str = 'value_type'):
     raise TypeError(
         f'`{label}` must be a structure of float tensors (float16, bfloat16, '
         f'float32 or float64); got {value_type}.')
+  leaves = tff.structure.flatten(value_type) if isinstance(
+      value_type, tff.types.StructType) else [value_type]
+  if not leaves:
+    raise ValueError(f'`{label}` is an empty structure: there is no update '
+                     'to bound.')
+  for leaf in leaves:
+    if not tff.types.is_tensorflow_compatible_type(leaf) or (
+        leaf.shape is None or any(d is None for d in leaf.shape)):
+      raise ValueError(f'`{label}` must have fully defined shapes (norms and '
+                       f'noise need every dimension); got {value_type}.')
 
 
 def constant_norm_process(value: float) -> tff.templates.EstimationProcess:

@@ -15,6 +15,9 @@ import os
 import typing
 from typing import Any, Optional, Union
 
+import numpy as np
+
+from tff_clip import checks
 from tff_clip import names
 
 __all__ = [
@@ -255,7 +258,12 @@ def fields() -> list[tuple[dataclasses.Field, Any]]:
 # Validation.
 
 
-def _positive(value, name, kind=float, allow_none=False):
+def _flag_error(error: Exception, name: str) -> ConfigError:
+  return ConfigError(str(error).replace(f'`{name}`', f'--{name}'))
+
+
+def _positive(value, name, kind=float, allow_none=False, dtype=np.float32):
+  """A positive number (float: finite and positive in `dtype` too)."""
   if value is None and allow_none:
     return
   ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and
@@ -265,6 +273,13 @@ def _positive(value, name, kind=float, allow_none=False):
     raise ConfigError(f'--{name} must be a positive '
                       f'{"integer" if kind is int else "number"}; got '
                       f'{value!r}.')
+  try:
+    if kind is float:
+      checks.positive_float(value, name, dtype)
+    else:
+      checks.integer(int(value), name, minimum=1, maximum=2**31 - 1)
+  except ValueError as e:
+    raise _flag_error(e, name) from None
 
 
 def _one_of(value, name, choices):
@@ -301,13 +316,18 @@ def _check_privacy(config):
   if config.noise_multiplier is not None and config.target_epsilon is not None:
     raise ConfigError('Give --noise_multiplier or --target_epsilon, not both '
                       "(--noise_multiplier=none with --target_epsilon).")
-  if config.noise_multiplier is not None and not (
-      isinstance(config.noise_multiplier, (int, float)) and
-      math.isfinite(config.noise_multiplier) and
-      config.noise_multiplier >= 0):
-    raise ConfigError('--noise_multiplier must be a number >= 0 or none; got '
-                      f'{config.noise_multiplier!r}.')
-  _positive(config.target_epsilon, 'target_epsilon', allow_none=True)
+  if config.noise_multiplier is not None:
+    if not (isinstance(config.noise_multiplier, (int, float)) and
+            math.isfinite(config.noise_multiplier) and
+            config.noise_multiplier >= 0):
+      raise ConfigError('--noise_multiplier must be a number >= 0 or none; '
+                        f'got {config.noise_multiplier!r}.')
+    try:
+      checks.nonnegative_float(config.noise_multiplier, 'noise_multiplier')
+    except ValueError as e:
+      raise _flag_error(e, 'noise_multiplier') from None
+  _positive(config.target_epsilon, 'target_epsilon', allow_none=True,
+            dtype=np.float64)
   if config.bounding == TFF_GAUSSIAN and (
       not config.private or config.noise_placement != 'central' or
       config.noise_seed is not None):
@@ -326,10 +346,12 @@ def _check_privacy(config):
                       '--sampling=fixed_size or --denominator=expected.')
   if not 0.0 < config.delta < 1.0:
     raise ConfigError(f'--delta must be in (0, 1); got {config.delta!r}.')
-  if config.noise_seed is not None and not (
-      isinstance(config.noise_seed, int) and config.noise_seed >= 0):
-    raise ConfigError('--noise_seed must be an integer >= 0; got '
-                      f'{config.noise_seed!r}.')
+  if config.noise_seed is not None:
+    try:
+      checks.integer(config.noise_seed, 'noise_seed',
+                     maximum=checks.INT64_MAX - 1)
+    except (TypeError, ValueError) as e:
+      raise _flag_error(e, 'noise_seed') from None
 
 
 def _check_training(config):

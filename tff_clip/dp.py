@@ -690,9 +690,11 @@ def dp_factory(
   if noise_placement not in NOISE_PLACEMENTS:
     raise ValueError(f'`noise_placement` must be one of {NOISE_PLACEMENTS}; '
                      f'got {noise_placement!r}.')
-  if noise_seed is not None and (isinstance(noise_seed, bool) or
-                                 not isinstance(noise_seed, int)):
-    raise TypeError(f'`noise_seed` must be an int or None; got {noise_seed!r}.')
+  if noise_seed is not None:  # An int64 key; the count noise uses seed + 1.
+    noise_seed = checks.integer(noise_seed, 'noise_seed',
+                                maximum=checks.INT64_MAX - 1)
+  per_layer_quantiles = checks.boolean(per_layer_quantiles,
+                                       'per_layer_quantiles')
   if record_aggregation_factory is not None and not isinstance(
       record_aggregation_factory,
       tff.aggregators.UnweightedAggregationFactory):

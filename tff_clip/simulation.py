@@ -105,6 +105,11 @@ class InProcessRunner:
     self._get_weights = self._optional(process, 'get_model_weights')
     self._set_weights = self._optional(process, 'set_model_weights')
 
+  @property
+  def state_type(self):
+    """The TFF type of the process's state (what `next` takes and returns)."""
+    return self._state_type
+
   @staticmethod
   def _optional(process, name):
     computation = getattr(process, name, None)
