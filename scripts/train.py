@@ -22,6 +22,7 @@ from absl import flags
 from absl import logging
 
 from scripts import cli
+from scripts import program
 from tff_clip import config as config_lib
 
 FLAGS = flags.FLAGS
@@ -120,10 +121,9 @@ def meaning_of_epsilon(epsilon, delta) -> str:
   if epsilon is None or not math.isfinite(epsilon):
     return 'Meaning: no guarantee.'
   odds = math.exp(min(epsilon, 700.0))
-  return ('Meaning: whoever sees everything this run released can tell '
-          'whether any one client took part at most e^epsilon = '
-          f'{odds:.3g} times better than by guessing, except with '
-          f'probability {delta:g}.')
+  return ('Meaning: from everything this run released, no observer can '
+          'raise its odds that a given client took part by more than a '
+          f'factor e^epsilon = {odds:.3g}, except with probability {delta:g}.')
 
 
 def _format_summary(summary) -> str:
@@ -167,7 +167,7 @@ def main(argv) -> int:
     return cli.fail(f'unexpected arguments: {" ".join(argv[1:])} (see --help)')
   try:
     config = config_from_flags()
-    config_lib.validate(config)
+    program.validate(config)
   except config_lib.ConfigError as e:
     return cli.fail(e)
   # Checked. TensorFlow is imported only now (by `training.run`, after it
@@ -180,9 +180,8 @@ def main(argv) -> int:
     logging.set_verbosity(logging.WARNING)  # TF/TFF info logs hide the bar.
   from tff_clip import run_records  # pylint: disable=g-import-not-at-top
   from tff_clip import split_execution  # pylint: disable=g-import-not-at-top
-  from tff_clip import training  # pylint: disable=g-import-not-at-top
   try:
-    summary = training.run(config)
+    summary = program.run(config)
   except config_lib.ConfigError as e:
     return cli.fail(e)
   except (split_execution.WorkerLostError,  # Checkpointed: rerun resumes.

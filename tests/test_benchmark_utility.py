@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from scripts import program
 from tff_clip import config as config_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -63,4 +64,4 @@ def test_tff_baseline_needs_noise():
   config = config_lib.TrainConfig(bounding='tff_gaussian',
                                   noise_multiplier=None)
   with pytest.raises(config_lib.ConfigError, match='tff_gaussian'):
-    config_lib.validate(config)
+    program.validate(config)

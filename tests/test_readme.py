@@ -100,9 +100,9 @@ def test_every_train_command_in_readme_has_valid_flags(command):
   # In a fresh interpreter: scripts define their flags in absl's global
   # registry, and two scripts in one process would collide.
   _, args = _train_args(command)
-  check = ('import sys; from scripts import train; from tff_clip import '
-           'config; train.FLAGS(["train", *sys.argv[1:]]); '
-           'config.validate(train.config_from_flags())')
+  check = ('import sys; from scripts import train, program; '
+           'train.FLAGS(["train", *sys.argv[1:]]); '
+           'program.validate(train.config_from_flags())')
   result = subprocess.run([sys.executable, '-c', check, *args], cwd=REPO,
                           env=_env(), capture_output=True, text=True,
                           timeout=120, check=False)

@@ -16,6 +16,7 @@ import dp_accounting
 import numpy as np
 import pytest
 
+from scripts import program
 from scripts import train as train_script
 from tff_clip import run_records
 from tff_clip import training
@@ -48,7 +49,7 @@ def _released_epsilon(run_dir):
 @pytest.fixture(scope='module')
 def finished(tmp_path_factory):
   root = tmp_path_factory.mktemp('finished')
-  summary = training.run(_config(root))
+  summary = program.run(_config(root))
   return root / 'run', summary
 
 
@@ -74,7 +75,7 @@ def test_lost_checkpoints_refuse_and_count_the_released_rounds(copy):
   shutil.rmtree(copy / 'checkpoints')
   before = _files(copy)
   with pytest.raises(run_records.RunRecordError) as error:
-    training.run(_config(copy.parent))
+    program.run(_config(copy.parent))
   message = str(error.value)
   assert '\n' not in message
   assert f'rounds 1-{ROUNDS} were released' in message
@@ -90,7 +91,7 @@ def test_damaged_latest_checkpoint_never_recomputes_a_released_round(copy):
   before = _files(copy)
   with pytest.raises(run_records.RunRecordError,
                      match=f'rounds {ROUNDS}-{ROUNDS} were released'):
-    training.run(_config(copy.parent))
+    program.run(_config(copy.parent))
   assert _files(copy) == before
 
 
@@ -110,7 +111,7 @@ def test_checkpoint_of_another_log_is_refused(copy, finished):
     rewritten.append(json.dumps(rec, sort_keys=True))
   (copy / 'releases.jsonl').write_text('\n'.join(rewritten) + '\n')
   with pytest.raises(run_records.RunRecordError, match='does not belong'):
-    training.run(_config(copy.parent))
+    program.run(_config(copy.parent))
 
 
 def test_edited_release_log_is_refused_naming_the_line(copy):
@@ -121,7 +122,7 @@ def test_edited_release_log_is_refused_naming_the_line(copy):
   (copy / 'summary.json').unlink()
   with pytest.raises(run_records.RunRecordError,
                      match=r'releases.jsonl, line 2: damaged or edited'):
-    training.run(_config(copy.parent))
+    program.run(_config(copy.parent))
 
 
 def test_torn_last_release_is_released_again_from_its_checkpoint(copy):
@@ -130,7 +131,7 @@ def test_torn_last_release_is_released_again_from_its_checkpoint(copy):
   complete = text.splitlines(keepends=True)
   (copy / 'releases.jsonl').write_bytes(
       b''.join(complete[:-1]) + complete[-1][:40])  # Killed mid-append.
-  training.run(_config(copy.parent))
+  program.run(_config(copy.parent))
   assert (copy / 'releases.jsonl').read_bytes() == text
 
 
@@ -147,7 +148,7 @@ def test_damaged_metrics_csv_is_rebuilt_from_the_release_log(
   metrics.write_text({'cut_mid_line': text[:len(text) - 20],
                       'truncated': text.splitlines(keepends=True)[0],
                       'garbage': '\x00\x01not,a\ncsv"file'}[damage])
-  training.run(_config(copy.parent))
+  program.run(_config(copy.parent))
   assert _rows(metrics) == _rows(run_dir / 'metrics.csv')
   assert len(_rows(metrics)) == ROUNDS
 
@@ -157,7 +158,7 @@ def test_edited_summary_is_recomputed_from_the_records(copy, finished):
   data = json.loads((copy / 'summary.json').read_text())
   data['epsilon'] = 0.5
   (copy / 'summary.json').write_text(json.dumps(data))
-  again = training.run(_config(copy.parent))
+  again = program.run(_config(copy.parent))
   assert again['epsilon'] == pytest.approx(summary['epsilon'], rel=1e-12)
   assert again['epsilon'] == pytest.approx(_released_epsilon(copy), rel=1e-3)
   assert json.loads((copy / 'summary.json').read_text())['epsilon'] == (
@@ -168,7 +169,7 @@ def test_edited_summary_is_recomputed_from_the_records(copy, finished):
 def test_empty_or_truncated_summary_is_rebuilt(copy, finished, content):
   _, summary = finished
   (copy / 'summary.json').write_bytes(content)
-  again = training.run(_config(copy.parent))
+  again = program.run(_config(copy.parent))
   assert again['epsilon'] == summary['epsilon']
   assert again['final_eval_accuracy'] == summary['final_eval_accuracy']
 
@@ -183,7 +184,7 @@ def test_damaged_config_is_one_line_naming_the_file(copy, damage):
     path.mkdir()
   before = _files(copy)
   with pytest.raises(run_records.RunRecordError) as error:
-    training.run(_config(copy.parent))
+    program.run(_config(copy.parent))
   assert 'config.json' in str(error.value) and '\n' not in str(error.value)
   assert _files(copy) == before
 
@@ -192,7 +193,7 @@ def test_kill_after_the_last_release_keeps_the_final_evaluation(copy,
                                                                 finished):
   _, summary = finished
   (copy / 'summary.json').unlink()  # Killed before the summary was written.
-  again = training.run(_config(copy.parent))
+  again = program.run(_config(copy.parent))
   assert again['final_eval_accuracy'] == summary['final_eval_accuracy']
   assert again['final_eval_accuracy'] is not None
 
@@ -201,7 +202,7 @@ def test_rerun_of_a_finished_run_reports_its_records_and_changes_nothing(
     copy, finished):
   _, summary = finished
   before = _files(copy)
-  assert training.run(_config(copy.parent)) == summary
+  assert program.run(_config(copy.parent)) == summary
   assert _files(copy) == before
 
 
@@ -256,13 +257,13 @@ def test_full_disk_mid_run_is_one_line_and_the_run_resumes(
   monkeypatch.setattr(run_records.os, 'fsync', fills_up)
   config = _config(tmp_path, noise_seed=7)
   with pytest.raises(run_records.RunRecordError) as error:
-    training.run(config)
+    program.run(config)
   message = str(error.value)
   assert '\n' not in message and 'round_000002.npz' in message
   assert 'No space left on device' in message
   assert [r['round'] for r in _rows(tmp_path / 'run' / 'metrics.csv')] == ['1']
   monkeypatch.setattr(run_records.os, 'fsync', real_fsync)
-  again = training.run(config)  # Space freed: resumes after round 1.
+  again = program.run(config)  # Space freed: resumes after round 1.
   assert [r['round'] for r in _rows(tmp_path / 'run' / 'metrics.csv')] == [
       '1', '2', '3']
   assert again['epsilon'] == pytest.approx(summary['epsilon'], rel=1e-12)

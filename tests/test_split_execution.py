@@ -19,6 +19,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import executor_pb2
 from tensorflow_federated.python.core.impl.executors import value_serialization
 
+from scripts import program
 from tff_clip import algorithms
 from tff_clip import dp
 from tff_clip import execution
@@ -316,7 +317,7 @@ def test_attacker_on_the_local_worker_port_gets_values_but_not_the_key(
     tmp_path, keys_of_split_rounds, restore_local_context):
   del restore_local_context
   with Attacker(execution.local_worker_targets) as attacker:
-    training.run(small_run(tmp_path, 'local', executor='local'))
+    program.run(small_run(tmp_path, 'local', executor='local'))
   assert len(keys_of_split_rounds) >= 2 and keys_of_split_rounds[0].any()
   assert attacker.responses  # It did read values off the worker...
   for key in keys_of_split_rounds:  # ...none of them the key.
@@ -329,7 +330,7 @@ def test_attacker_on_a_remote_worker_port_gets_values_but_not_the_key(
   proc, target = started_worker()
   try:
     with Attacker(lambda: [target]) as attacker:
-      training.run(small_run(tmp_path, 'remote', executor='remote',
+      program.run(small_run(tmp_path, 'remote', executor='remote',
                              workers=(target,)))
   finally:
     proc.kill()
@@ -360,13 +361,13 @@ def test_a_dead_remote_worker_stops_the_run_and_a_rerun_resumes(
                       killing_in_round_two)
   started = time.monotonic()
   with pytest.raises(split_execution.WorkerLostError, match=target):
-    training.run(config)
+    program.run(config)
   assert time.monotonic() - started < 60
   monkeypatch.setattr(split_execution.SplitRunner, 'next', original)
   capsys.readouterr()
   proc, _ = started_worker(port=int(target.rpartition(':')[2]))
   try:
-    summary = training.run(config)
+    summary = program.run(config)
   finally:
     proc.kill()
     proc.wait()

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import numpy as np
 import portpicker
 import pytest
 
+from scripts import program
 from tff_clip import execution
 from tff_clip import training
 
@@ -96,7 +98,7 @@ def _assert_same_metrics(rows_a, rows_b):
 def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
   config = dataclasses.replace(training.TrainConfig(), **changes)
   with pytest.raises(training.ConfigError, match=flag):
-    training.validate(config)
+    program.validate(config)
 
 
 @pytest.mark.parametrize('args, flag', [
@@ -177,7 +179,7 @@ def test_unreachable_worker_is_a_clear_error_before_its_timeout(tmp_path):
       workers=(f'127.0.0.1:{port}',), worker_timeout_s=600.0)
   try:
     with pytest.raises(training.ConfigError, match=f'127.0.0.1:{port}'):
-      training.run(config)  # Refused at once, not after 600 s.
+      program.run(config)  # Refused at once, not after 600 s.
   finally:
     execution.set_local_cpp_context()
   assert not any(tmp_path.iterdir())
@@ -252,8 +254,8 @@ def test_two_remote_workers_match_the_local_run(tmp_path):
                               root_output_dir=str(tmp_path), progress=False,
                               noise_seed=5)
   try:
-    training.run(dataclasses.replace(base, experiment_name='local'))
-    training.run(dataclasses.replace(
+    program.run(dataclasses.replace(base, experiment_name='local'))
+    program.run(dataclasses.replace(
         base, experiment_name='remote', executor='remote',
         workers=tuple(f'127.0.0.1:{port}' for _, port in workers)))
   finally:
@@ -270,7 +272,7 @@ def test_too_many_clients_per_round_is_refused_before_training(tmp_path):
                                 clients_per_round=10_000)
   try:
     with pytest.raises(training.ConfigError, match='clients_per_round'):
-      training.run(config)
+      program.run(config)
   finally:
     execution.set_local_cpp_context()
   assert not (tmp_path / 'default' / 'metrics.csv').exists()
@@ -296,11 +298,11 @@ def _run(tmp_path, name, **changes):
   config = training.TrainConfig(root_output_dir=str(tmp_path),
                                 experiment_name=name, progress=False,
                                 **changes)
-  return training.run(config), tmp_path / name
+  return program.run(config), tmp_path / name
 
 
 def test_sparse_checkpoints_are_allowed_without_dp():
-  training.validate(training.TrainConfig(
+  program.validate(training.TrainConfig(
       bounding='none', noise_multiplier=None, checkpoint_every=5,
       checkpoint_interval_s=10.0))
 
@@ -441,3 +443,24 @@ def test_rerunning_a_finished_run_changes_nothing(sparse_poisson_run):
   assert {p.name: p.read_bytes() for p in run_dir.iterdir()
           if p.is_file()} == before
   json.loads(before['summary.json'], parse_constant=pytest.fail)  # Strict.
+
+
+# ----------------------------------------------------------------------------
+# Quiet runs: no TensorFlow log line that does not concern the run.
+
+
+def test_a_run_prints_no_tensorflow_log_lines(tmp_path):
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('TF2_BEHAVIOR', 'TF_CPP_MIN_LOG_LEVEL')}
+  proc = subprocess.run(
+      [sys.executable, '-m', 'scripts.train', '--rounds=1',
+       '--clients_per_round=3', '--progress=false',
+       f'--root_output_dir={tmp_path}'], cwd=REPO, env=env,
+      capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr
+  # C++ (2026-11-25 03:09:08.47: E tensorflow/...), absl (E1125 ...) and
+  # Python (WARNING:tensorflow:...) log lines.
+  tf_lines = [line for line in proc.stderr.splitlines() if re.match(
+      r'(\d{4}-\d\d-\d\d [\d:.]+: [EWF] |[EWF]\d{4} |WARNING:tensorflow)',
+      line)]
+  assert not tf_lines, proc.stderr

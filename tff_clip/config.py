@@ -282,7 +282,7 @@ def _positive(value, name, kind=float, allow_none=False, dtype=np.float32):
     raise _flag_error(e, name) from None
 
 
-def _one_of(value, name, choices):
+def one_of(value, name, choices):
   if value not in choices:
     raise ConfigError(f'--{name} must be one of {", ".join(choices)}; got '
                       f'{value!r}.')
@@ -292,7 +292,7 @@ def _check_choices(config):
   for field, _ in fields():
     choices = field.metadata.get('choices')
     if choices:
-      _one_of(getattr(config, field.name), field.name, choices)
+      one_of(getattr(config, field.name), field.name, choices)
 
 
 def _check_adaptive(config):
@@ -407,42 +407,6 @@ def _check_training(config):
                       f'{config.checkpoint_interval_s!r}.')
 
 
-def _check_task(config):
-  # The task registry's names, read without importing TensorFlow.
-  from tasks import names as task_names  # pylint: disable=g-import-not-at-top
-  _one_of(config.task, 'task', task_names.TASK_NAMES)
-  if config.partition is not None:
-    if config.task not in task_names.PARTITIONABLE:
-      raise ConfigError(f'--partition applies to image tasks '
-                        f'({", ".join(task_names.PARTITIONABLE)}); '
-                        f'{config.task!r} has its own clients.')
-    _one_of(config.partition, 'partition', task_names.PARTITION_NAMES)
-  _check_task_options(config)
-  sources = task_names.DATA_SOURCES[config.task]
-  if config.data_source not in sources:
-    raise ConfigError(f'--data_source for {config.task!r} must be one of '
-                      f'{", ".join(sources)}; got {config.data_source!r}.')
-
-
-def _check_task_options(config):
-  if not config.task_options:
-    return  # `tasks.registry` imports TFF: only when options are given.
-  keys = [pair[0] if isinstance(pair, tuple) and len(pair) == 2 else None
-          for pair in config.task_options]
-  if None in keys:
-    raise ConfigError('--task_option must be key=value pairs; got '
-                      f'{config.task_options!r}.')
-  import tasks  # pylint: disable=g-import-not-at-top
-  accepted = tasks.task_options(config.task)
-  for key in keys:
-    if keys.count(key) > 1:
-      raise ConfigError(f'--task_option {key!r} is given twice.')
-    if key not in accepted:
-      raise ConfigError(
-          f'--task_option {key!r} is not an option of task {config.task!r}; '
-          f'its options are: {", ".join(accepted) or "none"}.')
-
-
 def _check_execution(config):
   _positive(config.max_concurrent_clients, 'max_concurrent_clients', int,
             allow_none=True)
@@ -478,7 +442,6 @@ def validate(config: TrainConfig) -> None:
   """Raises `ConfigError` naming the flag for a configuration that cannot run."""
   _check_choices(config)
   _check_audit(config)
-  _check_task(config)
   _check_adaptive(config)
   _check_privacy(config)
   _check_training(config)

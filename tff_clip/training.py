@@ -1,6 +1,7 @@
 """The training program behind `python -m scripts.train`.
 
-Data flows one way, one call site per arrow: task (`tasks.get_task`) ->
+Data flows one way, one call site per arrow: task (the caller's
+`task_builder`; `scripts.program.build_task` for the `--task` names) ->
 client work (`algorithms.build_fedavg`: local training, optional per-step
 clipping, BLUR, LUS) -> bounding (`aggregators`) -> noise (`dp`) -> mean ->
 server optimizer -> ledger (`privacy_ledger.PrivacyLedger`) and metrics.
@@ -43,7 +44,7 @@ import os
 import sys
 import time
 import zlib
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from absl import logging
 import numpy as np
@@ -56,7 +57,10 @@ from tff_clip.config import BOUNDINGS, CLIENT_OPTIMIZERS, EXECUTION_KEYS, EXECUT
 from tff_clip import config as config_lib
 from tff_clip.config import ConfigError, TrainConfig, validate
 
-__all__ = ['ConfigError', 'TrainConfig', 'run', 'validate']
+__all__ = ['ConfigError', 'TaskBuilder', 'TrainConfig', 'run', 'validate']
+
+# `task_builder(config) -> task` (see `run`).
+TaskBuilder = Callable[[TrainConfig], Any]
 
 # The honest-extrapolation point of the summary: a production-scale cohort.
 EXTRAPOLATION_POPULATION = 1_000_000
@@ -148,6 +152,7 @@ def set_execution_context(config: TrainConfig) -> None:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip import execution  # pylint: disable=g-import-not-at-top
+  execution.close_tff_context_at_exit()
   if config.executor == 'gpu':
     gpus = tf.config.list_physical_devices('GPU')
     if not gpus:
@@ -204,25 +209,6 @@ def runners(config: TrainConfig, *processes):
     raise ConfigError(f'--executor: {e}') from e
   except split_execution.SecretLeakError as e:
     raise ConfigError(f'--executor={config.executor}: {e}') from e
-
-
-def build_task(config: TrainConfig):
-  import tasks  # pylint: disable=g-import-not-at-top
-  # The task's own shuffle is off: the training loop shuffles every client's
-  # data with a seed of (seed, round, client), so a resumed run sees the
-  # same order as an uninterrupted one.
-  try:
-    return tasks.get_task(
-        config.task, data_source=config.data_source,
-        num_clients=config.num_clients, partition=config.partition,
-        partition_alpha=config.partition_alpha, seed=config.seed,
-        train_batch_size=config.batch_size, local_epochs=config.local_epochs,
-        shuffle_buffer_size=1, cache_dir=config.cache_dir,
-        **dict(config.task_options))
-  except (TypeError, ValueError) as e:
-    if not config.task_options:
-      raise
-    raise ConfigError(f'--task_option (task {config.task!r}): {e}') from e
 
 
 def _client_optimizer(config):
@@ -566,11 +552,11 @@ def resolve_noise_multiplier(config: TrainConfig, population: int):
 class _Session:
   """Everything built from a configuration before the first file is written."""
 
-  def __init__(self, config: TrainConfig):
+  def __init__(self, config: TrainConfig, task_builder):
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     self.config = config
     try:
-      self.task = build_task(config)
+      self.task = task_builder(config)
     except ValueError as e:
       raise ConfigError(str(e).splitlines()[0]) from e
     self.client_ids = list(self.task.datasets.train_data.client_ids)
@@ -633,7 +619,7 @@ class _Session:
         math.nan)
     row['epsilon'] = (ledger.guarantee(self.config.delta).epsilon
                       if self.private else math.inf)
-    if self.task.problem is not None:
+    if getattr(self.task, 'problem', None) is not None:
       row['objective'] = float(self.task.problem.report(
           self.process.get_model_weights(state).trainable))
     row['seconds'] = time.perf_counter() - started
@@ -721,8 +707,20 @@ def _same(a, b) -> bool:
   return a == b
 
 
-def run(config: TrainConfig) -> dict[str, Any]:
-  """Trains (or resumes, or reports a finished) run per `config`."""
+def run(config: TrainConfig, task_builder: TaskBuilder) -> dict[str, Any]:
+  """Trains (or resumes, or reports a finished) run per `config`.
+
+  Args:
+    config: the run's configuration (`TrainConfig`).
+    task_builder: `task_builder(config)` returns the task to train: a
+      `tff.simulation.baselines.BaselineTask` (its `datasets.train_data`,
+      `train_preprocess_fn`, `test_data`, `eval_preprocess_fn` and
+      `model_fn`), optionally with `round_train_data(client_id, seed)` (data
+      drawn afresh every round) and `problem` (a synthetic objective). It is
+      called only when the run trains; a `ValueError` it raises is reported
+      as a `ConfigError`. `scripts.train` passes `scripts.program.build_task`
+      (the `--task` names of this repository's `tasks`).
+  """
   validate(config)
   out = config.output_dir
   status = existing_run(config)
@@ -746,7 +744,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
   # Read-only checks of the records, then the session: all before a write.
   log = run_records.ReleaseLog(out) if status == 'resume' else None
   set_execution_context(config)
-  session = _Session(config)
+  session = _Session(config, task_builder)
   prepare_output_dir(config)  # The first write: everything is checked.
   log = log or run_records.ReleaseLog(out)
 
