@@ -53,7 +53,7 @@ _EVAL_SPEC = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=64,
                                                  shuffle_buffer_size=1)
 _MODEL_DESCRIPTIONS = {
     'cnn': 'CNN: 2 conv + max-pool + dropout + dense 128 (Reddi et al.)',
-    'mlp': 'MLP 784-200-{classes} (seed 000)',
+    'mlp': 'MLP 784-200-{classes} (Zhang et al. 2022)',
     'logreg': 'multinomial logistic regression 784-{classes}',
 }
 

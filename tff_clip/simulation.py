@@ -80,6 +80,9 @@ class InProcessRunner:
   """
 
   def __init__(self, process):
+    from tff_clip import execution  # pylint: disable=g-import-not-at-top
+    # TFF's default context leaks its worker at exit; stop it in time.
+    execution.close_tff_context_at_exit()
     self._process = process
     form = map_reduce_form(process)
     self._form = form
