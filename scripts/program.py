@@ -8,11 +8,14 @@ benchmarks and reproductions call. The library (`tff_clip`) never imports
 `tasks` or `scripts`.
 """
 
+import math
+
 from tff_clip import config as config_lib
 from tff_clip import training
 from tff_clip.config import ConfigError, TrainConfig
 
-__all__ = ['build_task', 'run', 'validate']
+__all__ = ['build_task', 'format_epsilon', 'format_summary',
+           'meaning_of_epsilon', 'run', 'validate']
 
 
 def _check_task_options(config):
@@ -82,3 +85,59 @@ def run(config: TrainConfig):
   """Trains (or resumes, or reports) `config`'s run on its named task."""
   validate(config)
   return training.run(config, build_task)
+
+
+def format_epsilon(epsilon) -> str:
+  """Epsilon as printed: never 0 for a noisy mechanism (it is only small)."""
+  if epsilon is None or not math.isfinite(epsilon):
+    return 'infinite'
+  if epsilon < 1e-3:
+    return '< 0.001'
+  return f'{epsilon:.4g}'
+
+
+def meaning_of_epsilon(epsilon, delta) -> str:
+  """What the figure means: the odds bound of user-level (epsilon, delta)-DP."""
+  if epsilon is None or not math.isfinite(epsilon):
+    return 'Meaning: no guarantee.'
+  odds = math.exp(min(epsilon, 700.0))
+  return ('Meaning: from everything this run released, no observer can '
+          'raise its odds that a given client took part by more than a '
+          f'factor e^epsilon = {odds:.3g}, except with probability {delta:g}.')
+
+
+def format_summary(summary) -> str:
+  """The end-of-run report of `training.run`'s summary."""
+  lines = ['', f'== {summary["experiment"]} ==']
+  if summary.get('final_objective') is not None:
+    lines.append(f'final objective ({summary["objective_name"]}): '
+                 f'{summary["final_objective"]:.6g}')
+  if summary.get('final_eval_accuracy') is not None:
+    lines.append(
+        f'final eval accuracy: {summary["final_eval_accuracy"]:.4f}')
+  epsilon = summary['epsilon']
+  if summary['noise_multiplier'] is None:
+    lines.append('privacy: none (no noise, no DP guarantee)')
+  else:
+    lines.append(
+        f'privacy: epsilon = {format_epsilon(epsilon)} at delta = '
+        f'{summary["delta"]:g} (z = {summary["noise_multiplier"]:.4g}, '
+        f'{summary["clients_per_round"]} of {summary["population_size"]} '
+        f'clients per round, {summary["sampling"]} sampling, '
+        f'{summary["rounds"]} rounds); noise: {summary["noise"]}')
+    lines.append('  ' + meaning_of_epsilon(epsilon, summary['delta']))
+    if summary.get('not_covered_by_epsilon'):
+      lines.append('  NOT covered by epsilon (released on request): ' +
+                   ', '.join(summary['not_covered_by_epsilon']))
+    ext = summary.get('extrapolated')
+    if ext:
+      lines.append(
+          '  The same noise on the average (z/n fixed) with '
+          f'{ext["clients_per_round"]:,} of {ext["population_size"]:,} '
+          f'clients per round would give epsilon = '
+          f'{format_epsilon(ext["epsilon"])} (z = '
+          f'{ext["noise_multiplier"]:.4g}, same rounds and delta).')
+  if summary.get('empirical_epsilon'):
+    from tff_clip import audit  # pylint: disable=g-import-not-at-top
+    lines.append(audit.format_report(summary['empirical_epsilon'], epsilon))
+  return '\n'.join(lines)

@@ -248,7 +248,7 @@ def test_canary_arrives_exactly_at_the_sensitivity(method, clip_norm):
   factory = dp.dp_factory(method, noise_multiplier=0.1, clients_per_round=20.0, clip_norm=clip_norm,
                           split='uniform', initial_clip_norm=0.7)
   query = audit.CanaryQuery(
-      factory._build_query(VALUE_TYPE),  # pylint: disable=protected-access
+      factory.build_query(VALUE_TYPE),
       tff.types.type_to_tf_tensor_specs(VALUE_TYPE), 4, 0.5,
       per_layer=method.startswith('per_layer'), seed=0)
   state = query.initial_global_state()

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from scripts import program
-from scripts import train as train_script
 from tff_clip import run_records
 from tff_clip import training
 
@@ -284,15 +283,15 @@ def _summary(epsilon, extrapolated):
 
 
 def test_end_of_run_message_explains_epsilon_without_a_fixed_verdict():
-  text = train_script._format_summary(_summary(4.0, 0.02))
+  text = program.format_summary(_summary(4.0, 0.02))
   assert 'far too small' not in text
   assert 'epsilon = 4 at delta = 1e-05' in text
   assert f'e^epsilon = {np.exp(4.0):.3g}' in text  # 54.6
 
 
 def test_a_tiny_epsilon_is_never_printed_as_zero():
-  text = train_script._format_summary(_summary(4.0, 0.0))
+  text = program.format_summary(_summary(4.0, 0.0))
   assert 'epsilon = 0 ' not in text and 'epsilon = 0.0' not in text
   assert 'would give epsilon = < 0.001' in text
-  assert train_script.format_epsilon(3e-7) == '< 0.001'
-  assert train_script.format_epsilon(0.004) == '0.004'
+  assert program.format_epsilon(3e-7) == '< 0.001'
+  assert program.format_epsilon(0.004) == '0.004'

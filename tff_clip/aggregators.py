@@ -128,11 +128,8 @@ class _BoundingFactoryBase:
 
   def __init__(self, method: str, clip_norm: NormSource,
                split: bounding.Split, inner_agg_factory):
-    if method not in BOUNDINGS:
-      raise ValueError(f'`bounding` must be one of {BOUNDINGS}; got '
-                       f'{method!r}.')
-    self._method = method
-    self._per_layer = method.startswith('per_layer')
+    self._method = bounding.check_method(method, 'bounding')
+    self._per_layer = bounding.is_per_layer(method)
     self._clip_norm = check_norm_source(clip_norm)
     if self._per_layer:
       bounding.check_split(split)

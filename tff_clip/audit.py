@@ -97,6 +97,7 @@ import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
 from tff_clip import aggregators
+from tff_clip import bounding
 from tff_clip import checks
 
 __all__ = [
@@ -593,11 +594,11 @@ class CanaryFactory(tff.aggregators.UnweightedAggregationFactory,
     value_type = tff.types.to_type(value_type)
     aggregators.check_value_type(value_type)
     config = self._dp_factory.config
-    inner = self._dp_factory._build_query(value_type)  # pylint: disable=protected-access
+    inner = self._dp_factory.build_query(value_type)
     self.query = CanaryQuery(
         inner, tff.types.type_to_tf_tensor_specs(value_type),
         2 * self._num_canaries, self._q,
-        per_layer=config['bounding'].startswith('per_layer'),
+        per_layer=bounding.is_per_layer(config['bounding']),
         seed=self._seed, canary_raw_norm=self._raw_norm)
     factory = tff.aggregators.DifferentiallyPrivateFactory(
         self.query, config['record_aggregation_factory'])

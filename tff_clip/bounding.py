@@ -118,6 +118,19 @@ class BoundedUpdate(NamedTuple):
 # Structure helpers.
 
 
+
+def check_method(method, label: str = 'bounding_method') -> str:
+  """`method` if it is one of `BOUNDINGS`; ValueError naming `label`."""
+  if method not in BOUNDINGS:
+    raise ValueError(f'`{label}` must be one of {BOUNDINGS}; got {method!r}.')
+  return method
+
+
+def is_per_layer(method: str) -> bool:
+  """True for the per-layer boundings (one budget C_h per leaf)."""
+  return check_method(method) in ('per_layer_clip', 'per_layer_normalize')
+
+
 def _check_float_leaves(leaves, label='structure'):
   for leaf in leaves:
     dtype = tf.as_dtype(leaf.dtype)
@@ -435,9 +448,7 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
   Returns:
     A `BoundedUpdate`.
   """
-  if method not in BOUNDINGS:
-    raise ValueError(f'`method` must be one of {BOUNDINGS}; got {method!r}.')
-  per_layer = method.startswith('per_layer')
+  per_layer = is_per_layer(check_method(method, 'method'))
   if per_layer and budgets is None:
     raise ValueError(f'`budgets` is required for method {method!r}.')
   if not per_layer and clip_norm is None:

@@ -170,11 +170,8 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
                noise_seed: Optional[int] = None,
                noise_placement: str = 'central',
                expected_clients: Optional[float] = None):
-    if bounding_method not in bounding.BOUNDINGS:
-      raise ValueError(f'`bounding` must be one of {bounding.BOUNDINGS}; got '
-                       f'{bounding_method!r}.')
-    self._method = bounding_method
-    self._per_layer = bounding_method.startswith('per_layer')
+    self._method = bounding.check_method(bounding_method, 'bounding')
+    self._per_layer = bounding.is_per_layer(bounding_method)
     self._clip_norm = np.asarray(clip_norm, np.float32)
     self._vector = self._clip_norm.ndim == 1
     if self._per_layer and not self._vector and layer_fractions is None:
@@ -531,10 +528,15 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
   def config(self):
     return dict(self._config)
 
-  def _build_query(self, value_type):
+  def build_query(self, value_type) -> tfp.SumAggregationDPQuery:
+    """The tensorflow-privacy query `create` wraps, for `value_type`.
+
+    A new query on every call (the factory is not changed), e.g. for
+    `tff_clip.audit.CanaryFactory`, which wraps it in its canaries.
+    """
     cfg = self._config
     method = cfg['bounding']
-    per_layer = method.startswith('per_layer')
+    per_layer = bounding.is_per_layer(method)
     num_layers = len(tf.nest.flatten(
         tff.types.type_to_tf_tensor_specs(value_type)))
     fractions = None
@@ -582,7 +584,7 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
   def create(self, value_type, weight_type=None):
     value_type = tff.types.to_type(value_type)
     aggregators.check_value_type(value_type)
-    query = self._build_query(value_type)
+    query = self.build_query(value_type)
     factory = tff.aggregators.DifferentiallyPrivateFactory(
         query, self._config['record_aggregation_factory'])
     if weight_type is None:
@@ -652,9 +654,7 @@ def dp_factory(
   Returns:
     A `DPBoundingFactory`.
   """
-  if bounding_method not in bounding.BOUNDINGS:
-    raise ValueError(f'`bounding` must be one of {bounding.BOUNDINGS}; got '
-                     f'{bounding_method!r}.')
+  bounding.check_method(bounding_method, 'bounding')
   noise_multiplier = checks.nonnegative_float(noise_multiplier, 'noise_multiplier')
   clients_per_round = checks.positive_float(clients_per_round,
                                                        'clients_per_round')
@@ -675,12 +675,12 @@ def dp_factory(
     if clipped_count_stddev is not None:
       clipped_count_stddev = checks.positive_float(clipped_count_stddev,
                                                    'clipped_count_stddev')
-      if noise_multiplier > 0 and not (bounding_method.startswith('per_layer')
+      if noise_multiplier > 0 and not (bounding.is_per_layer(bounding_method)
                                        and per_layer_quantiles):
         adaptive_noise_multipliers(noise_multiplier, clipped_count_stddev)
   else:
     clip_norm = checks.positive_float(clip_norm, 'clip_norm')
-  if bounding_method.startswith('per_layer'):
+  if bounding.is_per_layer(bounding_method):
     bounding.check_split(split)
     if isinstance(split, bounding.ExplicitBudgets) and adaptive:
       raise ValueError('`split`: explicit budgets need a fixed `clip_norm`.')
