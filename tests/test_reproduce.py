@@ -1,6 +1,6 @@
 """Specification of `scripts.reproduce` (one command per seed paper).
 
-Default suite: the verdict rule, seed 002's Table 1 epsilons against the
+Default suite: the verdict rule, Pelikan et al. 2025's Table 1 epsilons against the
 published values, and `--paper=all --quick` (every paper's smoke run, one
 process) printing each paper's tables and one verdict per claim.
 """

@@ -78,7 +78,7 @@ def _assert_same_metrics(rows_a, rows_b):
     (dict(sampling='stratified'), 'sampling'),
     (dict(clients_per_round=0), 'clients_per_round'),
     (dict(rounds=0), 'rounds'),
-    (dict(blur_lambda=20.0, clip_norm=1.0), 'blur_lambda'),
+    (dict(blur_strength=20.0, clip_norm=1.0), 'blur_strength'),
     (dict(lus_sparsity=1.0), 'lus_sparsity'),
     (dict(executor='remote'), 'workers'),
     (dict(executor='remote', workers=('nohost',)), 'workers'),
@@ -161,6 +161,23 @@ def test_other_configuration_in_existing_dir_is_refused_untouched(tmp_path):
     training.prepare_output_dir(other)
   assert marker.read_text() == 'round\n1\n'
   assert training.prepare_output_dir(config) is True  # Same config resumes.
+
+
+def test_run_recorded_under_earlier_knob_names_resumes(tmp_path):
+  # `local_clip` and `blur_lambda` are the earlier names of `local_clip_norm`
+  # and `blur_strength`: a config.json that uses them is the same run.
+  config = training.TrainConfig(root_output_dir=str(tmp_path),
+                                experiment_name='run', local_clip_norm=2.0,
+                                blur_strength=0.5, blur_clip_norm=1.0)
+  recorded = config.to_json()
+  recorded['local_clip'] = recorded.pop('local_clip_norm')
+  recorded['blur_lambda'] = recorded.pop('blur_strength')
+  (tmp_path / 'run').mkdir()
+  (tmp_path / 'run' / 'config.json').write_text(json.dumps(recorded))
+  assert training.existing_run(config) == 'resume'
+  other = dataclasses.replace(config, local_clip_norm=3.0)
+  with pytest.raises(training.ConfigError, match='local_clip_norm'):
+    training.existing_run(other)
 
 
 def test_foreign_nonempty_dir_is_refused(tmp_path):

@@ -1,6 +1,7 @@
 """tff_clip: bound every client's update the right way before it is aggregated.
 
 Modules (data flows down this list):
+  spec         -- the DP aggregation's arguments, checked once (no TF import).
   bounding     -- pure-TF norms, clip, normalize, per-layer budgets.
   client       -- client work: BLUR, LUS, model clipping (baseline).
   optimizers   -- per-step clipped optimizer, LAMB, LARS, schedules.

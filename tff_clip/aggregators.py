@@ -7,11 +7,11 @@ between placements and reports what happened.
 
 Boundings (one client's update u, clip norm C, per-layer budgets C_h):
   * 'clip'                 u * min(1, C/||u||)    difference clipping, CE-FedAvg
-                                                  (Zhang et al. 2022, seed 000)
+                                                  (Zhang et al. 2022, Zhang et al. 2022)
   * 'normalize'            C u / ||u||            DP-NormFedAvg (Das et al.,
-                                                  seed 003)
+                                                  Das et al. 2022)
   * 'per_layer_clip'       u_h * min(1, C_h/||u_h||), sum_h C_h^2 = C^2
-                                                  (Pelikan et al. 2025, seed 002)
+                                                  (Pelikan et al. 2025, Pelikan et al. 2025)
   * 'per_layer_normalize'  C_h u_h / ||u_h||
 
 `clip_norm` is a float or a `tff.templates.EstimationProcess` (TFF's
@@ -33,6 +33,14 @@ Measurements (stable names), merged with the inner factory's under 'inner':
   nonfinite_count  clients whose update had a NaN/Inf and was zeroed
 These describe raw client norms and are NOT differentially private: the DP
 factories in `tff_clip.dp` report none of them.
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
+* Pelikan et al. 2025: "Enabling Differentially Private Federated
+  Learning for Speech Recognition", NeurIPS 2025.
+* Das et al. 2022: "On the Convergence of DP FL on Non-Lipschitz
+  Objectives, and with Normalized Client Updates".
 """
 
 from __future__ import annotations
@@ -351,13 +359,13 @@ def bounding_factory(bounding_method: str,
 
 def clip_factory(clip_norm: NormSource,
                  inner_agg_factory: Optional[InnerFactory] = None):
-  """Global L2 clipping u * min(1, C/||u||) (seed 000, CE-FedAvg)."""
+  """Global L2 clipping u * min(1, C/||u||) (Zhang et al. 2022, CE-FedAvg)."""
   return bounding_factory('clip', clip_norm, inner_agg_factory=inner_agg_factory)
 
 
 def normalize_factory(clip_norm: NormSource,
                       inner_agg_factory: Optional[InnerFactory] = None):
-  """Normalization C u/||u|| (seed 003, DP-NormFedAvg); zero stays zero."""
+  """Normalization C u/||u|| (Das et al. 2022, DP-NormFedAvg); zero stays zero."""
   return bounding_factory('normalize', clip_norm,
                           inner_agg_factory=inner_agg_factory)
 
@@ -365,7 +373,7 @@ def normalize_factory(clip_norm: NormSource,
 def per_layer_clip_factory(clip_norm: NormSource,
                            split: bounding.Split = 'dim',
                            inner_agg_factory: Optional[InnerFactory] = None):
-  """Per-layer clipping u_h min(1, C_h/||u_h||), sum C_h^2 = C^2 (seed 002)."""
+  """Per-layer clipping u_h min(1, C_h/||u_h||), sum C_h^2 = C^2."""
   return bounding_factory('per_layer_clip', clip_norm, split,
                           inner_agg_factory)
 

@@ -17,17 +17,27 @@ build_weighted_fed_avg`, the same computation.
 
 The client algorithms and where they come from (see `build_fedavg`):
 
-  * FAT-Clipping-PR (Yang, Qiu, Liu, NeurIPS 2022 -- seed 001 -- Algorithm 2,
+  * FAT-Clipping-PR (Yang, Qiu, Liu, NeurIPS 2022, Algorithm 2,
     Eq. (2)): `model_aggregator=aggregators.clip_factory(C)`.
-  * FAT-Clipping-PI (seed 001, Algorithm 3, Eqs. (3)-(4)); local clipping
-    C_loc (Pelikan et al., NeurIPS 2025 -- seed 002 -- Algorithm 1 line 11):
+  * FAT-Clipping-PI (Yang et al. 2022, Algorithm 3, Eqs. (3)-(4)); local clipping
+    C_loc (Pelikan et al., NeurIPS 2025, Algorithm 1 line 11):
     `local_clip_norm=lambda`.
-  * BLUR and LUS (Cheng et al., CVPR 2022 -- seed 004 -- Eq. (5), Eqs.
+  * BLUR and LUS (Cheng et al., CVPR 2022, Eq. (5), Eqs.
     (11)-(13), Algorithm 2): `blur_strength`, `blur_clip_norm`,
     `lus_sparsity`.
-  * Model clipping (Zhang et al., ICML 2022 -- seed 000 -- Section 2.1,
+  * Model clipping (Zhang et al., ICML 2022, Section 2.1,
     Claim 2.1): `model_clip_norm`. A baseline that does not converge to the
     optimum, not a recommendation.
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
+* Yang, Qiu, Liu 2022: "Taming Fat-Tailed Noise in Federated Learning",
+  NeurIPS 2022.
+* Pelikan et al. 2025: "Enabling Differentially Private Federated
+  Learning for Speech Recognition", NeurIPS 2025.
+* Cheng et al. 2022: "Differentially Private Federated Learning with
+  Local Regularization and Sparsification", CVPR 2022.
 """
 
 from __future__ import annotations
@@ -116,19 +126,19 @@ def build_fedavg(
   reports u_i = w_t - w_i (shaped by the client options below); the
   `model_aggregator` bounds, noises and averages the u_i; the server
   optimizer steps w_t with the aggregate as its gradient. With SGD at rates
-  eta_L (client) and eta (server) that is seed 001's generalised FedAvg
+  eta_L (client) and eta (server) that is Yang et al. 2022's generalised FedAvg
   (Algorithm 1): w_{t+1} = w_t - eta * eta_L * mean_i sum_k g_i^k.
 
   Which argument gives which algorithm:
 
-  * FAT-Clipping-PR (Yang, Qiu, Liu, NeurIPS 2022 -- seed 001 -- Algorithm 2,
+  * FAT-Clipping-PR (Yang, Qiu, Liu, NeurIPS 2022, Algorithm 2,
     Eq. (2)): `model_aggregator=tff_clip.aggregators.clip_factory(C)`. The
     client's message, the model delta, is clipped once per round. TFF's delta
     is eta_L times the paper's Delta = sum_k g^k (for SGD), so C = eta_L *
     lambda reproduces Algorithm 2 with the server rate explicit,
     w_{t+1} = w_t - eta * eta_L * mean_i min(1, lambda/||Delta_i||) Delta_i;
     eta = 1 gives the printed form (line 15).
-  * FAT-Clipping-PI (seed 001, Algorithm 3, Eqs. (3)-(4)): `local_clip_norm=
+  * FAT-Clipping-PI (Yang et al. 2022, Algorithm 3, Eqs. (3)-(4)): `local_clip_norm=
     lambda`. Every local gradient is clipped to lambda before its step
     (`tff_clip.optimizers.clipped_optimizer` around `client_optimizer`, so it
     composes with SGDM, Adam, ...), each SGD step moves the model by at most
@@ -136,14 +146,14 @@ def build_fedavg(
     clipped again unless `model_aggregator` bounds it too (DP). Seed 002's
     local clipping C_loc (Pelikan et al., NeurIPS 2025, Algorithm 1 line 11)
     is the same mechanism. With K = 1 and C = eta_L * lambda, PR == PI.
-  * BLUR (Cheng et al., CVPR 2022 -- seed 004 -- Eq. (5)): `blur_strength=
+  * BLUR (Cheng et al., CVPR 2022, Eq. (5)): `blur_strength=
     lambda`, `blur_clip_norm=S` (the bound's clip norm); needs lambda <
     1 / client learning rate (Lemma 2).
-  * LUS (seed 004, Eqs. (11)-(13)): `lus_sparsity=c`, c in [0, 1), one for
+  * LUS (Cheng et al. 2022, Eqs. (11)-(13)): `lus_sparsity=c`, c in [0, 1), one for
     every layer or one per trainable layer; the bound and the noise of
     `model_aggregator` then act on the sparse update (noise on the full
-    vector). BLUR + LUS is seed 004's Algorithm 2.
-  * Model clipping (Zhang et al., ICML 2022 -- seed 000 -- Section 2.1):
+    vector). BLUR + LUS is Cheng et al. 2022's Algorithm 2.
+  * Model clipping (Zhang et al., ICML 2022, Section 2.1):
     `model_clip_norm=c`. BASELINE ONLY, Claim 2.1: it does not converge to
     the optimum. Clients report w_t - clip(w_i, c), so the server averages
     the clipped models when `server_optimizer` is SGD at learning rate 1 (see

@@ -97,7 +97,6 @@ import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
 from tff_clip import aggregators
-from tff_clip import bounding
 from tff_clip import checks
 
 __all__ = [
@@ -593,15 +592,14 @@ class CanaryFactory(tff.aggregators.UnweightedAggregationFactory,
   def create(self, value_type, weight_type=None):
     value_type = tff.types.to_type(value_type)
     aggregators.check_value_type(value_type)
-    config = self._dp_factory.config
     inner = self._dp_factory.build_query(value_type)
     self.query = CanaryQuery(
         inner, tff.types.type_to_tf_tensor_specs(value_type),
         2 * self._num_canaries, self._q,
-        per_layer=bounding.is_per_layer(config['bounding']),
+        per_layer=self._dp_factory.spec.per_layer,
         seed=self._seed, canary_raw_norm=self._raw_norm)
     factory = tff.aggregators.DifferentiallyPrivateFactory(
-        self.query, config['record_aggregation_factory'])
+        self.query, self._dp_factory.record_aggregation_factory)
     if weight_type is None:
       return factory.create(value_type)
     return tff.aggregators.as_weighted_aggregator(factory).create(

@@ -17,7 +17,7 @@ import numbers
 import numpy as np
 
 __all__ = ['INT64_MAX', 'boolean', 'integer', 'is_real', 'nonnegative_float',
-           'positive_float']
+           'positive_float', 'probability']
 
 INT64_MAX = 2**63 - 1
 
@@ -70,6 +70,21 @@ def nonnegative_float(value, label: str, dtype=np.float32) -> float:
                                                                number) < 0:
     raise ValueError(f'`{label}` must be a finite float >= 0; got {value!r}.')
   _cast(number, label, dtype)
+  return number
+
+
+def probability(value, label: str, low_open: bool = True,
+                high_open: bool = True, dtype=np.float64) -> float:
+  """`value` as a float in (0, 1) (a closed end where `*_open` is False):
+  TypeError if not a number, ValueError outside the interval."""
+  number = _as_number(value, label)
+  low_ok = number > 0 if low_open else number >= 0
+  high_ok = number < 1 if high_open else number <= 1
+  if not (low_ok and high_ok):  # False for NaN too.
+    interval = f'{"(" if low_open else "["}0, 1{")" if high_open else "]"}'
+    raise ValueError(f'`{label}` must be in {interval}; got {value!r}.')
+  if number > 0:
+    _cast(number, label, dtype)
   return number
 
 

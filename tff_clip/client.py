@@ -11,23 +11,23 @@ The math is pure TensorFlow over `tf.nest` structures, testable without TFF:
   * `blur_penalty(weights, reference, clip_norm, strength)`: BLUR, Bounded
     Local Update Regularization (Cheng et al., "Differentially Private
     Federated Learning with Local Regularization and Sparsification", CVPR
-    2022 -- seed 004 -- Eq. (5)): the client minimises
+    2022, Eq. (5)): the client minimises
       h_i(w) = f_i(w) + (lambda/2) max(0, ||w - w_t||^2 - S^2),
     w_t the model received this round, S the DP clip norm.
   * `lus_scores`, `lus_keep_counts`, `lus_mask`, `lus_sparsify`: LUS, Local
-    Update Sparsification (seed 004, Eqs. (11)-(13), Algorithm 2):
+    Update Sparsification (Cheng et al. 2022, Eqs. (11)-(13), Algorithm 2):
     each entry of the update is scored T = |grad f_i(w_local) * delta_w| and
     only the s_h highest-scoring entries of every layer are kept.
   * `clipped_model_update(initial_weights, local_weights, clip_norm)`: model
     clipping (Zhang et al., "Understanding Clipping for Federated Learning",
-    ICML 2022 -- seed 000 -- Section 2.1 and Claim 2.1). A BASELINE ONLY, the
+    ICML 2022, Section 2.1 and Claim 2.1). A BASELINE ONLY, the
     paper's negative example: it does not converge to the optimum.
 
 `build_client_work` wraps them in a `tff.learning.templates.ClientWorkProcess`
 that drops into `tff.learning.templates.compose_learning_process` (see
 `tff_clip.algorithms.build_fedavg`). Without any of them it is TFF's own
 `build_model_delta_client_work`, i.e. exactly FedAvg's client work; per-step
-clipping (FAT-Clipping-PI, seed 001; C_loc of seed 002) is not here but in
+clipping (FAT-Clipping-PI, Yang et al. 2022; C_loc of Pelikan et al. 2025) is not here but in
 the client optimizer (`tff_clip.optimizers.clipped_optimizer`), so it
 composes with every client work, these included.
 
@@ -35,6 +35,16 @@ As in TFF, one "layer" is one leaf of the trainable weights (one Keras
 variable), in `tf.nest.flatten` order, and the update a client reports is the
 model delta `initial_weights - local_weights` (the sign TFF's server
 optimizers expect: the server *subtracts* it).
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
+* Yang, Qiu, Liu 2022: "Taming Fat-Tailed Noise in Federated Learning",
+  NeurIPS 2022.
+* Pelikan et al. 2025: "Enabling Differentially Private Federated
+  Learning for Speech Recognition", NeurIPS 2025.
+* Cheng et al. 2022: "Differentially Private Federated Learning with
+  Local Regularization and Sparsification", CVPR 2022.
 """
 
 from __future__ import annotations
@@ -153,7 +163,7 @@ def check_client_work_args(client_optimizer=None,
       if strength * learning_rate >= 1:
         raise ValueError(
             f'`blur_strength` = {blur_strength!r} must be < 1 / '
-            f'client_learning_rate = 1 / {learning_rate!r} (seed 004, Lemma '
+            f'client_learning_rate = 1 / {learning_rate!r} (Cheng et al. 2022, Lemma '
             '2: lambda < 1/eta_l, else the penalty step overshoots w_t).')
   if lus_sparsity is not None:
     _check_sparsity(lus_sparsity)
@@ -167,13 +177,13 @@ def check_client_work_args(client_optimizer=None,
 
 
 # ----------------------------------------------------------------------------
-# BLUR (seed 004, Section 4.1).
+# BLUR (Cheng et al. 2022, Section 4.1).
 
 
 def blur_penalty(weights, reference, clip_norm, strength) -> tf.Tensor:
   """The BLUR regulariser (strength/2) * max(0, ||w - w_t||^2 - S^2).
 
-  Cheng et al., CVPR 2022 (seed 004), Eq. (5): the client minimises
+  Cheng et al., CVPR 2022, Eq. (5): the client minimises
   h_i(w) = f_i(w) + (lambda/2) R_t(w), R_t(w) = max(0, ||w - w_t||^2 - S^2),
   with w_t the model received this round and S the clip norm of the DP bound.
   Inside the ball ||w - w_t|| <= S the penalty and its gradient are zero (the
@@ -215,7 +225,7 @@ def blur_penalty(weights, reference, clip_norm, strength) -> tf.Tensor:
 
 
 # ----------------------------------------------------------------------------
-# LUS (seed 004, Section 4.2).
+# LUS (Cheng et al. 2022, Section 4.2).
 
 
 def lus_scores(gradient, delta):
@@ -344,13 +354,13 @@ def lus_sparsify(delta, gradient, sparsity: Sparsity):
 
 
 # ----------------------------------------------------------------------------
-# Model clipping (seed 000, Section 2.1): a baseline, not a recommendation.
+# Model clipping (Zhang et al. 2022, Section 2.1): a baseline, not a recommendation.
 
 
 def clipped_model_update(initial_weights, local_weights, clip_norm):
   """w_t - clip(w_local, c): the update that makes the server average models.
 
-  BASELINE ONLY: the "model clipping" of Zhang et al., ICML 2022 (seed 000,
+  BASELINE ONLY: the "model clipping" of Zhang et al., ICML 2022 (Zhang et al. 2022,
   Section 2.1; Wei et al. 2020a), where clients clip the local model itself,
   not its difference from w_t, and the server averages the clipped models.
   Claim 2.1 (Appendix A.3.1, Eqs. (19)-(20)) shows it does not converge to the
@@ -408,7 +418,7 @@ def _build_client_update(model_fn, optimizer, *, weighting, blur_strength,
   model = model_fn()
 
   def mean_gradient(trainable, data):
-    """grad f_i(w_local), averaged over the client's examples (seed 004)."""
+    """grad f_i(w_local), averaged over the client's examples."""
     # training=False: the gradient of the trained model as it is (no dropout,
     # no batch-norm statistics updated by this extra pass).
     def accumulate(state, batch):
@@ -442,7 +452,7 @@ def _build_client_update(model_fn, optimizer, *, weighting, blur_strength,
         output = model.forward_pass(batch, training=True)
         loss = output.loss
         if blur_strength is not None:
-          # h_i(w) = f_i(w) + (lambda/2) R_t(w): seed 004, Eq. (5) / (7).
+          # h_i(w) = f_i(w) + (lambda/2) R_t(w): Cheng et al. 2022, Eq. (5) / (7).
           loss += tf.cast(
               blur_penalty(trainable, reference, blur_clip_norm,
                            blur_strength), loss.dtype)
@@ -510,18 +520,18 @@ def build_client_work(
 
     * plain (none of the options): TFF's
       `tff.learning.templates.build_model_delta_client_work`, unchanged, i.e.
-      FedAvg's client work (seed 001 Algorithm 1 with the server rate explicit;
+      FedAvg's client work (Yang et al. 2022 Algorithm 1 with the server rate explicit;
       per-step clipping comes from the optimizer,
       `tff_clip.optimizers.clipped_optimizer`).
     * `blur_strength` (lambda) and `blur_clip_norm` (S): each step minimises
-      f_i(w) + (lambda/2) max(0, ||w - w_t||^2 - S^2) (seed 004, Eq. (5));
+      f_i(w) + (lambda/2) max(0, ||w - w_t||^2 - S^2) (Cheng et al. 2022, Eq. (5));
       lambda * client_learning_rate < 1 is required (Lemma 2).
     * `lus_sparsity` (c): after training, only the s_h entries of u with the
-      largest |grad f_i(w_local) * u| are kept in every layer (seed 004, Eqs.
+      largest |grad f_i(w_local) * u| are kept in every layer (Cheng et al. 2022, Eqs.
       (11)-(13)); the gradient is the mean over the client's examples of the
       model loss f_i (the BLUR penalty excluded, as in Eq. (11)), one extra
-      pass over the data. BLUR and LUS combine (seed 004, Algorithm 2).
-    * `model_clip_norm` (c): BASELINE ONLY (seed 000, Claim 2.1): reports
+      pass over the data. BLUR and LUS combine (Cheng et al. 2022, Algorithm 2).
+    * `model_clip_norm` (c): BASELINE ONLY (Zhang et al. 2022, Claim 2.1): reports
       u = w_t - clip(w_local, c), so that the server (SGD at rate 1) averages
       the clipped local models; see `clipped_model_update`.
 

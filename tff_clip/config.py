@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import typing
 from typing import Any, Optional, Union
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from tff_clip import checks
 from tff_clip import names
+from tff_clip import spec
 
 __all__ = [
     'BOUNDINGS', 'CLIENT_OPTIMIZERS', 'EXECUTION_KEYS', 'EXECUTORS',
@@ -39,6 +41,10 @@ DATA_SOURCES = ('offline', 'online', 'synthetic')
 EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'workers',
                   'worker_timeout_s', 'progress', 'root_output_dir',
                   'checkpoint_interval_s')
+
+# Earlier names of fields, read from a recorded config.json on resume (one
+# name per knob: the library's `tff_clip.algorithms` argument names).
+RENAMED_KEYS = {'local_clip': 'local_clip_norm', 'blur_lambda': 'blur_strength'}
 
 
 class ConfigError(ValueError):
@@ -171,9 +177,9 @@ class TrainConfig:
   local_steps: Optional[int] = _field(
       None, 'If set, exactly this many local steps (batches).')
   batch_size: int = _field(16, 'Client batch size.')
-  local_clip: Optional[float] = _field(
+  local_clip_norm: Optional[float] = _field(
       None, 'Per-step gradient clip (FAT-Clipping PI / local clipping).')
-  blur_lambda: Optional[float] = _field(None, 'BLUR regularisation strength.')
+  blur_strength: Optional[float] = _field(None, 'BLUR regularisation strength.')
   blur_clip_norm: Optional[float] = _field(
       None, 'BLUR radius S (default: --clip_norm when numeric).')
   lus_sparsity: Union[float, tuple, None] = _field(
@@ -258,10 +264,6 @@ def fields() -> list[tuple[dataclasses.Field, Any]]:
 # Validation.
 
 
-def _flag_error(error: Exception, name: str) -> ConfigError:
-  return ConfigError(str(error).replace(f'`{name}`', f'--{name}'))
-
-
 def _positive(value, name, kind=float, allow_none=False, dtype=np.float32):
   """A positive number (float: finite and positive in `dtype` too)."""
   if value is None and allow_none:
@@ -279,7 +281,7 @@ def _positive(value, name, kind=float, allow_none=False, dtype=np.float32):
     else:
       checks.integer(int(value), name, minimum=1, maximum=2**31 - 1)
   except ValueError as e:
-    raise _flag_error(e, name) from None
+    raise _flag_message(e) from None
 
 
 def one_of(value, name, choices):
@@ -295,37 +297,37 @@ def _check_choices(config):
       one_of(getattr(config, field.name), field.name, choices)
 
 
-def _check_adaptive(config):
-  if isinstance(config.clip_norm, str):
-    if config.clip_norm != 'adaptive':
-      raise ConfigError("--clip_norm must be a positive number or 'adaptive'; "
-                        f'got {config.clip_norm!r}.')
-  else:
-    _positive(config.clip_norm, 'clip_norm')
-  _positive(config.initial_clip_norm, 'initial_clip_norm')
-  if not (isinstance(config.target_quantile, (int, float)) and
-          0.0 <= config.target_quantile <= 1.0):
-    raise ConfigError('--target_quantile must be in [0, 1]; got '
-                      f'{config.target_quantile!r}.')
-  _positive(config.clip_learning_rate, 'clip_learning_rate')
-  _positive(config.clipped_count_stddev, 'clipped_count_stddev',
-            allow_none=True)
+def _flag_message(error: Exception) -> ConfigError:
+  """The library's error, with `name` (an argument) written as --name."""
+  return ConfigError(re.sub(r'`(\w+)`', r'--\1', str(error)))
 
 
-def _check_privacy(config):
+def _check_mechanism(config):
+  """The bounding and DP knobs: the library's own spec checks them."""
   if config.noise_multiplier is not None and config.target_epsilon is not None:
     raise ConfigError('Give --noise_multiplier or --target_epsilon, not both '
                       "(--noise_multiplier=none with --target_epsilon).")
-  if config.noise_multiplier is not None:
-    if not (isinstance(config.noise_multiplier, (int, float)) and
-            math.isfinite(config.noise_multiplier) and
-            config.noise_multiplier >= 0):
-      raise ConfigError('--noise_multiplier must be a number >= 0 or none; '
-                        f'got {config.noise_multiplier!r}.')
-    try:
-      checks.nonnegative_float(config.noise_multiplier, 'noise_multiplier')
-    except ValueError as e:
-      raise _flag_error(e, 'noise_multiplier') from None
+  method = config.bounding if config.bounding in names.BOUNDINGS else 'clip'
+  try:
+    spec.DPSpec(
+        bounding_method=method,
+        # Calibrated later from --target_epsilon; 0 stands in until then.
+        noise_multiplier=(0.0 if config.noise_multiplier is None else
+                          config.noise_multiplier),
+        clients_per_round=config.clients_per_round,
+        clip_norm=config.clip_norm, split=config.split,
+        denominator=config.denominator,
+        initial_clip_norm=config.initial_clip_norm,
+        target_quantile=config.target_quantile,
+        clip_learning_rate=config.clip_learning_rate,
+        clipped_count_stddev=config.clipped_count_stddev,
+        per_layer_quantiles=config.per_layer_quantiles,
+        noise_placement=config.noise_placement, noise_seed=config.noise_seed)
+  except (TypeError, ValueError) as e:
+    raise _flag_message(e) from None
+
+
+def _check_privacy(config):
   _positive(config.target_epsilon, 'target_epsilon', allow_none=True,
             dtype=np.float64)
   if config.bounding == TFF_GAUSSIAN and (
@@ -344,14 +346,10 @@ def _check_privacy(config):
     raise ConfigError('--denominator=actual releases the cohort size: it is '
                       'private under --sampling=poisson; use '
                       '--sampling=fixed_size or --denominator=expected.')
-  if not 0.0 < config.delta < 1.0:
-    raise ConfigError(f'--delta must be in (0, 1); got {config.delta!r}.')
-  if config.noise_seed is not None:
-    try:
-      checks.integer(config.noise_seed, 'noise_seed',
-                     maximum=checks.INT64_MAX - 1)
-    except (TypeError, ValueError) as e:
-      raise _flag_error(e, 'noise_seed') from None
+  try:
+    checks.probability(config.delta, 'delta')
+  except (TypeError, ValueError) as e:
+    raise _flag_message(e) from None
 
 
 def _check_training(config):
@@ -367,16 +365,16 @@ def _check_training(config):
   _positive(config.batch_size, 'batch_size', int)
   _positive(config.num_clients, 'num_clients', int, allow_none=True)
   _positive(config.partition_alpha, 'partition_alpha', allow_none=True)
-  _positive(config.local_clip, 'local_clip', allow_none=True)
-  _positive(config.blur_lambda, 'blur_lambda', allow_none=True)
+  _positive(config.local_clip_norm, 'local_clip_norm', allow_none=True)
+  _positive(config.blur_strength, 'blur_strength', allow_none=True)
   _positive(config.blur_clip_norm, 'blur_clip_norm', allow_none=True)
-  if config.blur_lambda is not None:
+  if config.blur_strength is not None:
     if config.blur_clip_norm is None and isinstance(config.clip_norm, str):
-      raise ConfigError('--blur_lambda needs S: give --blur_clip_norm, or a '
+      raise ConfigError('--blur_strength needs S: give --blur_clip_norm, or a '
                         'fixed numeric --clip_norm.')
-    if config.blur_lambda * config.client_learning_rate >= 1.0:
+    if config.blur_strength * config.client_learning_rate >= 1.0:
       raise ConfigError(
-          f'--blur_lambda ({config.blur_lambda}) must be below 1 / '
+          f'--blur_strength ({config.blur_strength}) must be below 1 / '
           f'client_learning_rate ({1 / config.client_learning_rate:g}).')
   if config.lus_sparsity is not None:
     values = (config.lus_sparsity if isinstance(config.lus_sparsity, tuple)
@@ -433,16 +431,17 @@ def _check_audit(config):
     raise ConfigError('--audit_canaries audits a tff_clip DP run: set '
                       '--noise_multiplier or --target_epsilon and a tff_clip '
                       '--bounding.')
-  if not 0.0 < config.audit_confidence < 1.0:
-    raise ConfigError('--audit_confidence must be in (0, 1); got '
-                      f'{config.audit_confidence!r}.')
+  try:
+    checks.probability(config.audit_confidence, 'audit_confidence')
+  except (TypeError, ValueError) as e:
+    raise _flag_message(e) from None
 
 
 def validate(config: TrainConfig) -> None:
   """Raises `ConfigError` naming the flag for a configuration that cannot run."""
   _check_choices(config)
   _check_audit(config)
-  _check_adaptive(config)
+  _check_mechanism(config)
   _check_privacy(config)
   _check_training(config)
   _check_execution(config)

@@ -32,6 +32,10 @@ Outputs under `root_output_dir/experiment_name/`:
   ledger.json     the DP events of every round and epsilon per round
   checkpoints/    program state (`tff.program.FileProgramStateManager`)
   summary.json    final figures; plot.png: accuracy, loss, clip norm, epsilon
+
+References:
+* Yang, Qiu, Liu 2022: "Taming Fat-Tailed Noise in Federated Learning",
+  NeurIPS 2022.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from tff_clip import accounting
 from tff_clip import privacy_ledger
 from tff_clip import run_records
 from tff_clip import sampling as sampling_lib
-from tff_clip.config import BOUNDINGS, CLIENT_OPTIMIZERS, EXECUTION_KEYS, EXECUTORS, SERVER_OPTIMIZERS  # pylint: disable=unused-import
+from tff_clip.config import BOUNDINGS, CLIENT_OPTIMIZERS, EXECUTION_KEYS, EXECUTORS, RENAMED_KEYS, SERVER_OPTIMIZERS  # pylint: disable=unused-import
 from tff_clip import config as config_lib
 from tff_clip.config import ConfigError, TrainConfig, validate
 
@@ -112,7 +116,8 @@ def existing_run(config: TrainConfig) -> str:
   if not isinstance(recorded, dict):
     raise run_records.RunRecordError(
         f'{config_path} is not a run configuration (damaged).')
-  previous = {k: v for k, v in recorded.items() if k not in EXECUTION_KEYS}
+  previous = {RENAMED_KEYS.get(k, k): v for k, v in recorded.items()
+              if k not in EXECUTION_KEYS}
   current = config.identity()
   # A run recorded before a knob existed ran with that knob's default.
   defaults = TrainConfig().identity()
@@ -268,7 +273,7 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
         # kept only in the (checkpointed) aggregator state. Never `seed`.
         noise_seed=config.noise_seed)
   if config.clip_norm == 'adaptive':
-    # CE-FedAvg with a moving threshold (seed 000), noise-free.
+    # CE-FedAvg with a moving threshold, noise-free.
     clip_norm = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
         initial_estimate=config.initial_clip_norm,
         target_quantile=config.target_quantile,
@@ -284,15 +289,15 @@ def build_process(config: TrainConfig, task, noise_multiplier,
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip import algorithms  # pylint: disable=g-import-not-at-top
   blur_clip_norm = config.blur_clip_norm
-  if config.blur_lambda is not None and blur_clip_norm is None:
+  if config.blur_strength is not None and blur_clip_norm is None:
     blur_clip_norm = float(config.clip_norm)
   return algorithms.build_fedavg(
       task.model_fn,
       client_optimizer=_client_optimizer(config),
       server_optimizer=_server_optimizer(config),
-      local_clip_norm=config.local_clip,
-      blur_strength=config.blur_lambda,
-      blur_clip_norm=blur_clip_norm if config.blur_lambda else None,
+      local_clip_norm=config.local_clip_norm,
+      blur_strength=config.blur_strength,
+      blur_clip_norm=blur_clip_norm if config.blur_strength else None,
       lus_sparsity=config.lus_sparsity,
       model_aggregator=(model_aggregator or
                         build_aggregator(config, noise_multiplier)),
@@ -323,7 +328,7 @@ def _client_dataset(task, client_id, config, round_num):
       [config.seed, round_num, zlib.crc32(str(client_id).encode())]
   ).integers(2**31))
   if getattr(task, 'round_train_data', None) is not None:
-    # Samples drawn afresh every round (seed 001's fat-tailed noise).
+    # Samples drawn afresh every round (Yang et al. 2022's fat-tailed noise).
     dataset = task.round_train_data(client_id, seed)
   else:
     dataset = task.datasets.train_data.create_tf_dataset_for_client(client_id)

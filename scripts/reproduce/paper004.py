@@ -64,7 +64,7 @@ def run(quick: bool, output_dir: str) -> common.Report:
       server_learning_rate=1.0, eval_every=s['rounds'], delta=1e-5)
   arms = [('DP-FedAvg', {})] + [
       (f'BLUR {lam:g} + LUS {c:g}',
-       dict(blur_lambda=lam, blur_clip_norm=CLIP_NORM, lus_sparsity=c))
+       dict(blur_strength=lam, blur_clip_norm=CLIP_NORM, lus_sparsity=c))
       for lam, c in s['grid']]
   accuracy = {name: [] for name, _ in arms}
   epsilon = {name: [] for name, _ in arms}
