@@ -473,31 +473,65 @@ def _restore(config, session, log, checkpoints):
 # Releases.
 
 
-class _MetricsWriters:
-  """Releases a round, once: the log line, metrics.csv and TensorBoard.
+def _records_release_manager(log, csv_path, resuming):
+  """A `tff.program.ReleaseManager` of the run's records.
 
-  `releases.jsonl` is the record (appended durably first); `metrics.csv` is
-  rebuilt from it on resume (so a damaged or truncated file is repaired) and
-  appended each round; TensorBoard (`tff.program.TensorBoardReleaseManager`)
-  skips steps it already holds.
+  `release(row, key=(round, event))` appends the round to `releases.jsonl`
+  (durably; the record) and to metrics.csv, which is rebuilt from the log on
+  resume (so a damaged or truncated file is repaired).
+  """
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  class RecordsReleaseManager(tff.program.ReleaseManager):
+
+    def __init__(self):
+      self._rows = log.rows()
+      if resuming or os.path.lexists(csv_path):
+        run_records.write_metrics_csv(csv_path, self._rows)
+
+    async def release(self, value, key):
+      round_num, event = key
+      log.append(round_num, value, event)
+      self._rows.append(log.row(round_num))  # As the log holds it.
+      run_records.append_metrics_csv(csv_path, self._rows)
+
+  return RecordsReleaseManager()
+
+
+def released_metric(config: TrainConfig, private: bool):
+  """The release filter: under DP, only what epsilon covers (by default).
+
+  A `filter_fn` of `tff.program.FilteringReleaseManager` (True: release the
+  metric at `path`); every release manager of a run is wrapped in it.
+  """
+  if not private or config.release_uncovered_metrics:
+    return lambda path: True
+  return lambda path: path[-1] not in NOT_COVERED
+
+
+class _MetricsWriters:
+  """Releases a round, once: the records, then TensorBoard.
+
+  Both through `tff.program.FilteringReleaseManager` with
+  `released_metric`: the records first (`releases.jsonl` is what a rerun
+  trusts), then `tff.program.TensorBoardReleaseManager`, which skips steps
+  it already holds.
   """
 
-  def __init__(self, out, log, resuming):
+  def __init__(self, out, log, resuming, config, private):
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-    self._log = log
-    self._csv = os.path.join(out, 'metrics.csv')
-    self._rows = log.rows()
-    if resuming or os.path.lexists(self._csv):
-      run_records.write_metrics_csv(self._csv, self._rows)
+    keep = released_metric(config, private)
+    self._records = tff.program.FilteringReleaseManager(
+        _records_release_manager(log, os.path.join(out, 'metrics.csv'),
+                                 resuming), keep)
     tb_dir = os.path.join(out, 'tensorboard')
     self._tb_dir = tb_dir
     self._tb_steps = _tensorboard_steps(tb_dir) if resuming else set()
-    self._tb = tff.program.TensorBoardReleaseManager(tb_dir)
+    self._tb = tff.program.FilteringReleaseManager(
+        tff.program.TensorBoardReleaseManager(tb_dir), keep)
 
   def release(self, round_num, row, event=None):
-    self._log.append(round_num, row, event)
-    self._rows.append(self._log.row(round_num))  # As the log holds it.
-    run_records.append_metrics_csv(self._csv, self._rows)
+    asyncio.run(self._records.release(row, key=(round_num, event)))
     if round_num not in self._tb_steps:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
       values = {k: v for k, v in row.items()
@@ -523,14 +557,6 @@ def _tensorboard_steps(tb_dir):
     except tf.errors.DataLossError:  # A kill mid-write: the tail is torn.
       pass
   return steps
-
-
-def _released(row, config, private):
-  """The row as released: under DP, only what epsilon covers (by default)."""
-  if not private or config.release_uncovered_metrics:
-    return row
-  return collections.OrderedDict(
-      (k, v) for k, v in row.items() if k not in NOT_COVERED)
 
 
 # ----------------------------------------------------------------------------
@@ -756,7 +782,8 @@ def run(config: TrainConfig, task_builder: TaskBuilder) -> dict[str, Any]:
   checkpoints = run_records.Checkpoints(os.path.join(out, 'checkpoints'))
   state, start_round, pending = _restore(config, session, log, checkpoints)
   ledger = _ledger_of(log)
-  writers = _MetricsWriters(out, log, resuming=status == 'resume')
+  writers = _MetricsWriters(out, log, status == 'resume', config,
+                            session.private)
   if pending is not None:
     # Killed between the checkpoint and the release: release the saved row
     # (the round is never computed again).
@@ -773,7 +800,6 @@ def run(config: TrainConfig, task_builder: TaskBuilder) -> dict[str, Any]:
     if round_num % config.eval_every == 0 or round_num == config.rounds:
       last_eval = session.evaluate(state)
       row.update(last_eval)
-    row = _released(row, config, session.private)
     if session.private:
       # Checkpoint (with the row), then release: no released round is ever
       # computed again, which would release a second aggregate under the
