@@ -1,6 +1,6 @@
 """CIFAR-10 (CNN-2-Layers, ResNet-18) and CIFAR-100 (ResNet-18) tasks.
 
-CIFAR-10 (seeds 000, 001, 004) is not federated: it is read through
+CIFAR-10 (Zhang et al. 2022, Yang et al. 2022, Cheng et al. 2022) is not federated: it is read through
 tensorflow-datasets and split into clients by `tasks.partitions` (default
 100 clients with Dirichlet(alpha=1.0) label skew, Cheng et al. 2022's setting). No real
 CIFAR-10 ships offline, so the offline/synthetic source generates images in

@@ -15,7 +15,7 @@ Written here (TFF has no equivalent):
     "2-layer MLP with one hidden layer", 159K parameters, of Zhang et al. 2022
     (Table 3). TFF's `2nn` has two hidden layers (199,210).
   * `create_logistic_regression`: multinomial logistic regression.
-  * `create_cifar_cnn`: the CIFAR "CNN-2-Layers" of seeds 001 and 004 -- the
+  * `create_cifar_cnn`: the CIFAR "CNN-2-Layers" of Yang et al. 2022 and Cheng et al. 2022 -- the
     McMahan et al. (2017) CIFAR model, "two convolutional layers followed by
     two fully connected layers and then a linear transformation layer ...
     about 10^6 parameters" (the TensorFlow CIFAR-10 tutorial model, without
@@ -100,7 +100,7 @@ def create_logistic_regression(input_shape=(28, 28, 1),
 
 def create_cifar_cnn(input_shape=(24, 24, 3),
                      num_classes: int = 10) -> tf.keras.Model:
-  """The CIFAR CNN-2-Layers of McMahan et al. 2017 (seeds 001, 004)."""
+  """The CIFAR CNN-2-Layers of McMahan et al. 2017 (Yang et al. 2022, Cheng et al. 2022)."""
   _check_positive(num_classes, 'num_classes')
   conv = lambda: tf.keras.layers.Conv2D(64, 5, padding='same',
                                         activation='relu')

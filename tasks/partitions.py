@@ -58,7 +58,7 @@ __all__ = [
 
 from tasks.names import PARTITION_NAMES  # pylint: disable=g-bad-import-order,wrong-import-position
 
-# Seed 000 (Zhang et al., Sec. 2): 8 x 5 + 2 x 230 = 500 examples per client,
+# Zhang et al. 2022 (Sec. 2): 8 x 5 + 2 x 230 = 500 examples per client,
 # so the two large classes hold 460 / 500 = 92% of a client's data.
 _SMALL_LARGE_LARGE_FRACTION = 0.92
 _DIRICHLET_MAX_ATTEMPTS = 1000

@@ -43,7 +43,6 @@ References:
 from __future__ import annotations
 
 from collections.abc import Callable
-import math
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -51,6 +50,7 @@ import tensorflow_federated as tff
 
 from tff_clip import client
 from tff_clip import optimizers
+from tff_clip import spec
 
 __all__ = ['build_fedavg']
 
@@ -65,18 +65,6 @@ def _check_optimizer(optimizer, label: str) -> None:
         f'`{label}` must be a `tff.learning.optimizers.Optimizer` (e.g. '
         '`tff.learning.optimizers.build_sgdm(0.1)`); got '
         f'{type(optimizer).__name__}: {optimizer!r}.')
-
-
-def _check_local_clip_norm(value) -> None:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(
-      value, (int, float, np.integer, np.floating)):
-    raise TypeError(f'`local_clip_norm` must be a float; got {value!r}.')
-  if math.isinf(value) and value > 0:
-    raise ValueError(
-        '`local_clip_norm` = inf: for no per-step clipping pass None.')
-  if not math.isfinite(value) or value <= 0:
-    raise ValueError(
-        f'`local_clip_norm` must be a positive finite float; got {value!r}.')
 
 
 def _weighted_aggregator(model_aggregator, client_weighting):
@@ -143,7 +131,7 @@ def build_fedavg(
     (`tff_clip.optimizers.clipped_optimizer` around `client_optimizer`, so it
     composes with SGDM, Adam, ...), each SGD step moves the model by at most
     eta_L * lambda, and the message is the sum of the K clipped steps, not
-    clipped again unless `model_aggregator` bounds it too (DP). Seed 002's
+    clipped again unless `model_aggregator` bounds it too (DP). Pelikan et al. 2025's
     local clipping C_loc (Pelikan et al., NeurIPS 2025, Algorithm 1 line 11)
     is the same mechanism. With K = 1 and C = eta_L * lambda, PR == PI.
   * BLUR (Cheng et al., CVPR 2022, Eq. (5)): `blur_strength=
@@ -202,8 +190,7 @@ def build_fedavg(
         f'`tff.learning.models.VariableModel`; got {model_fn!r}.')
   _check_optimizer(client_optimizer, 'client_optimizer')
   _check_optimizer(server_optimizer, 'server_optimizer')
-  if local_clip_norm is not None:
-    _check_local_clip_norm(local_clip_norm)
+  spec.check_client_arguments(local_clip_norm=local_clip_norm)
   if client_weighting is not None and not isinstance(client_weighting,
                                                      _ClientWeighting):
     raise TypeError(

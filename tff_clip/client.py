@@ -59,7 +59,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_clip import bounding
-from tff_clip import checks
+from tff_clip import spec
 
 __all__ = [
     'blur_penalty',
@@ -72,7 +72,7 @@ __all__ = [
     'lus_sparsify',
 ]
 
-Sparsity = Union[float, Sequence[float]]
+Sparsity = spec.Sparsity
 
 _ClientWeighting = tff.learning.ClientWeighting
 _LEARNING_RATE_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
@@ -82,32 +82,7 @@ _LEARNING_RATE_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
 # Argument checks, at build time: long before any tracing.
 
 
-def _check_sparsity_value(value, label: str) -> float:
-  if not checks.is_real(value):
-    raise TypeError(
-        f'`{label}` must be a float in [0, 1) or one such float per layer; '
-        f'got {value!r}.')
-  if not 0 <= value < 1:  # Also rejects NaN.
-    raise ValueError(
-        f'`{label}` must be in [0, 1) (the fraction c = 1 - s/d of update '
-        f'entries zeroed; c = 1 would send nothing); got {value!r}.')
-  return float(value)
-
-
-def _check_sparsity(sparsity: Sparsity, label: str = 'lus_sparsity'):
-  """Returns a float, or a tuple of floats (one per layer)."""
-  if isinstance(sparsity, (str, bytes)):
-    raise TypeError(
-        f'`{label}` must be a float in [0, 1) or one such float per layer; '
-        f'got {sparsity!r}.')
-  if isinstance(sparsity, (Sequence, np.ndarray)):
-    values = tuple(
-        _check_sparsity_value(v, label) for v in np.asarray(
-            sparsity, dtype=object).reshape(-1))
-    if not values:
-      raise ValueError(f'`{label}` is an empty sequence; give one per layer.')
-    return values
-  return _check_sparsity_value(sparsity, label)
+_check_sparsity = spec.check_sparsity
 
 
 def _learning_rate(optimizer: tff.learning.optimizers.Optimizer,
@@ -142,38 +117,13 @@ def check_client_work_args(client_optimizer=None,
         '`client_optimizer` must be a `tff.learning.optimizers.Optimizer` '
         '(e.g. `tff.learning.optimizers.build_sgdm(0.1)`); got '
         f'{type(client_optimizer).__name__}: {client_optimizer!r}.')
-  if blur_strength is None:
-    if blur_clip_norm is not None:
-      raise ValueError(
-          '`blur_clip_norm` is given but `blur_strength` is None; BLUR needs '
-          'both (or neither).')
-  else:
-    strength = checks.positive_float(blur_strength, 'blur_strength')
-    if blur_clip_norm is None:
-      raise ValueError(
-          '`blur_clip_norm` is required with `blur_strength`: it is S in the '
-          'BLUR penalty max(0, ||w - w_t||^2 - S^2), the clip norm of the DP '
-          'bound the update will go through.')
-    checks.positive_float(blur_clip_norm, 'blur_clip_norm')
-    if client_optimizer is not None:
-      learning_rate = _learning_rate(client_optimizer, 'client_optimizer')
-      # Seed 004, Lemma 2: a step outside the ball scales w - w_t by
-      # (1 - lambda eta); with lambda >= 1/eta it stops shrinking (=) or
-      # flips sign (>) instead of pulling w back towards w_t.
-      if strength * learning_rate >= 1:
-        raise ValueError(
-            f'`blur_strength` = {blur_strength!r} must be < 1 / '
-            f'client_learning_rate = 1 / {learning_rate!r} (Cheng et al. 2022, Lemma '
-            '2: lambda < 1/eta_l, else the penalty step overshoots w_t).')
-  if lus_sparsity is not None:
-    _check_sparsity(lus_sparsity)
-  if model_clip_norm is not None:
-    checks.positive_float(model_clip_norm, 'model_clip_norm')
-    if blur_strength is not None or lus_sparsity is not None:
-      raise ValueError(
-          '`model_clip_norm` (model clipping, a baseline that sends clipped '
-          'models, not updates) cannot be combined with `blur_strength` or '
-          '`lus_sparsity`, which shape the update.')
+  learning_rate = None
+  if client_optimizer is not None and blur_strength is not None:
+    learning_rate = _learning_rate(client_optimizer, 'client_optimizer')
+  spec.check_client_arguments(
+      blur_strength=blur_strength, blur_clip_norm=blur_clip_norm,
+      lus_sparsity=lus_sparsity, model_clip_norm=model_clip_norm,
+      client_learning_rate=learning_rate)
 
 
 # ----------------------------------------------------------------------------
@@ -231,7 +181,7 @@ def blur_penalty(weights, reference, clip_norm, strength) -> tf.Tensor:
 def lus_scores(gradient, delta):
   """Utility cost T = |grad f_i(w) * delta_w| of zeroing each update entry.
 
-  Seed 004, Eq. (11): zeroing the update entry of a weight w changes the loss
+  Cheng et al. 2022, Eq. (11): zeroing the update entry of a weight w changes the loss
   by about |df_i/dw (w_0 - w)| (first-order Taylor, Eq. (10)), with the
   gradient at the locally trained weights w. `None` gradient leaves (weights
   the loss does not depend on) score 0.
@@ -262,7 +212,7 @@ def lus_scores(gradient, delta):
 def lus_keep_counts(structure_or_type_spec, sparsity: Sparsity) -> list[int]:
   """s_h, the number of entries LUS keeps in each layer (static Python ints).
 
-  Seed 004 sets the sparsity c = 1 - s/d (Section 6, experiment settings).
+  Cheng et al. 2022 sets the sparsity c = 1 - s/d (Section 6, experiment settings).
   For d_h entries and sparsity c_h the layer keeps s_h = d_h - floor(c_h d_h)
   = ceil((1 - c_h) d_h) entries, and at least one: LUS is never sparser than
   asked, and never silences a layer. (c_h d_h is rounded to 6 decimals
@@ -303,7 +253,7 @@ def lus_keep_counts(structure_or_type_spec, sparsity: Sparsity) -> list[int]:
 def lus_mask(scores, sparsity: Sparsity):
   """0/1 masks keeping the s_h highest-scoring entries of every layer.
 
-  Seed 004, Eq. (12): M_j = 1 where T >= the s_j-th largest score of layer j.
+  Cheng et al. 2022, Eq. (12): M_j = 1 where T >= the s_j-th largest score of layer j.
   Here exactly s_h entries are kept (`lus_keep_counts`) even when scores tie
   (`tf.math.top_k` breaks ties towards the lower index), so the sparsity is
   exact; a NaN score counts as 0.
@@ -336,7 +286,7 @@ def lus_mask(scores, sparsity: Sparsity):
 def lus_sparsify(delta, gradient, sparsity: Sparsity):
   """M(delta, s) o delta: LUS, keeping the top s_h entries of every layer.
 
-  Seed 004, Eq. (13) with the mask of Eq. (12) on the scores of Eq. (11)
+  Cheng et al. 2022, Eq. (13) with the mask of Eq. (12) on the scores of Eq. (11)
   (Algorithm 2: mask, then clip, then noise). The result goes on to be
   bounded and noised as configured by the aggregator; the noise covers the
   full vector, the zeroed entries included.

@@ -365,25 +365,18 @@ def _check_training(config):
   _positive(config.batch_size, 'batch_size', int)
   _positive(config.num_clients, 'num_clients', int, allow_none=True)
   _positive(config.partition_alpha, 'partition_alpha', allow_none=True)
-  _positive(config.local_clip_norm, 'local_clip_norm', allow_none=True)
-  _positive(config.blur_strength, 'blur_strength', allow_none=True)
-  _positive(config.blur_clip_norm, 'blur_clip_norm', allow_none=True)
-  if config.blur_strength is not None:
-    if config.blur_clip_norm is None and isinstance(config.clip_norm, str):
-      raise ConfigError('--blur_strength needs S: give --blur_clip_norm, or a '
-                        'fixed numeric --clip_norm.')
-    if config.blur_strength * config.client_learning_rate >= 1.0:
-      raise ConfigError(
-          f'--blur_strength ({config.blur_strength}) must be below 1 / '
-          f'client_learning_rate ({1 / config.client_learning_rate:g}).')
-  if config.lus_sparsity is not None:
-    values = (config.lus_sparsity if isinstance(config.lus_sparsity, tuple)
-              else (config.lus_sparsity,))
-    if not values or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and
-        0.0 <= v < 1.0 for v in values):
-      raise ConfigError('--lus_sparsity must be in [0, 1) (one value, or one '
-                        f'per trainable layer); got {config.lus_sparsity!r}.')
+  blur_clip_norm = config.blur_clip_norm
+  if (blur_clip_norm is None and config.blur_strength is not None and
+      not isinstance(config.clip_norm, str)):
+    blur_clip_norm = config.clip_norm  # S defaults to a fixed --clip_norm.
+  try:
+    spec.check_client_arguments(
+        blur_strength=config.blur_strength, blur_clip_norm=blur_clip_norm,
+        lus_sparsity=config.lus_sparsity,
+        local_clip_norm=config.local_clip_norm,
+        client_learning_rate=config.client_learning_rate)
+  except (TypeError, ValueError) as e:
+    raise _flag_message(e) from None
   _positive(config.eval_every, 'eval_every', int)
   _positive(config.checkpoint_every, 'checkpoint_every', int)
   if not (isinstance(config.checkpoint_interval_s, (int, float)) and

@@ -237,7 +237,7 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
       result = bounding.bound(record, self._method, clip_norm=clip_norm)
     value = _widen(result.value)
     if self._placement == 'client':
-      # Seed 000 / Pelikan et al. 2025 client-level form: each of the n expected clients
+      # Zhang et al. 2022 / Pelikan et al. 2025 client-level form: each of the n expected clients
       # adds N(0, (z S)^2 / n); their sum carries N(0, (z S)^2). Fresh OS
       # entropy on each client, or (seeded runs only) a key from the seed,
       # the round and the record itself, so clients draw different noise.
@@ -612,7 +612,7 @@ def dp_factory(
       the static `split` fractions.
     noise_placement: 'central' (the server adds N(0, (zS)^2) to the sum) or
       'client' (each client adds N(0, (zS)^2/n); the sum carries the same
-      noise when n clients take part, less when fewer do -- seeds 000/002).
+      noise when n clients take part, less when fewer do -- Zhang et al. 2022, Pelikan et al. 2025).
     noise_seed: None (fresh randomness; use this for real privacy) or an int
       for reproducible experiments (the noise is then predictable from it).
     record_aggregation_factory: how bounded records are summed (default

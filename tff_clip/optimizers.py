@@ -523,7 +523,7 @@ def exponential_decay(
     decay_rate: float = 0.99) -> Callable[[Any], tf.Tensor]:
   """The schedule k -> initial_learning_rate * decay_rate**k.
 
-  Seed 003 (Das et al., Appendix G, after Bottou 2012) decays the learning
+  Das et al. 2022 (Appendix G, after Bottou 2012) decays the learning
   rate by 0.99 every round: eta_k = 0.99^k eta_0. Use the schedule with
   `tff.learning.optimizers.schedule_learning_rate(optimizer, schedule)`, which
   calls it with the index k (from 0) of the optimizer's step. On a server

@@ -7,13 +7,16 @@ the mechanism that the factory, the training program's flags
 (`tff_clip.config.validate`) and the audit read. The names and rules of the
 bounding (`check_method`, `is_per_layer`, `check_split`, `ExplicitBudgets`)
 and the adaptive-clipping noise split (`adaptive_noise_multipliers`,
-`default_clipped_count_stddev`) live here too, so that checking a
-configuration imports no TensorFlow.
+`default_clipped_count_stddev`) live here too, and so do the rules of the
+client algorithms (`check_client_arguments`: BLUR, LUS, model clipping,
+per-step clipping), so that checking a configuration imports no TensorFlow.
 
 References:
 * Andrew, Thakkar, McMahan, Ramaswamy 2021: "Differentially Private Learning
   with Adaptive Clipping", NeurIPS 2021 (the count noise and its
   composition with the value noise).
+* Cheng et al. 2022: "Differentially Private Federated Learning with
+  Local Regularization and Sparsification", CVPR 2022 (BLUR, LUS).
 * Pelikan et al. 2025: "Enabling Differentially Private Federated
   Learning for Speech Recognition", NeurIPS 2025 (per-layer budgets and
   their sum rule).
@@ -32,7 +35,8 @@ from tff_clip import checks
 from tff_clip.names import BOUNDINGS, DENOMINATORS, NOISE_PLACEMENTS, SPLITS
 
 __all__ = ['DPSpec', 'ExplicitBudgets', 'MAX_VALUE_NOISE_INFLATION', 'Split',
-           'adaptive_noise_multipliers', 'check_method', 'check_split',
+           'Sparsity', 'adaptive_noise_multipliers', 'check_client_arguments',
+           'check_method', 'check_sparsity', 'check_split',
            'default_clipped_count_stddev', 'is_per_layer']
 
 
@@ -245,3 +249,90 @@ class DPSpec:
   @property
   def per_layer(self) -> bool:
     return is_per_layer(self.bounding_method)
+
+
+# ----------------------------------------------------------------------------
+# Client algorithms (`tff_clip.client`, `tff_clip.algorithms`).
+
+Sparsity = Union[float, Sequence[float]]
+
+
+def _check_sparsity_value(value, label: str) -> float:
+  if not checks.is_real(value):
+    raise TypeError(
+        f'`{label}` must be a float in [0, 1) or one such float per layer; '
+        f'got {value!r}.')
+  if not 0 <= value < 1:  # Also rejects NaN.
+    raise ValueError(
+        f'`{label}` must be in [0, 1) (the fraction c = 1 - s/d of update '
+        f'entries zeroed; c = 1 would send nothing); got {value!r}.')
+  return float(value)
+
+
+def check_sparsity(sparsity: Sparsity, label: str = 'lus_sparsity'):
+  """LUS sparsity c: a float in [0, 1), or a tuple of them (one per layer)."""
+  if isinstance(sparsity, (str, bytes)):
+    raise TypeError(
+        f'`{label}` must be a float in [0, 1) or one such float per layer; '
+        f'got {sparsity!r}.')
+  if isinstance(sparsity, (Sequence, np.ndarray)):
+    values = tuple(
+        _check_sparsity_value(v, label) for v in np.asarray(
+            sparsity, dtype=object).reshape(-1))
+    if not values:
+      raise ValueError(f'`{label}` is an empty sequence; give one per layer.')
+    return values
+  return _check_sparsity_value(sparsity, label)
+
+
+def check_client_arguments(*,
+                           blur_strength=None,
+                           blur_clip_norm=None,
+                           lus_sparsity=None,
+                           model_clip_norm=None,
+                           local_clip_norm=None,
+                           client_learning_rate: Optional[float] = None
+                          ) -> None:
+  """Raises for bad client-algorithm arguments (see `tff_clip.algorithms`).
+
+  `client_learning_rate` (eta_l), when known, checks BLUR's condition
+  lambda < 1 / eta_l (Cheng et al. 2022, Lemma 2).
+  """
+  if local_clip_norm is not None:
+    if checks.is_real(local_clip_norm) and math.isinf(local_clip_norm) and (
+        local_clip_norm > 0):
+      raise ValueError(
+          '`local_clip_norm` = inf: for no per-step clipping pass None.')
+    checks.positive_float(local_clip_norm, 'local_clip_norm')
+  if blur_strength is None:
+    if blur_clip_norm is not None:
+      raise ValueError(
+          '`blur_clip_norm` is given but `blur_strength` is None; BLUR needs '
+          'both (or neither).')
+  else:
+    strength = checks.positive_float(blur_strength, 'blur_strength')
+    if blur_clip_norm is None:
+      raise ValueError(
+          '`blur_clip_norm` is required with `blur_strength`: it is S in the '
+          'BLUR penalty max(0, ||w - w_t||^2 - S^2), the clip norm of the DP '
+          'bound the update will go through.')
+    checks.positive_float(blur_clip_norm, 'blur_clip_norm')
+    # Lemma 2: a step outside the ball scales w - w_t by (1 - lambda eta);
+    # with lambda >= 1/eta it stops shrinking (=) or flips sign (>) instead
+    # of pulling w back towards w_t.
+    if client_learning_rate is not None and (
+        strength * client_learning_rate >= 1):
+      raise ValueError(
+          f'`blur_strength` = {blur_strength!r} must be < 1 / '
+          f'client_learning_rate = 1 / {client_learning_rate!r} (Cheng et '
+          'al. 2022, Lemma 2: lambda < 1/eta_l, else the penalty step '
+          'overshoots w_t).')
+  if lus_sparsity is not None:
+    check_sparsity(lus_sparsity)
+  if model_clip_norm is not None:
+    checks.positive_float(model_clip_norm, 'model_clip_norm')
+    if blur_strength is not None or lus_sparsity is not None:
+      raise ValueError(
+          '`model_clip_norm` (model clipping, a baseline that sends clipped '
+          'models, not updates) cannot be combined with `blur_strength` or '
+          '`lus_sparsity`, which shape the update.')

@@ -1,4 +1,4 @@
-"""Seed 000: Zhang et al., "Understanding Clipping for Federated Learning:
+"""Zhang et al. 2022, "Understanding Clipping for Federated Learning:
 Convergence and Client-Level Differential Privacy" (ICML 2022).
 
 Claims checked:

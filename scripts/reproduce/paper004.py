@@ -1,4 +1,4 @@
-"""Seed 004: Cheng et al., "Differentially Private Federated Learning with
+"""Cheng et al. 2022, "Differentially Private Federated Learning with
 Local Regularization and Sparsification" (CVPR 2022).
 
 Claim (Table 1, Sec. 7): DP-FedAvg + BLUR + LUS beats vanilla DP-FedAvg at
