@@ -530,6 +530,7 @@ def test_bounded_norm_in_low_precision_is_at_most_c(dtype, method, seed,
       assert np.linalg.norm(x) <= budget
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', [tf.float16, tf.bfloat16])
 def test_4096_low_precision_records_sum_in_float32(dtype):
   # Noise off: the query's sum of 4096 records at norm C must match the

@@ -158,6 +158,7 @@ def test_quoted_command_output_is_what_the_tool_prints():
     assert result.stdout.strip() == '\n'.join(lines).strip()
 
 
+@pytest.mark.slow
 def test_task_table_is_what_describe_markdown_prints():
   import tasks  # pylint: disable=g-import-not-at-top
   assert tasks.describe_markdown().strip() in PAGES['docs/tasks.md']

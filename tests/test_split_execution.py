@@ -324,6 +324,7 @@ def test_attacker_on_the_local_worker_port_gets_values_but_not_the_key(
     assert not sent_key(attacker.responses, key)
 
 
+@pytest.mark.slow
 def test_attacker_on_a_remote_worker_port_gets_values_but_not_the_key(
     tmp_path, keys_of_split_rounds, restore_local_context):
   del restore_local_context
@@ -341,6 +342,7 @@ def test_attacker_on_a_remote_worker_port_gets_values_but_not_the_key(
     assert not sent_key(attacker.responses, key)
 
 
+@pytest.mark.slow
 def test_a_dead_remote_worker_stops_the_run_and_a_rerun_resumes(
     tmp_path, monkeypatch, restore_local_context, capsys):
   del restore_local_context

@@ -75,6 +75,7 @@ def test_config_with_options_survives_its_json_round_trip():
                                       'initial_weights': [1.0, 2.0]}
 
 
+@pytest.mark.slow
 def test_cli_passes_task_options_and_reports_the_objective(tmp_path):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
   env.pop('TF2_BEHAVIOR', None)
