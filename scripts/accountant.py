@@ -11,7 +11,7 @@ The noise multiplier that meets a target epsilon:
   python -m scripts.accountant --target_epsilon=2 --clients_per_round=100 \
       --population_size=10000 --rounds=5000 --delta=1e-6
 
-Population extrapolation (McMahan et al. 2018; seed 002, Table 1): the same
+Population extrapolation (McMahan et al. 2018; Pelikan et al. 2025, Table 1): the same
 noise on the average (sigma_DP = z / n) with a larger cohort and population:
 
   python -m scripts.accountant --noise_multiplier=1.0 --clients_per_round=100 \
@@ -32,6 +32,10 @@ event is ceil(rounds / b) participations (`tff_clip.correlated_noise`):
       --sampling=min_separation --noise_mechanism=banded --bands=100
 
 Imports no TensorFlow, so it answers in about a second.
+
+References:
+* Pelikan et al. 2025: "Enabling Differentially Private Federated
+  Learning for Speech Recognition", NeurIPS 2025.
 """
 
 from __future__ import annotations
@@ -283,7 +287,7 @@ def main(argv):
           f'{rounds} rounds, delta = {delta:g}):',
           _extrapolation_table(rows),
       ]
-  except ValueError as error:
+  except (TypeError, ValueError) as error:
     return cli.fail(error)
 
   adjacency = ('add-or-remove-one client' if sampling == accounting.POISSON

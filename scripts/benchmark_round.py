@@ -53,6 +53,7 @@ _TRAIN = flags.DEFINE_bool('train', False, 'Also time scripts.train end to '
 
 
 def _config(task, dp_on):
+  from scripts import program  # pylint: disable=g-import-not-at-top
   from tff_clip import training  # pylint: disable=g-import-not-at-top
   # The EMNIST tasks on the 5,000 real 28x28 MNIST digits (offline).
   options = (('offline_data', 'mnist'),) if task.startswith('emnist') else ()
@@ -104,7 +105,7 @@ def _bench_task(task_name, dp_on):
   """{runner: (first build s, [seconds per round])} for one configuration."""
   from tff_clip import execution, simulation, training  # pylint: disable=g-import-not-at-top
   config = _config(task_name, dp_on)
-  task = training.build_task(config)
+  task = program.build_task(config)
   client_ids = list(task.datasets.train_data.client_ids)
   noise = config.noise_multiplier
   rng = np.random.default_rng(0)

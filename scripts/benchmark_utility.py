@@ -28,6 +28,7 @@ import time
 from absl import flags
 
 from scripts import cli
+from scripts import program
 from tff_clip import config as config_lib
 
 _SETTING = flags.DEFINE_enum('setting', 'digits', ['digits', 'mnist28'],
@@ -129,7 +130,7 @@ def configs(setting, variants, seeds, rounds, z, alpha, root, extra):
       fields.update(VARIANTS[name])
       fields.update(extra)
       config = config_lib.TrainConfig(**fields)
-      config_lib.validate(config)
+      program.validate(config)
       out.append((name, seed, config))
   return out
 
@@ -216,7 +217,7 @@ def main(argv):
   results = []
   for i, (name, seed, config) in enumerate(plan, 1):
     started = time.perf_counter()
-    summary = training.run(config)
+    summary = program.run(config)
     seconds = timings.setdefault(config.experiment_name,
                                  time.perf_counter() - started)
     training.write_json(timings_path, timings)

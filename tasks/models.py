@@ -12,10 +12,10 @@ Reused from `tff.simulation.baselines` / `tff.simulation.models`:
 
 Written here (TFF has no equivalent):
   * `create_mlp`: one hidden layer, 784-200-10 = 159,010 parameters, the
-    "2-layer MLP with one hidden layer", 159K parameters, of seed 000 (Zhang et
-    al. 2022, Table 3). TFF's `2nn` has two hidden layers (199,210).
+    "2-layer MLP with one hidden layer", 159K parameters, of Zhang et al. 2022
+    (Table 3). TFF's `2nn` has two hidden layers (199,210).
   * `create_logistic_regression`: multinomial logistic regression.
-  * `create_cifar_cnn`: the CIFAR "CNN-2-Layers" of seeds 001 and 004 -- the
+  * `create_cifar_cnn`: the CIFAR "CNN-2-Layers" of Yang et al. 2022 and Cheng et al. 2022 -- the
     McMahan et al. (2017) CIFAR model, "two convolutional layers followed by
     two fully connected layers and then a linear transformation layer ...
     about 10^6 parameters" (the TensorFlow CIFAR-10 tutorial model, without
@@ -23,6 +23,12 @@ Written here (TFF has no equivalent):
     24x24 crops.
   * The one-weight-vector models of the papers' synthetic problems
     (`create_linear_model`, `create_noisy_quadratic_model`).
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
+* Yang, Qiu, Liu 2022: "Taming Fat-Tailed Noise in Federated Learning",
+  NeurIPS 2022.
 """
 
 from __future__ import annotations
@@ -72,7 +78,7 @@ def create_emnist_cnn(only_digits: bool = False,
 def create_mlp(input_shape=(28, 28, 1),
                hidden_units: int = 200,
                num_classes: int = 10) -> tf.keras.Model:
-  """One-hidden-layer MLP (seed 000: 784-200-10, 159,010 parameters)."""
+  """One-hidden-layer MLP (Zhang et al. 2022: 784-200-10, 159,010 parameters)."""
   _check_positive(hidden_units, 'hidden_units')
   _check_positive(num_classes, 'num_classes')
   return tf.keras.Sequential([
@@ -94,7 +100,7 @@ def create_logistic_regression(input_shape=(28, 28, 1),
 
 def create_cifar_cnn(input_shape=(24, 24, 3),
                      num_classes: int = 10) -> tf.keras.Model:
-  """The CIFAR CNN-2-Layers of McMahan et al. 2017 (seeds 001, 004)."""
+  """The CIFAR CNN-2-Layers of McMahan et al. 2017 (Yang et al. 2022, Cheng et al. 2022)."""
   _check_positive(num_classes, 'num_classes')
   conv = lambda: tf.keras.layers.Conv2D(64, 5, padding='same',
                                         activation='relu')
@@ -181,7 +187,7 @@ class HalfSquaredErrorSum(tf.keras.losses.Loss):
 
 
 class NoisyQuadraticLayer(tf.keras.layers.Layer):
-  """x -> f(x, xi) = 1/2 ||x||^2 + <xi, x> for each input row xi (seed 001).
+  """x -> f(x, xi) = 1/2 ||x||^2 + <xi, x> for each input row xi.
 
   Yang et al., "Taming Fat-Tailed Noise in Federated Learning", Sec. 5.1: the
   layer's only weight is the optimization variable x.

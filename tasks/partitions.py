@@ -13,19 +13,29 @@ The partitions are the ones the seed papers train on:
   * `iid`: a uniformly random split into near-equal clients.
   * `dirichlet`: label skew with client-class proportions drawn from a
     symmetric Dirichlet(alpha) per class (Hsu et al. 2019, "Measuring the
-    effects of non-identical data distribution"), as seed 004 (Cheng et al.,
-    CVPR 2022, Sec. 6: "Dir(alpha), a smaller alpha indicates higher data
+    effects of non-identical data distribution"), as Cheng et al. 2022 (Sec.
+    6: "Dir(alpha), a smaller alpha indicates higher data
     heterogeneity") uses for CIFAR-10.
-  * `classes_per_client`: each client holds exactly `p` labels (seed 001, Yang
+  * `classes_per_client`: each client holds exactly `p` labels (Yang
     et al., Sec. 5: "a parameter p to represent the number of labeled classes
     in each client, with p = 10 corresponding to the i.i.d. case").
   * `shards`: the data is cut into `shards_per_client * num_clients`
     single-class shards and each client draws `shards_per_client` of them
-    uniformly without replacement (seed 003, Das et al., App. G: 5 shards per
+    uniformly without replacement (Das et al., App. G: 5 shards per
     client, "at most 5 distinct classes").
   * `small_large`: each client has a few large classes and many small ones
-    (seed 000, Zhang et al., Sec. 2: "8 classes (each has around 5 samples)
+    (Zhang et al., Sec. 2: "8 classes (each has around 5 samples)
     and 2 classes (each has 230 samples) on each client").
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
+* Yang, Qiu, Liu 2022: "Taming Fat-Tailed Noise in Federated Learning",
+  NeurIPS 2022.
+* Das et al. 2022: "On the Convergence of DP FL on Non-Lipschitz
+  Objectives, and with Normalized Client Updates".
+* Cheng et al. 2022: "Differentially Private Federated Learning with
+  Local Regularization and Sparsification", CVPR 2022.
 """
 
 from __future__ import annotations
@@ -48,7 +58,7 @@ __all__ = [
 
 from tasks.names import PARTITION_NAMES  # pylint: disable=g-bad-import-order,wrong-import-position
 
-# Seed 000 (Zhang et al., Sec. 2): 8 x 5 + 2 x 230 = 500 examples per client,
+# Zhang et al. 2022 (Sec. 2): 8 x 5 + 2 x 230 = 500 examples per client,
 # so the two large classes hold 460 / 500 = 92% of a client's data.
 _SMALL_LARGE_LARGE_FRACTION = 0.92
 _DIRICHLET_MAX_ATTEMPTS = 1000
@@ -128,7 +138,7 @@ def dirichlet_partition(labels,
                         alpha: float,
                         seed: int = 0,
                         min_examples_per_client: int = 1) -> list[np.ndarray]:
-  """Dirichlet(alpha) label skew (Hsu et al. 2019; seed 004, Sec. 6).
+  """Dirichlet(alpha) label skew (Hsu et al. 2019; Cheng et al. 2022, Sec. 6).
 
   For every class c, a vector q_c ~ Dir(alpha * 1_num_clients) is drawn and the
   examples of class c are dealt to the clients in proportions q_c. A small
@@ -178,7 +188,7 @@ def classes_per_client_partition(labels,
                                  num_clients: int,
                                  classes_per_client: int,
                                  seed: int = 0) -> list[np.ndarray]:
-  """Each client holds exactly `classes_per_client` labels (seed 001, Sec. 5).
+  """Each client holds exactly `classes_per_client` labels (Yang et al. 2022, Sec. 5).
 
   The classes are put in a seeded random order and client k takes the
   `classes_per_client` classes that follow position k * classes_per_client
@@ -190,7 +200,7 @@ def classes_per_client_partition(labels,
     labels: 1-D integer class ids, one per example.
     num_clients: number of clients; num_clients * classes_per_client must be
       at least the number of classes, or some class would be dropped.
-    classes_per_client: the p of seed 001.
+    classes_per_client: the p of Yang et al. 2022.
     seed: seed of the generator.
 
   Returns:
@@ -229,7 +239,7 @@ def shard_partition(labels,
                     num_clients: int,
                     shards_per_client: int = 5,
                     seed: int = 0) -> list[np.ndarray]:
-  """Single-class shards, `shards_per_client` per client (seed 003, App. G).
+  """Single-class shards, `shards_per_client` per client (Das et al. 2022, App. G).
 
   Das et al. sort the data by label, cut it into 5n equal shards and give
   each of the n clients 5 shards drawn uniformly without replacement. Cutting
@@ -285,7 +295,7 @@ def small_large_partition(labels,
                           num_large_classes: int = 2,
                           large_fraction: float = _SMALL_LARGE_LARGE_FRACTION,
                           seed: int = 0) -> list[np.ndarray]:
-  """A few large classes and many small ones per client (seed 000, Sec. 2).
+  """A few large classes and many small ones per client (Zhang et al. 2022, Sec. 2).
 
   Zhang et al.'s non-IID EMNIST clients hold 2 classes of about 230 examples
   and 8 classes of about 5. Here client k's large classes are

@@ -2,6 +2,14 @@
 
 A task is looked up in `_SPECS`, its arguments are checked here (once, with
 messages naming the argument), and its module builds it from a `BuildArgs`.
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
+* Yang, Qiu, Liu 2022: "Taming Fat-Tailed Noise in Federated Learning",
+  NeurIPS 2022.
+* Das et al. 2022: "On the Convergence of DP FL on Non-Lipschitz
+  Objectives, and with Normalized Client Updates".
 """
 
 from __future__ import annotations
@@ -243,7 +251,7 @@ def get_task(name: str = DEFAULT_TASK,
     num_clients: number of training clients. For data with natural clients
       (EMNIST writers, Shakespeare roles, Stack Overflow users, CIFAR-100),
       a seeded random subset; for partitioned data, the number of parts;
-      for synthetic problems, n (seed 003) or m (seed 001). `None`: the
+      for synthetic problems, n or m. `None`: the
       task's default.
     partition: one of `tasks.PARTITION_NAMES` (image tasks only). With natural
       clients, `None` keeps them and a name pools and re-splits the data.

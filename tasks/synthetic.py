@@ -8,12 +8,12 @@ it like any other task. `task.problem` is the exact problem in numpy: its
 = f(w) - f(w*), and `report(weights)`, the quantity the paper plots
 (`report_name`).
 
-  * `heterogeneous_quadratic` -- Das et al. (seed 003), Sec. 5.3:
+  * `heterogeneous_quadratic` -- Das et al., Sec. 5.3:
     f_i(w) = 1/2 (w - w_i*)^T Q_i (w - w_i*), f = (1/n) sum_i f_i, n = 100,
     d = 200, Q_i = A_i A_i^T with A_i 200 x 20, entries N(0, 1/20^2),
     w_i* ~ N(0, I); start w_0 = w* + z (I1) or w* + z/5 (I2), z ~ U(0, 1)^d.
     Reported: f(w) - f(w*), with w* solving (sum_i Q_i) w* = sum_i Q_i w_i*.
-  * `fat_tailed_quadratic` -- Yang et al. (seed 001), Sec. 5.1:
+  * `fat_tailed_quadratic` -- Yang et al., Sec. 5.1:
     f(x, xi) = 1/2 ||x||^2 + <xi, x>, xi Cauchy, Student-t (nu = tail index)
     or symmetric alpha-stable, m = 5 clients. Every round draws fresh noise
     for every local step (`task.round_train_data`), so the problem trained
@@ -21,10 +21,10 @@ it like any other task. `task.problem` is the exact problem in numpy: its
     x* = 0 -- not a finite sum over reused samples, whose optimum -mean(xi)
     is itself Cauchy-distributed however many samples are drawn.
     Reported: ||x||^2 = ||x - x*||^2.
-  * `claim21_quadratic` -- Zhang et al. (seed 000), Claim 2.1 / App. A.3.1:
+  * `claim21_quadratic` -- Zhang et al., Claim 2.1 / App. A.3.1:
     f(x) = sum_{i=1..3} 1/2 (x - b_i)^2, b = (-c/2, -c/2, k c), x* = (k-1)c/3,
     where FedAvg with *model* clipping at c cannot reach x* when k > 4.
-  * `eq24_quadratic` -- Zhang et al. (seed 000), eq. (24): f1 = 1/2 (x-4)^2,
+  * `eq24_quadratic` -- Zhang et al., eq. (24): f1 = 1/2 (x-4)^2,
     f2 = 1/2 (2x-1)^2, f3 = 1/2 (6x+1)^2, f' = 41x, x* = 0.
 
 Least-squares encoding: f_i(w) = sum_j 1/2 (<a_ij, w> - b_ij)^2, one example
@@ -33,6 +33,14 @@ Least-squares encoding: f_i(w) = sum_j 1/2 (<a_ij, w> - b_ij)^2, one example
 f_i and its gradient. For Das et al., a_ij are the columns of A_i and
 b_ij = <a_ij, w_i*>, since 1/2 (w - w_i*)^T A_i A_i^T (w - w_i*) =
 sum_j 1/2 (<a_ij, w - w_i*>)^2.
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
+* Yang, Qiu, Liu 2022: "Taming Fat-Tailed Noise in Federated Learning",
+  NeurIPS 2022.
+* Das et al. 2022: "On the Convergence of DP FL on Non-Lipschitz
+  Objectives, and with Normalized Client Updates".
 """
 
 from __future__ import annotations
@@ -150,7 +158,7 @@ class LeastSquaresProblem:
 class NoisyQuadraticProblem:
   """E_xi[1/2 ||x||^2 + <xi, x>] for symmetric noise xi: minimized at x* = 0.
 
-  Yang et al. (seed 001) plot ||x||^2. The noise's mean need not exist
+  Yang et al. plot ||x||^2. The noise's mean need not exist
   (Cauchy, alpha-stable with alpha <= 1); its symmetric (principal value)
   expectation is 0, so the objective is 1/2 ||x||^2.
   """
@@ -256,7 +264,7 @@ def build_heterogeneous_quadratic(args: task_lib.BuildArgs, *,
                                   rank: int = 20,
                                   initial_offset_scale: float = 1.0
                                  ) -> task_lib.Task:
-  """Das et al. (seed 003) Sec. 5.3; `initial_offset_scale` 1: I1, 0.2: I2."""
+  """Das et al. Sec. 5.3; `initial_offset_scale` 1: I1, 0.2: I2."""
   num_clients = _check_num_clients(args, 100)
   if dimension < 1 or rank < 1:
     raise ValueError(f'`dimension` and `rank` must be positive; got '
@@ -273,7 +281,7 @@ def build_heterogeneous_quadratic(args: task_lib.BuildArgs, *,
   problem = LeastSquaresProblem(
       features, targets, objective_scale=1.0 / num_clients,
       name='heterogeneous_quadratic',
-      reference='Das et al., Sec. 5.3 (seed 003)', client_optima=client_optima)
+      reference='Das et al., Sec. 5.3', client_optima=client_optima)
   offset = rng.uniform(0.0, 1.0, size=dimension)
   return _least_squares_task(
       args, problem, problem.optimum + initial_offset_scale * offset,
@@ -285,7 +293,7 @@ def build_claim21_quadratic(args: task_lib.BuildArgs, *,
                             clip_threshold: float = 1.0,
                             target_multiple: float = 5.0,
                             initial_weights: float = 0.0) -> task_lib.Task:
-  """Zhang et al. (seed 000) Claim 2.1: b = (-c/2, -c/2, target_multiple c)."""
+  """Zhang et al. Claim 2.1: b = (-c/2, -c/2, target_multiple c)."""
   _check_num_clients(args, 3, fixed=True)
   if clip_threshold <= 0:
     raise ValueError(
@@ -294,7 +302,7 @@ def build_claim21_quadratic(args: task_lib.BuildArgs, *,
   problem = LeastSquaresProblem(
       [[[1.0]]] * 3, [[-0.5 * c], [-0.5 * c], [target_multiple * c]],
       objective_scale=1.0, name='claim21_quadratic',
-      reference='Zhang et al., Claim 2.1 / App. A.3.1 (seed 000)')
+      reference='Zhang et al., Claim 2.1 / App. A.3.1')
   return _least_squares_task(
       args, problem, [initial_weights], 'claim21_quadratic',
       f'3 clients, b = (-{c / 2:g}, -{c / 2:g}, {target_multiple * c:g})')
@@ -302,12 +310,12 @@ def build_claim21_quadratic(args: task_lib.BuildArgs, *,
 
 def build_eq24_quadratic(args: task_lib.BuildArgs, *,
                          initial_weights: float = 1.0) -> task_lib.Task:
-  """Zhang et al. (seed 000) eq. (24): (x-4)^2, (2x-1)^2, (6x+1)^2 halves."""
+  """Zhang et al. eq. (24): (x-4)^2, (2x-1)^2, (6x+1)^2 halves."""
   _check_num_clients(args, 3, fixed=True)
   problem = LeastSquaresProblem(
       [[[1.0]], [[2.0]], [[6.0]]], [[4.0], [1.0], [-1.0]],
       objective_scale=1.0, name='eq24_quadratic',
-      reference='Zhang et al., eq. (24), App. A.3.2 (seed 000)')
+      reference='Zhang et al., eq. (24), App. A.3.2')
   return _least_squares_task(args, problem, [initial_weights],
                              'eq24_quadratic', '3 clients, eq. (24)')
 
@@ -351,7 +359,7 @@ def build_fat_tailed_quadratic(args: task_lib.BuildArgs, *,
                                noise_scale: float = 1.0,
                                examples_per_client: int = 100,
                                initial_weights=None) -> task_lib.Task:
-  """Yang et al. (seed 001) Sec. 5.1: f(x, xi) = 1/2 ||x||^2 + <xi, x>.
+  """Yang et al. Sec. 5.1: f(x, xi) = 1/2 ||x||^2 + <xi, x>.
 
   Each client holds `examples_per_client` noise vectors per round (one per
   example: with batch size B, examples_per_client / B local steps). The
@@ -394,7 +402,7 @@ def build_fat_tailed_quadratic(args: task_lib.BuildArgs, *,
   samples = np.stack([draw(k, args.seed) for k in range(num_clients)])
   problem = NoisyQuadraticProblem(
       dimension, name='fat_tailed_quadratic',
-      reference='Yang et al., Sec. 5.1 (seed 001)')
+      reference='Yang et al., Sec. 5.1')
   width = len(str(num_clients - 1))
   client_ids = [str(k).zfill(width) for k in range(num_clients)]
   train = tff.simulation.datasets.TestClientData({

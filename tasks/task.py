@@ -5,6 +5,12 @@ is a `tff.learning.models.VariableModel` and `task.datasets` a
 `BaselineTaskDatasets`) that also records its name, where its data came from
 and, for the papers' synthetic problems, the exact problem (optimum,
 objective) so training can report f(w) - f(w*).
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
+* Yang, Qiu, Liu 2022: "Taming Fat-Tailed Noise in Federated Learning",
+  NeurIPS 2022.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ class Task(tff.simulation.baselines.BaselineTask):
       `problem.excess_loss(weights)`, `problem.report(weights)`. `None` for
       learning tasks.
     round_train_data: for problems whose samples are drawn afresh every
-      round (seed 001's fat-tailed noise), `round_train_data(client_id,
+      round (Yang et al. 2022's fat-tailed noise), `round_train_data(client_id,
       seed)` is that client's raw data for one round, a function of `seed`
       alone; the training loop calls it with its (seed, round, client) seed
       instead of `datasets.train_data.create_tf_dataset_for_client`. `None`:
@@ -238,7 +244,7 @@ def refederate(client_data: tff.simulation.datasets.ClientData,
   With `args.partition` unset the data keeps its own clients (EMNIST writers,
   CIFAR-100's Pachinko allocation); `args.num_clients` then picks a seeded
   subset. With a partition, all training examples are pooled into memory and
-  split by `tasks.partitions` (how seed 000 builds its non-IID EMNIST).
+  split by `tasks.partitions` (how Zhang et al. 2022 builds its non-IID EMNIST).
 
   Returns:
     (client_data, description).

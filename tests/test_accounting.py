@@ -253,13 +253,9 @@ def test_calibration_refuses_pld_with_fixed_size_sampling():
     (dict(clients_per_round=-5), 'clients_per_round'),
     (dict(clients_per_round=K + 1), 'clients_per_round'),
     (dict(population_size=0), 'population_size'),
-    (dict(population_size=10.5), 'population_size'),
     (dict(rounds=0), 'rounds'),
-    (dict(rounds=2.5), 'rounds'),
-    (dict(rounds=True), 'rounds'),
     (dict(sampling='stratified'), 'sampling'),
     (dict(accountant='moments'), 'accountant'),
-    (dict(sampling='fixed_size', clients_per_round=10.5), 'clients_per_round'),
 ])
 def test_bad_input_raises_value_error_naming_the_argument(kwargs, name):
   arguments = dict(noise_multiplier=Z, clients_per_round=N, population_size=K,
@@ -267,6 +263,25 @@ def test_bad_input_raises_value_error_naming_the_argument(kwargs, name):
   arguments.update(kwargs)
 
   with pytest.raises(ValueError, match=f'`{name}`'):
+    accounting.compute_training_epsilon(**arguments)
+
+
+# `tff_clip.checks`' rule: a value of the wrong type is a TypeError.
+@pytest.mark.parametrize('kwargs, name', [
+    (dict(population_size=10.5), 'population_size'),
+    (dict(rounds=2.5), 'rounds'),
+    (dict(rounds=True), 'rounds'),
+    (dict(rounds='10'), 'rounds'),
+    (dict(delta='1e-5'), 'delta'),
+    (dict(noise_multiplier=None), 'noise_multiplier'),
+    (dict(sampling='fixed_size', clients_per_round=10.5), 'clients_per_round'),
+])
+def test_wrong_type_raises_type_error_naming_the_argument(kwargs, name):
+  arguments = dict(noise_multiplier=Z, clients_per_round=N, population_size=K,
+                   rounds=10, delta=DELTA)
+  arguments.update(kwargs)
+
+  with pytest.raises(TypeError, match=f'`{name}`'):
     accounting.compute_training_epsilon(**arguments)
 
 
@@ -298,7 +313,7 @@ def test_calibration_reports_an_unreachable_target_epsilon():
 
 
 # ----------------------------------------------------------------------------
-# Population extrapolation (McMahan et al. 2018; seed 002, Table 1).
+# Population extrapolation (McMahan et al. 2018; Pelikan et al. 2025, Table 1).
 
 
 def test_extrapolation_keeps_noise_per_client_fixed():

@@ -1,9 +1,9 @@
 """Specifications of `tff_clip.algorithms.build_fedavg`.
 
-FAT-Clipping (seed 001) is checked against NumPy re-implementations of its
+FAT-Clipping is checked against NumPy re-implementations of its
 Algorithms 1-3 with the server rate eta made explicit, written in the paper's
 units (Delta = sum of the K local gradients, x_{t+1} = x_t - eta eta_L
-mean(Delta~)); model clipping against seed 000's Claim 2.1 (Appendix A.3.1).
+mean(Delta~)); model clipping against Zhang et al. 2022's Claim 2.1 (Appendix A.3.1).
 Every learning process here is built once per module.
 """
 
@@ -89,7 +89,7 @@ def _clip(arrays, clip_norm):
 
 def _fat_clipping_round(weights, client_batches, per_round=None,
                         per_iteration=None):
-  """One round of seed 001's Algorithms 1-3, server rate eta explicit.
+  """One round of Yang et al. 2022's Algorithms 1-3, server rate eta explicit.
 
   Args:
     weights: x_t, [kernel, bias].
@@ -168,7 +168,7 @@ def per_iteration():
 
 
 # ----------------------------------------------------------------------------
-# Plain FedAvg and the infinite clip (seed 001, Algorithm 1).
+# Plain FedAvg and the infinite clip (Yang et al. 2022, Algorithm 1).
 
 
 def test_plain_build_fedavg_is_tff_weighted_fed_avg(plain):
@@ -203,7 +203,7 @@ def test_infinite_clip_norm_is_plain_fedavg(plain, clipping):
 
 
 # ----------------------------------------------------------------------------
-# FAT-Clipping-PR and -PI (seed 001, Algorithms 2 and 3).
+# FAT-Clipping-PR and -PI (Yang et al. 2022, Algorithms 2 and 3).
 
 
 def test_per_round_clipping_is_algorithm_2_with_the_server_rate(per_round):
@@ -348,7 +348,7 @@ def test_each_client_algorithm_trains_in_a_learning_process(trained):
 
 
 # ----------------------------------------------------------------------------
-# Model clipping: seed 000, Claim 2.1 (Appendix A.3.1), a negative example.
+# Model clipping: Zhang et al. 2022, Claim 2.1 (Appendix A.3.1), a negative example.
 #
 # f(x) = sum_i (x - b_i)^2 with b = (-c/2, -c/2, k c), k = 5 > 4, c = 1: the
 # optimum is x* = (k - 1) c / 3 = 4/3 > c. With Q local SGD steps of rate

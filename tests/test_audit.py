@@ -20,6 +20,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
+from scripts import program
 from tff_clip import accounting
 from tff_clip import audit
 from tff_clip import bounding
@@ -247,7 +248,7 @@ def test_canary_arrives_exactly_at_the_sensitivity(method, clip_norm):
   factory = dp.dp_factory(method, noise_multiplier=0.1, clients_per_round=20.0, clip_norm=clip_norm,
                           split='uniform', initial_clip_norm=0.7)
   query = audit.CanaryQuery(
-      factory._build_query(VALUE_TYPE),  # pylint: disable=protected-access
+      factory.build_query(VALUE_TYPE),
       tff.types.type_to_tf_tensor_specs(VALUE_TYPE), 4, 0.5,
       per_layer=method.startswith('per_layer'), seed=0)
   state = query.initial_global_state()
@@ -301,12 +302,12 @@ def test_bad_arguments_are_named():
   with pytest.raises(ValueError, match='confidence'):
     audit.one_run_lower_bound([[0.0, 1.0]], [True, False], DELTA, 1.0)
   with pytest.raises(training.ConfigError, match='audit_canaries'):
-    training.validate(training.TrainConfig(audit_canaries=-1))
+    program.validate(training.TrainConfig(audit_canaries=-1))
   with pytest.raises(training.ConfigError, match='audit_canaries'):
-    training.validate(training.TrainConfig(audit_canaries=5,
+    program.validate(training.TrainConfig(audit_canaries=5,
                                            noise_multiplier=None))
   with pytest.raises(training.ConfigError, match='audit_confidence'):
-    training.validate(training.TrainConfig(audit_canaries=5,
+    program.validate(training.TrainConfig(audit_canaries=5,
                                            audit_confidence=1.0))
 
 
@@ -339,9 +340,9 @@ def test_audited_tff_process_keeps_the_dp_event_and_reports_both_threats():
 @pytest.mark.slow
 def test_training_run_reports_both_empirical_epsilons(tmp_path):
   config = training.TrainConfig(
-      rounds=3, clients_per_round=10, sampling='uniform', audit_canaries=10,
+      rounds=3, clients_per_round=10, sampling='poisson', audit_canaries=10,
       root_output_dir=str(tmp_path), experiment_name='audit', progress=False)
-  summary = training.run(config)
+  summary = program.run(config)
   empirical = summary['empirical_epsilon']
   assert empirical['confidence'] == 0.95 and empirical['rounds'] == 3
   for threat in ('final_model', 'all_iterates'):

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from scripts import program
 from tff_clip import config as config_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -34,6 +35,30 @@ assert tuple(b.QUICK_VARIANTS) == {QUICK_VARIANTS!r}
   assert not os.listdir(tmp_path)  # Planning writes nothing.
 
 
+def test_table_is_mean_and_std_over_seeds_at_one_epsilon(tmp_path):
+  check = '''
+from scripts import benchmark_utility as b
+results = [
+    dict(variant='clip', accuracy=0.5, epsilon=2.0, seconds=10.0),
+    dict(variant='clip', accuracy=0.7, epsilon=2.0, seconds=20.0),
+    dict(variant='no_dp', accuracy=0.9, epsilon=None, seconds=5.0)]
+rows = b.summarise(results, ['clip', 'no_dp'])
+print(b.format_table(rows))
+b.plot(rows, 'utility.png', 'title')
+'''
+  result = subprocess.run([sys.executable, '-c', check], cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          capture_output=True, text=True, timeout=120,
+                          check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  # Sample std of (0.5, 0.7) is 0.1414; a run without DP has no epsilon.
+  assert '| clip | 2 | 0.6000 ± 0.1414 | 2 | 15.0 |' in result.stdout
+  assert '| no_dp | 1 | 0.9000 ± 0.0000 | none (no DP) | 5.0 |' in (
+      result.stdout)
+  assert (tmp_path / 'utility.png').stat().st_size > 0
+
+
+@pytest.mark.slow
 def test_quick_run_prints_the_table_at_one_epsilon(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
   result = subprocess.run(
@@ -63,4 +88,4 @@ def test_tff_baseline_needs_noise():
   config = config_lib.TrainConfig(bounding='tff_gaussian',
                                   noise_multiplier=None)
   with pytest.raises(config_lib.ConfigError, match='tff_gaussian'):
-    config_lib.validate(config)
+    program.validate(config)

@@ -130,7 +130,7 @@ def test_clip_scales_to_the_norm_above_it():
 
 
 def test_clip_and_normalize_agree_when_every_norm_exceeds_clip_norm():
-  # Das et al. (seed 003): normalization equals clipping once all client
+  # Das et al.: normalization equals clipping once all client
   # norms are >= C, so the aggregates agree too.
   rng = np.random.default_rng(0)
   updates = [[tf.constant(rng.normal(size=5) * 10, tf.float32),
@@ -198,7 +198,7 @@ def test_global_and_layer_norms():
 
 
 # ----------------------------------------------------------------------------
-# Per-layer budgets (seed 002).
+# Per-layer budgets.
 
 
 STRUCTURE = {'kernel': tf.zeros([4, 5]), 'bias': tf.zeros([5]),

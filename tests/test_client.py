@@ -3,7 +3,7 @@
 The pure functions are checked on hand-made structures; the client work
 processes against NumPy re-implementations of local SGD on a linear model
 (Dense(2) on 3 features, mean squared error), written from the papers
-(seed 004 Eqs. (5), (7), (11)-(13); seed 000 Section 2.1), not from the code
+(Cheng et al. 2022 Eqs. (5), (7), (11)-(13); Zhang et al. 2022 Section 2.1), not from the code
 under test.
 """
 
@@ -64,7 +64,7 @@ def _mse_gradient(kernel, bias, x, y):
 
 
 def _local_sgd(x, y, blur=None):
-  """Local SGD, one step per batch; blur = (strength, S): seed 004 Eq. (7)."""
+  """Local SGD, one step per batch; blur = (strength, S): Cheng et al. 2022 Eq. (7)."""
   kernel = INITIAL_KERNEL.astype(np.float64)
   bias = INITIAL_BIAS.astype(np.float64)
   penalty_was_active = False
@@ -95,7 +95,7 @@ def _run_client_work(process, client_examples):
 
 
 # ----------------------------------------------------------------------------
-# BLUR: the penalty (seed 004, Eq. (5)).
+# BLUR: the penalty (Cheng et al. 2022, Eq. (5)).
 
 REFERENCE = collections.OrderedDict(
     kernel=tf.constant([[1.0, 2.0], [0.0, -1.0]]), bias=tf.constant([0.5]))
@@ -147,7 +147,7 @@ def test_blur_gradient_pulls_towards_the_received_model_outside_the_ball():
   gradient = _penalty_gradient(weights, 1.0, strength)
   for w, r, g in zip(tf.nest.flatten(weights), tf.nest.flatten(REFERENCE),
                      tf.nest.flatten(gradient)):
-    # grad = lambda (w - w_t) (seed 004, Eq. (7)) ...
+    # grad = lambda (w - w_t) (Cheng et al. 2022, Eq. (7)) ...
     np.testing.assert_allclose(g, strength * (w - r), rtol=1e-6)
     # ... so a step scales w - w_t by (1 - lambda eta) (Lemma 2).
     np.testing.assert_allclose((w - learning_rate * g) - r,
@@ -162,7 +162,7 @@ def test_blur_penalty_rejects_structures_of_different_sizes():
 
 
 # ----------------------------------------------------------------------------
-# LUS: scores, masks, sparsification (seed 004, Eqs. (11)-(13)).
+# LUS: scores, masks, sparsification (Cheng et al. 2022, Eqs. (11)-(13)).
 
 
 @pytest.mark.parametrize('sparsity, sizes, expected', [
@@ -249,7 +249,7 @@ def test_lus_rejects_per_layer_sparsities_that_do_not_match_the_layers():
 
 
 # ----------------------------------------------------------------------------
-# Model clipping (seed 000, Section 2.1): the update w_t - clip(w_local).
+# Model clipping (Zhang et al. 2022, Section 2.1): the update w_t - clip(w_local).
 
 
 def test_clipped_model_update_is_received_model_minus_clipped_local_model():

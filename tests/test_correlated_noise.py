@@ -101,11 +101,15 @@ def test_separation_below_bands_is_refused_because_the_bound_breaks():
                                          separation)
 
 
-@pytest.mark.parametrize('bad', [0, -1, 1.5, True, None])
-def test_bad_bands_are_refused(bad):
-  with pytest.raises(ValueError, match='`bands`'):
+# `tff_clip.checks`' rule: a wrong type is a TypeError, a bad value a
+# ValueError.
+@pytest.mark.parametrize('bad, error', [(0, ValueError), (-1, ValueError),
+                                        (1.5, TypeError), (True, TypeError),
+                                        (None, TypeError)])
+def test_bad_bands_are_refused(bad, error):
+  with pytest.raises(error, match='`bands`'):
     correlated_noise.check_mechanism('banded', bad)
-  with pytest.raises(ValueError, match='`bands`'):
+  with pytest.raises(error, match='`bands`'):
     dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=2,
                   clip_norm=1.0, noise_mechanism='banded', bands=bad)
 

@@ -223,7 +223,7 @@ def _empirical_quantile(clients, key, quantile):
 
 
 def _adaptive_query(factory, structure):
-  return factory._build_query(  # pylint: disable=protected-access
+  return factory.build_query(
       tff.types.tensorflow_to_type(tf.nest.map_structure(
           lambda x: tf.TensorSpec(x.shape, x.dtype), structure)))
 
@@ -530,6 +530,7 @@ def test_bounded_norm_in_low_precision_is_at_most_c(dtype, method, seed,
       assert np.linalg.norm(x) <= budget
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', [tf.float16, tf.bfloat16])
 def test_4096_low_precision_records_sum_in_float32(dtype):
   # Noise off: the query's sum of 4096 records at norm C must match the
@@ -538,7 +539,7 @@ def test_4096_low_precision_records_sum_in_float32(dtype):
   num_clients, size = 4096, 4
   value_type = tff.types.TensorType(dtype.as_numpy_dtype, [size])
   query = dp.dp_factory('clip', noise_multiplier=0.0, clients_per_round=float(num_clients),
-                        clip_norm=1.0)._build_query(value_type)  # pylint: disable=protected-access
+                        clip_norm=1.0).build_query(value_type)
   rng = np.random.default_rng(0)
   records = tf.constant(rng.normal(size=(num_clients, size)) + 3.0, dtype)
   state = query.initial_global_state()

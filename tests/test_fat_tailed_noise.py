@@ -1,4 +1,4 @@
-"""Specification: seed 001's fat-tailed quadratic draws fresh noise.
+"""Specification: Yang et al. 2022's fat-tailed quadratic draws fresh noise.
 
 Yang et al., Sec. 5.1: f_i(x) = E_xi[1/2 ||x||^2 + <xi, x>]; every local
 stochastic gradient x + xi uses a new xi. Reusing a fixed sample would train

@@ -1,12 +1,14 @@
-"""README is a contract: every command and snippet in it runs as written.
+"""README and docs/ are a contract: every command and snippet runs as written.
 
-How each kind of README text is checked:
+Every page (README.md and each docs/*.md, found by glob, so a new page is
+checked without editing this file) is read the same way:
   * `make setup` / `make test`: what CI itself runs (`.ci/run`); not re-run.
-  * The Python snippet: run in a fresh interpreter; it must exit 0 and leave
-    no TFF worker process behind.
+  * Python snippets: run in a fresh interpreter; they must exit 0 and leave
+    no TFF worker process behind (README's in the default suite, docs/' in
+    the slow suite).
   * A block starting with `$ command` followed by output: the command runs
     and must print exactly that output.
-  * The task table: `tasks.describe_markdown()` must print it.
+  * The task table (docs/tasks.md): `tasks.describe_markdown()` prints it.
   * Every `.venv/bin/python -m scripts.X ...` command: its flags are parsed
     and validated (default suite); and it runs at smoke size (slow suite:
     `make test-slow`), with the overrides of `SMOKE_OVERRIDES` appended --
@@ -24,6 +26,8 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 README = (REPO / 'README.md').read_text()
+PAGES = {str(path.relative_to(REPO)): path.read_text() for path in
+         [REPO / 'README.md', *sorted((REPO / 'docs').glob('*.md'))]}
 
 # Appended to each command for the smoke run (absl: the last value wins).
 SMOKE_OVERRIDES = {
@@ -51,18 +55,18 @@ def _env():
   return env
 
 
-def _blocks():
+def _blocks(page=README):
   """Code blocks: fenced (``` ... ```) and indented (4 spaces)."""
-  fenced = re.findall(r'```(\w*)\n(.*?)```', README, flags=re.S)
-  text = re.sub(r'```.*?```', '', README, flags=re.S)
+  fenced = re.findall(r'```(\w*)\n(.*?)```', page, flags=re.S)
+  text = re.sub(r'```.*?```', '', page, flags=re.S)
   indented = [m.group(0) for m in re.finditer(
       r'(?:^(?:    .*)?\n)+', text, flags=re.M) if m.group(0).strip()]
   return fenced, [re.sub(r'^    ', '', b, flags=re.M) for b in indented]
 
 
-def _commands():
+def _commands(page):
   """Every `.venv/bin/python -m scripts.X` command, continuations joined."""
-  fenced, indented = _blocks()
+  fenced, indented = _blocks(page)
   texts = indented + [body for lang, body in fenced if lang != 'python']
   commands = []
   for text in texts:
@@ -74,7 +78,11 @@ def _commands():
   return commands
 
 
-COMMANDS = _commands()
+COMMANDS = [command for text in PAGES.values() for command in _commands(text)]
+# Commands that need machines this test cannot start (remote workers named
+# by their addresses): their flags are validated, and the remote path runs
+# in tests/test_training.py::test_two_remote_workers_match_the_local_run.
+NEEDS_REMOTE_WORKERS = [c for c in COMMANDS if '--executor=remote' in c]
 
 
 def test_readme_has_the_commands_it_promises():
@@ -100,20 +108,18 @@ def test_every_train_command_in_readme_has_valid_flags(command):
   # In a fresh interpreter: scripts define their flags in absl's global
   # registry, and two scripts in one process would collide.
   _, args = _train_args(command)
-  check = ('import sys; from scripts import train; from tff_clip import '
-           'config; train.FLAGS(["train", *sys.argv[1:]]); '
-           'config.validate(train.config_from_flags())')
+  check = ('import sys; from scripts import train, program; '
+           'train.FLAGS(["train", *sys.argv[1:]]); '
+           'program.validate(train.config_from_flags())')
   result = subprocess.run([sys.executable, '-c', check, *args], cwd=REPO,
                           env=_env(), capture_output=True, text=True,
                           timeout=120, check=False)
   assert result.returncode == 0, result.stderr[-2000:]
 
 
-def test_python_snippet_runs_and_leaves_no_process_behind(tmp_path):
-  fenced, _ = _blocks()
+def _run_snippets(page):
+  fenced, _ = _blocks(page)
   snippets = [body for lang, body in fenced if lang == 'python']
-  assert snippets
-  del tmp_path
   for snippet in snippets:
     # From the checkout, as README says (`tasks` is not installed), with
     # piped output: a leaked worker holding the pipe would hang this call.
@@ -122,10 +128,22 @@ def test_python_snippet_runs_and_leaves_no_process_behind(tmp_path):
                             timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert 'Exception ignored' not in result.stderr, result.stderr[-3000:]
+  return snippets
+
+
+def test_python_snippet_runs_and_leaves_no_process_behind():
+  assert _run_snippets(README)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('page', [p for p in PAGES if p != 'README.md'])
+def test_docs_python_snippets_run(page):
+  _run_snippets(PAGES[page])
 
 
 def test_quoted_command_output_is_what_the_tool_prints():
-  quoted = re.findall(r'```\n\$ (.*?)\n(.*?)```', README, flags=re.S)
+  quoted = [q for text in PAGES.values() for q in re.findall(
+      r'```\n\$ (.*?)\n(.*?)```', text, flags=re.S)]
   assert quoted
   for command, expected in quoted:
     # The quoted command may continue on indented lines.
@@ -140,13 +158,28 @@ def test_quoted_command_output_is_what_the_tool_prints():
     assert result.stdout.strip() == '\n'.join(lines).strip()
 
 
+@pytest.mark.slow
 def test_task_table_is_what_describe_markdown_prints():
   import tasks  # pylint: disable=g-import-not-at-top
-  assert tasks.describe_markdown().strip() in README
+  assert tasks.describe_markdown().strip() in PAGES['docs/tasks.md']
+
+
+def test_readme_is_for_users_and_short():
+  assert len(README.splitlines()) <= 250
+  for name, text in PAGES.items():
+    if name != 'docs/REPRODUCTION.md':  # Its own paper index, by number.
+      assert not re.search(r'\bseeds? 00\d', text), name
+
+
+def test_every_docs_page_is_linked_from_readme():
+  for name in PAGES:
+    if name != 'README.md':
+      assert f'({name})' in README, name
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('command', COMMANDS)
+@pytest.mark.parametrize('command', [c for c in COMMANDS
+                                     if c not in NEEDS_REMOTE_WORKERS])
 def test_every_readme_command_runs_at_smoke_size(command, tmp_path):
   module = shlex.split(command)[2]
   args = shlex.split(command)

@@ -1,7 +1,8 @@
 """Specification of `scripts.reproduce` (one command per seed paper).
 
-Default suite: the verdict rule, seed 002's Table 1 epsilons against the
-published values, and `--paper=all --quick` (every paper's smoke run, one
+Default suite: the verdict rule, the report's format (on a report made
+here), and Pelikan et al. 2025's Table 1 epsilons against the published
+values. Slow suite: `--paper=all --quick` (every paper's smoke run, one
 process) printing each paper's tables and one verdict per claim.
 """
 
@@ -39,6 +40,25 @@ def test_table1_epsilon_matches_the_paper_to_two_digits(row):
   assert f'{guarantee.epsilon:.2g}' == f'{paper_epsilon:.2g}'
 
 
+def test_report_text_has_its_tables_then_one_verdict_row_per_claim():
+  report = common.Report(paper='00x', title='A title', scale='tiny')
+  report.add_table('Accuracy', ['method', 'acc'], [['clip', 0.5],
+                                                   ['a | b', 0.25]])
+  report.claims = [
+      common.Claim('Claim 1', 'x > y', 'x = 2, y = 1', common.REPRODUCED,
+                   'x > y'),
+      common.Claim('Claim 2 | pipes', 'z', 'z = 0', common.NOT_REPRODUCED,
+                   'z > 0')]
+  text = report.text()
+
+  assert text.startswith('# Paper 00x: A title\nscale: tiny\n')
+  assert text.index('## Accuracy') < text.index('## Verdicts')
+  rows = _verdict_rows(text)
+  assert [row[0] for row in rows] == ['Claim 1', r'Claim 2 \| pipes']
+  assert [row[3] for row in rows] == [common.REPRODUCED,
+                                       common.NOT_REPRODUCED]
+
+
 @pytest.fixture(scope='module')
 def quick_run(tmp_path_factory):
   """`--paper=all --quick`: every paper's smoke run, in one process."""
@@ -65,6 +85,7 @@ def _verdict_rows(text):
   return rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('paper', ['000', '001', '002', '003', '004'])
 def test_quick_command_prints_each_papers_tables_and_a_verdict_per_claim(
     quick_run, paper):
@@ -84,6 +105,7 @@ def test_quick_command_prints_each_papers_tables_and_a_verdict_per_claim(
       assert os.path.isfile(line[len('plot: '):])
 
 
+@pytest.mark.slow
 def test_quick_run_of_paper_001_checks_both_fig4_claims(quick_run):
   stdout, _ = quick_run
   printed = stdout.split('# Paper 001:', 1)[1].split('\n# Paper ', 1)[0]

@@ -18,6 +18,7 @@ import tensorflow_federated as tff
 
 from tff_clip import aggregators
 from tff_clip import algorithms
+from tff_clip import audit
 from tff_clip import dp
 from tff_clip import optimizers
 from tff_clip import simulation
@@ -26,17 +27,6 @@ import tiny_model  # pylint: disable=g-bad-import-order
 
 ROUNDS = 3
 RTOL, ATOL = 1e-5, 1e-6
-
-
-def _client_datasets(round_num, sizes=(5, 3, 7)):
-  datasets = []
-  for client, size in enumerate(sizes):
-    rng = np.random.default_rng([round_num, client])
-    x = rng.normal(size=[size, 3]).astype(np.float32)
-    y = (x @ rng.normal(scale=2.0, size=[3, 2])).astype(np.float32)
-    datasets.append(tf.data.Dataset.from_tensor_slices(
-        collections.OrderedDict(x=x, y=y)).batch(2))
-  return datasets
 
 
 def _sgd(learning_rate):
@@ -69,7 +59,7 @@ def _assert_equivalent(process, rounds=ROUNDS, sizes=(5, 3, 7)):
   assert type(state_inp) is type(state_cpp)  # pylint: disable=unidiomatic-typecheck
   _assert_same(state_inp, state_cpp, 'initial state')
   for round_num in range(1, rounds + 1):
-    data = _client_datasets(round_num, sizes)
+    data = tiny_model.client_datasets(round_num, sizes)
     out_cpp = process.next(state_cpp, data)
     out_inp = runner.next(state_inp, data)
     assert type(out_inp) is type(out_cpp)  # pylint: disable=unidiomatic-typecheck
@@ -97,6 +87,16 @@ def test_dp_per_layer_adaptive_matches_cpp_runtime(dp_adaptive_process):
   _assert_equivalent(dp_adaptive_process)
 
 
+def test_audited_process_matches_cpp_runtime():
+  # The canary query draws and compares 2K candidates in while loops inside
+  # `update`; the in-process importer runs them as TFF's runtime does.
+  factory = audit.CanaryFactory(
+      dp.dp_factory('clip', noise_multiplier=0.5, clients_per_round=3.0,
+                    clip_norm=0.5, noise_seed=3), num_canaries=3,
+      sampling_probability=0.5, seed=4)
+  _assert_equivalent(_fedavg(model_aggregator=factory), rounds=2)
+
+
 def test_round_with_no_clients_matches_cpp_runtime(dp_adaptive_process):
   # An empty Poisson cohort: the aggregate of nobody, then the server update
   # with its noise. TFF's C++ runtime accepts an empty client list too.
@@ -110,7 +110,7 @@ def test_unseeded_noise_is_fresh_per_initialization_and_round():
   process = _fedavg(model_aggregator=dp.dp_factory(
       'clip', noise_multiplier=1.0, clients_per_round=3.0, clip_norm=1.0))
   runner = simulation.InProcessRunner(process)
-  data = _client_datasets(1)
+  data = tiny_model.client_datasets(1)
   state = runner.initialize()
   first = runner.next(state, data).state
   other_key = runner.next(runner.initialize(), data).state
@@ -138,7 +138,7 @@ def test_set_model_weights_matches_cpp_runtime(dp_adaptive_process):
 def test_evaluation_process_matches_cpp_runtime():
   evaluation = tff.learning.algorithms.build_fed_eval(tiny_model.model_fn)
   runner = simulation.InProcessRunner(evaluation)
-  data = _client_datasets(1)
+  data = tiny_model.client_datasets(1)
   expected = evaluation.next(evaluation.initialize(), data).metrics
   actual = runner.next(runner.initialize(), data).metrics
   _assert_same(actual, expected, 'evaluation metrics')
@@ -163,7 +163,8 @@ def test_evaluation_process_matches_cpp_runtime():
     # Client-placed noise is never seeded (`dp._gaussian_like`): z = 0 here;
     # its freshness per call is `test_tf_graphs`' random-ops test.
     ('DP clip fixed, client placement', dict(model_aggregator=dp.dp_factory(
-        'clip', noise_multiplier=0.0, clients_per_round=3.0, clip_norm=0.5, noise_placement='client'))),
+        'clip', noise_multiplier=0.0, clients_per_round=3.0, clip_norm=0.5, noise_placement='client',
+        noise_seed=2))),
     ('DP per-layer normalize, actual count', dict(
         model_aggregator=dp.dp_factory(
         'per_layer_normalize', noise_multiplier=0.5, clients_per_round=3.0, clip_norm=0.5,
@@ -252,20 +253,6 @@ def test_every_dp_factory_compiles_to_map_reduce_form(
 
 
 def test_a_process_without_map_reduce_form_names_the_executor_to_use():
-  # Two client-to-server aggregations in sequence, the second depending on
-  # the first's result: not one MapReduce round.
-  @tff.federated_computation(tff.FederatedType(np.float32, tff.SERVER),
-                             tff.FederatedType(np.float32, tff.CLIENTS))
-  def two_rounds(state, data):
-    first = tff.federated_sum(data)
-    again = tff.federated_sum(tff.federated_map(
-        tff.tensorflow.computation(lambda x, y: x * y),
-        (data, tff.federated_broadcast(first))))
-    return state, again
-
-  process = tff.templates.IterativeProcess(
-      tff.federated_computation(
-          lambda: tff.federated_value(np.float32(0.0), tff.SERVER)),
-      two_rounds)
+  process = tiny_model.two_rounds_process(np.float32(0.0), np.float32)
   with pytest.raises(ValueError, match='--executor=local'):
     simulation.InProcessRunner(process)

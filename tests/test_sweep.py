@@ -56,6 +56,25 @@ def test_summary_reports_mean_and_std_over_seeds(tmp_path):
     assert list(csv.DictReader(f))[0]['seeds_done'] == '2'
 
 
+def test_finished_cells_are_skipped_and_summarised(tmp_path):
+  train_args = ['--rounds=2', '--clip_norm=1.0']
+  for bounding, accuracy in (('clip', 0.5), ('normalize', 0.75)):
+    name = sweep.cell_name(f'bounding={bounding}', 0, train_args,
+                           {'bounding': bounding})
+    _fake_run(tmp_path / 's' / name, accuracy, 2.0, 1.0)
+  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
+  result = subprocess.run(
+      [sys.executable, '-m', 'scripts.sweep', f'--root_output_dir={tmp_path}',
+       '--sweep_name=s', '--grid=bounding=clip,normalize', '--seeds=1', '--',
+       *train_args], cwd=REPO, capture_output=True, text=True, timeout=300,
+      check=False, env=env)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert result.stdout.count('done, skipped') == 2
+  summary = (tmp_path / 's' / 'summary.md').read_text()
+  assert '0.5000' in summary and '0.7500' in summary
+
+
+@pytest.mark.slow
 def test_sweep_runs_cells_then_skips_them_when_rerun(tmp_path):
   command = [sys.executable, '-m', 'scripts.sweep',
              f'--root_output_dir={tmp_path}', '--sweep_name=s',

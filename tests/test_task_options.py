@@ -16,6 +16,7 @@ import sys
 import pytest
 
 import tasks
+from scripts import program
 from tff_clip import config as config_lib
 from tff_clip import training
 
@@ -54,13 +55,13 @@ def test_unknown_or_repeated_task_option_is_rejected_naming_the_flag(
   config = training.TrainConfig(task='fat_tailed_quadratic',
                                 task_options=options)
   with pytest.raises(training.ConfigError, match=message):
-    training.validate(config)
+    program.validate(config)
 
 
 @pytest.mark.parametrize('sparsity', [(0.5, 1.0), (-0.1,), 1.0, ()])
 def test_lus_sparsity_outside_unit_interval_is_rejected(sparsity):
   with pytest.raises(training.ConfigError, match='--lus_sparsity'):
-    training.validate(training.TrainConfig(lus_sparsity=sparsity))
+    program.validate(training.TrainConfig(lus_sparsity=sparsity))
 
 
 def test_config_with_options_survives_its_json_round_trip():
@@ -74,6 +75,7 @@ def test_config_with_options_survives_its_json_round_trip():
                                       'initial_weights': [1.0, 2.0]}
 
 
+@pytest.mark.slow
 def test_cli_passes_task_options_and_reports_the_objective(tmp_path):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
   env.pop('TF2_BEHAVIOR', None)

@@ -106,7 +106,7 @@ def test_one_federated_round_runs_with_resnet18(built, name):
 @pytest.mark.parametrize('name,num_parameters', [
     ('digits', 2410),  # 64*32 + 32 + 32*10 + 10.
     ('emnist_cnn', 1206590),  # Reddi et al.'s CNN, 62 classes.
-    ('emnist_mlp', 159010),  # Seed 000's "159K" MLP: 784*200+200+200*10+10.
+    ('emnist_mlp', 159010),  # Zhang et al. 2022's "159K" MLP: 784*200+200+200*10+10.
     ('emnist_logreg', 7850),  # 784*10 + 10.
     ('cifar10_cnn', 1068298),  # McMahan et al.'s "about 10^6".
     ('heterogeneous_quadratic', 200),
@@ -122,7 +122,7 @@ def test_emnist_cnn_only_digits_option_has_ten_outputs():
 
 
 def test_resnet18_has_the_papers_11m_parameters(resnet18):
-  assert resnet18.count_params() == 11181642  # Seed 004: "11.1M".
+  assert resnet18.count_params() == 11181642  # Cheng et al. 2022: "11.1M".
 
 
 def test_resnet18_uses_group_norm_and_no_batch_norm(resnet18):

@@ -97,7 +97,7 @@ def test_shards_are_single_class_even_when_class_sizes_do_not_divide():
 
 
 def test_small_large_puts_most_of_each_client_in_two_classes():
-  # 5 clients of ~240 examples: about 2 per small class, as seed 000's 5.
+  # 5 clients of ~240 examples: about 2 per small class, as Zhang et al. 2022's 5.
   clients = partitions.small_large_partition(_LABELS, 5, seed=0)
   for ix in clients:
     counts = np.sort(np.bincount(_LABELS[ix], minlength=10))[::-1]

@@ -15,7 +15,7 @@ def heterogeneous():
 
 @pytest.fixture(scope='module')
 def small_heterogeneous():
-  """Seed 003's problem with n=4 clients, d=6, rank 2: cheap to train."""
+  """Das et al. 2022's problem with n=4 clients, d=6, rank 2: cheap to train."""
   return tasks.get_task('heterogeneous_quadratic', num_clients=4,
                         dimension=6, rank=2, train_batch_size=2)
 

@@ -101,6 +101,40 @@ def test_random_ops_draw_afresh_on_every_call():
   assert not np.allclose(first, second)
 
 
+def test_a_while_loop_of_a_map_reduce_form_imports():
+  # TFF's MapReduceForm lowers a while loop to TF1 control flow, a cycle
+  # (Merge -> Switch -> ... -> NextIteration -> Merge). The import walks each
+  # node once; one that expanded a node again when reached around the cycle
+  # grew its stack without end (MemoryError). The audit's `update` (2K
+  # canaries drawn and compared in loops) has such loops.
+  @tff.tensorflow.computation(np.int32, np.int32)
+  def triangular(n, total):
+    _, total = tf.while_loop(lambda i, _: i <= n,
+                             lambda i, total: (i + 1, total + i),
+                             (tf.constant(1), total))
+    return total
+
+  @tff.tensorflow.computation(np.int32)
+  def identity(x):
+    return x
+
+  @tff.federated_computation(tff.FederatedType(np.int32, tff.SERVER),
+                             tff.FederatedType(np.int32, tff.CLIENTS))
+  def next_fn(n, client_values):
+    total = tff.federated_sum(tff.federated_map(identity, client_values))
+    return (tff.federated_map(triangular, tff.federated_zip((n, total))),
+            tff.federated_value((), tff.SERVER))
+
+  update = tff.backends.mapreduce.get_map_reduce_form_for_computation(
+      next_fn).update
+  graph_def = tf.compat.v1.GraphDef()
+  tff.framework.serialize_computation(update).tensorflow.graph_def.Unpack(
+      graph_def)
+  assert 'NextIteration' in {node.op for node in graph_def.node}
+  state = tf_graphs.TensorFlowFunction(update)(np.int32(10), np.int32(0))
+  assert [int(x) for x in state] == [55]  # n (n + 1) / 2; no output leaves.
+
+
 def test_the_same_computation_imports_twice_under_distinct_names():
   # Assumption 5: imported functions are renamed per import, so two imports
   # of graphs defining the same function names coexist in one process.

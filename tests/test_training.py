@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import numpy as np
 import portpicker
 import pytest
 
+from scripts import program
 from tff_clip import execution
 from tff_clip import training
 
@@ -24,10 +26,12 @@ SMALL = ['--rounds=4', '--clients_per_round=6', '--eval_every=2',
 
 
 def _train(args, **popen_kwargs):
-  env = dict(os.environ, PYTHONUNBUFFERED='1', TF_CPP_MIN_LOG_LEVEL='3')
   # As from a user's shell: TensorFlow sets TF2_BEHAVIOR=1 in this (pytest)
-  # process, and inheriting it would hide import-order bugs of the script.
-  env.pop('TF2_BEHAVIOR', None)
+  # process, and inheriting it would hide import-order bugs of the script;
+  # the log level is the script's own (`scripts/__init__.py`).
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('TF2_BEHAVIOR', 'TF_CPP_MIN_LOG_LEVEL')}
+  env['PYTHONUNBUFFERED'] = '1'
   return subprocess.Popen(
       [sys.executable, '-m', 'scripts.train', *args], cwd=REPO, env=env,
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -76,7 +80,7 @@ def _assert_same_metrics(rows_a, rows_b):
     (dict(sampling='stratified'), 'sampling'),
     (dict(clients_per_round=0), 'clients_per_round'),
     (dict(rounds=0), 'rounds'),
-    (dict(blur_lambda=20.0, clip_norm=1.0), 'blur_lambda'),
+    (dict(blur_strength=20.0, clip_norm=1.0), 'blur_strength'),
     (dict(lus_sparsity=1.0), 'lus_sparsity'),
     (dict(executor='remote'), 'workers'),
     (dict(executor='remote', workers=('nohost',)), 'workers'),
@@ -84,11 +88,19 @@ def _assert_same_metrics(rows_a, rows_b):
     # A DP run checkpoints every round before releasing it.
     (dict(checkpoint_every=2), 'checkpoint_every'),
     (dict(checkpoint_interval_s=5.0), 'checkpoint_interval_s'),
+    # Checked in the dtype they are used in: float32 inf and 0 are refused.
+    (dict(clip_norm=1e39), 'clip_norm.*overflows float32'),
+    (dict(initial_clip_norm=1e39), 'initial_clip_norm'),
+    (dict(noise_multiplier=1e39), 'noise_multiplier.*overflows'),
+    (dict(noise_multiplier=1e-50), 'noise_multiplier.*underflows'),
+    (dict(client_learning_rate=1e-50), 'client_learning_rate'),
+    (dict(noise_seed=2**70), 'noise_seed'),
+    (dict(noise_seed=True), 'noise_seed'),
 ])
 def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
   config = dataclasses.replace(training.TrainConfig(), **changes)
   with pytest.raises(training.ConfigError, match=flag):
-    training.validate(config)
+    program.validate(config)
 
 
 @pytest.mark.parametrize('args, flag', [
@@ -105,6 +117,9 @@ def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
     (['--noise_seed=-1'], '--noise_seed'),
     (['--denominator=actual'], '--denominator'),
     (['--no_such_flag=1'], 'no_such_flag'),
+    (['--clip_norm=1e39'], '--clip_norm'),
+    (['--noise_multiplier=1e39'], '--noise_multiplier'),
+    (['--noise_seed=1180591620717411303424'], '--noise_seed'),
 ])
 def test_cli_bad_flag_is_one_line_exit_2_and_writes_nothing(tmp_path, args,
                                                             flag):
@@ -150,6 +165,23 @@ def test_other_configuration_in_existing_dir_is_refused_untouched(tmp_path):
   assert training.prepare_output_dir(config) is True  # Same config resumes.
 
 
+def test_run_recorded_under_earlier_knob_names_resumes(tmp_path):
+  # `local_clip` and `blur_lambda` are the earlier names of `local_clip_norm`
+  # and `blur_strength`: a config.json that uses them is the same run.
+  config = training.TrainConfig(root_output_dir=str(tmp_path),
+                                experiment_name='run', local_clip_norm=2.0,
+                                blur_strength=0.5, blur_clip_norm=1.0)
+  recorded = config.to_json()
+  recorded['local_clip'] = recorded.pop('local_clip_norm')
+  recorded['blur_lambda'] = recorded.pop('blur_strength')
+  (tmp_path / 'run').mkdir()
+  (tmp_path / 'run' / 'config.json').write_text(json.dumps(recorded))
+  assert training.existing_run(config) == 'resume'
+  other = dataclasses.replace(config, local_clip_norm=3.0)
+  with pytest.raises(training.ConfigError, match='local_clip_norm'):
+    training.existing_run(other)
+
+
 def test_foreign_nonempty_dir_is_refused(tmp_path):
   (tmp_path / 'run').mkdir()
   (tmp_path / 'run' / 'notes.txt').write_text('mine')
@@ -166,7 +198,7 @@ def test_unreachable_worker_is_a_clear_error_before_its_timeout(tmp_path):
       workers=(f'127.0.0.1:{port}',), worker_timeout_s=600.0)
   try:
     with pytest.raises(training.ConfigError, match=f'127.0.0.1:{port}'):
-      training.run(config)  # Refused at once, not after 600 s.
+      program.run(config)  # Refused at once, not after 600 s.
   finally:
     execution.set_local_cpp_context()
   assert not any(tmp_path.iterdir())
@@ -199,6 +231,7 @@ def test_default_outputs_are_written(uninterrupted):
   assert epsilons == sorted(epsilons) and epsilons[0] > 0
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_with_identical_metrics_and_ledger(uninterrupted,
                                                               tmp_path):
   run_dir, _ = uninterrupted
@@ -235,14 +268,15 @@ def test_killed_run_resumes_with_identical_metrics_and_ledger(uninterrupted,
 # Two TFF workers on 127.0.0.1 give the local run's metrics.
 
 
+@pytest.mark.slow
 def test_two_remote_workers_match_the_local_run(tmp_path):
   workers = [execution.start_worker() for _ in range(2)]
   base = training.TrainConfig(rounds=2, clients_per_round=6, eval_every=1,
                               root_output_dir=str(tmp_path), progress=False,
                               noise_seed=5)
   try:
-    training.run(dataclasses.replace(base, experiment_name='local'))
-    training.run(dataclasses.replace(
+    program.run(dataclasses.replace(base, experiment_name='local'))
+    program.run(dataclasses.replace(
         base, experiment_name='remote', executor='remote',
         workers=tuple(f'127.0.0.1:{port}' for _, port in workers)))
   finally:
@@ -259,7 +293,7 @@ def test_too_many_clients_per_round_is_refused_before_training(tmp_path):
                                 clients_per_round=10_000)
   try:
     with pytest.raises(training.ConfigError, match='clients_per_round'):
-      training.run(config)
+      program.run(config)
   finally:
     execution.set_local_cpp_context()
   assert not (tmp_path / 'default' / 'metrics.csv').exists()
@@ -285,11 +319,11 @@ def _run(tmp_path, name, **changes):
   config = training.TrainConfig(root_output_dir=str(tmp_path),
                                 experiment_name=name, progress=False,
                                 **changes)
-  return training.run(config), tmp_path / name
+  return program.run(config), tmp_path / name
 
 
 def test_sparse_checkpoints_are_allowed_without_dp():
-  training.validate(training.TrainConfig(
+  program.validate(training.TrainConfig(
       bounding='none', noise_multiplier=None, checkpoint_every=5,
       checkpoint_interval_s=10.0))
 
@@ -308,11 +342,11 @@ def test_dp_round_is_checkpointed_before_release_and_never_computed_twice(
   release = training._MetricsWriters.release
   attempted = {}
 
-  def release_until_round_2(self, round_num, row):
+  def release_until_round_2(self, round_num, row, *event):
     if round_num == 2 and not attempted:
       attempted.update(row)
       raise _Killed()
-    release(self, round_num, row)
+    release(self, round_num, row, *event)
 
   monkeypatch.setattr(training._MetricsWriters, 'release',
                       release_until_round_2)
@@ -333,14 +367,17 @@ def test_dp_round_is_checkpointed_before_release_and_never_computed_twice(
   assert trained == [3, 4]
   rows = _rows(run_dir / 'metrics.csv')
   assert [r['round'] for r in rows] == ['1', '2', '3', '4']
-  for key, value in attempted.items():
+  # Round 2's row as computed before the kill, filtered for release.
+  assert set(rows[1]) < set(attempted)
+  for key, value in rows[1].items():
     if key != 'round':
-      np.testing.assert_equal(float(rows[1][key]), float(value))
+      np.testing.assert_equal(float(value), float(attempted[key]))
   ledger = json.loads((run_dir / 'ledger.json').read_text())
   assert [r for r, _ in ledger['epsilon_per_round']] == [1, 2, 3, 4]
   assert summary['epsilon'] == ledger['epsilon_per_round'][-1][1]
 
 
+@pytest.mark.slow
 def test_same_seed_runs_draw_different_noise_unless_noise_seed(tmp_path):
   base = dict(rounds=2, clients_per_round=6, eval_every=1, seed=4,
               sampling='fixed_size')
@@ -430,3 +467,15 @@ def test_rerunning_a_finished_run_changes_nothing(sparse_poisson_run):
   assert {p.name: p.read_bytes() for p in run_dir.iterdir()
           if p.is_file()} == before
   json.loads(before['summary.json'], parse_constant=pytest.fail)  # Strict.
+
+
+# ----------------------------------------------------------------------------
+# Quiet runs: no TensorFlow log line that does not concern the run.
+
+
+def test_a_run_prints_no_tensorflow_log_lines(uninterrupted):
+  _, output = uninterrupted  # stdout and stderr of a run from a user's shell
+  tf_lines = [line for line in output.splitlines() if re.match(
+      r'(\d{4}-\d\d-\d\d [\d:.]+: [EWF] |[EWF]\d{4} |WARNING:tensorflow)',
+      line)]
+  assert not tf_lines, output

@@ -24,3 +24,33 @@ def model_fn():
   return tff.learning.models.from_keras_model(
       keras_model, loss=tf.keras.losses.MeanSquaredError(),
       input_spec=INPUT_SPEC)
+
+
+def client_datasets(round_num, sizes=(5, 3, 7)):
+  """One round's client datasets (batches of 2) for the model above."""
+  datasets = []
+  for client, size in enumerate(sizes):
+    rng = np.random.default_rng([round_num, client])
+    x = rng.normal(size=[size, 3]).astype(np.float32)
+    y = (x @ rng.normal(scale=2.0, size=[3, 2])).astype(np.float32)
+    datasets.append(tf.data.Dataset.from_tensor_slices(
+        collections.OrderedDict(x=x, y=y)).batch(2))
+  return datasets
+
+
+def two_rounds_process(state_value, state_type):
+  """A process that is not one MapReduce round (no MapReduceForm)."""
+  # Two client-to-server aggregations in sequence, the second depending on
+  # the first's result: not one MapReduce round, so it cannot be split.
+  @tff.federated_computation(tff.FederatedType(state_type, tff.SERVER),
+                             tff.FederatedType(np.float32, tff.CLIENTS))
+  def two_rounds(state, data):
+    first = tff.federated_sum(data)
+    again = tff.federated_sum(tff.federated_map(
+        tff.tensorflow.computation(lambda x, y: x * y),
+        (data, tff.federated_broadcast(first))))
+    return state, again
+
+  return tff.templates.IterativeProcess(
+      tff.federated_computation(
+          lambda: tff.federated_value(state_value, tff.SERVER)), two_rounds)

@@ -10,7 +10,7 @@ and training the composition of its rounds (`training_event`, or what a
 such events, never from a separate formula. z (`noise_multiplier`) is the
 noise std over C, the L2 bound of ONE client's update, for noise
 N(0, (z C)^2 I) on the SUM of the cohort's updates (as `tff_clip.dp` and
-TFF; seed 002's noise on the average is sigma_DP = z / n); n
+TFF; Pelikan et al. 2025's noise on the average is sigma_DP = z / n); n
 `clients_per_round`, K `population_size`, q = n / K. User-level DP.
 
   * 'poisson': add-or-remove-one adjacency. RDP (Mironov, Talwar, Zhang
@@ -29,6 +29,10 @@ PLD grid (`value_discretization_interval=None`): 1e-4 x the RDP epsilon, in
 (dp_accounting's fixed 1e-4 overstates epsilon ~ 0.1 by a few percent and is
 slow at epsilon ~ 5; this grid overstates by ~0.1%, measured). No TensorFlow
 import: `python -m scripts.accountant` answers in a second.
+
+References:
+* Pelikan et al. 2025: "Enabling Differentially Private Federated
+  Learning for Speech Recognition", NeurIPS 2025.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ from dp_accounting import pld
 from dp_accounting import rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 import numpy as np
+
+from tff_clip import checks
 
 __all__ = [
     'ACCOUNTANTS', 'DEFAULT_EXTRAPOLATION_SCALES', 'ExtrapolationRow',
@@ -62,7 +68,7 @@ from tff_clip.names import ACCOUNTANTS, FIXED_SIZE, MIN_SEPARATION, PLD, POISSON
 # dp_accounting's default Renyi orders (1.1 ... 10.9, 11 ... 63, 128 ... 1024).
 RDP_ORDERS = tuple(rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
 # (cohort scale, population scale): q fixed and n growing, then n fixed and K
-# growing, as in seed 002's Table 1.
+# growing, as in Pelikan et al. 2025's Table 1.
 DEFAULT_EXTRAPOLATION_SCALES = ((1, 1), (10, 10), (100, 100), (100, 1000),
                                 (100, 10000))
 
@@ -99,21 +105,18 @@ _REAL_RULES = {
 
 
 # ---------------------------------------------------------------------------
-# Argument checks: one ValueError naming the argument.
+# Argument checks (`tff_clip.checks`' rule: TypeError for a value of the
+# wrong type, ValueError for one out of range), naming the argument.
 
 
 def _integer(value, name: str, minimum: int = 1) -> int:
-  if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or
-      value < minimum):
-    kind = 'positive' if minimum else 'non-negative'
-    raise ValueError(f'`{name}` must be a {kind} integer; got {value!r}.')
-  return int(value)
+  return checks.integer(value, name, minimum=minimum)
 
 
 def _real(value, name: str) -> float:
   """`value` as a float, checked against `_REAL_RULES[name]`."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise ValueError(f'`{name}` must be a real number; got {value!r}.')
+  if not checks.is_real(value):
+    raise TypeError(f'`{name}` must be a real number; got {value!r}.')
   value = float(value)
   requirement, ok = _REAL_RULES[name]
   if not ok(value):
@@ -662,7 +665,7 @@ def calibrate_noise_multiplier(target_epsilon: float,
 
 
 # ---------------------------------------------------------------------------
-# Population extrapolation (McMahan et al. 2018; seed 002, Table 1).
+# Population extrapolation (McMahan et al. 2018; Pelikan et al. 2025, Table 1).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -687,7 +690,7 @@ def extrapolate_population(
   """Epsilon if cohort and population were larger, same noise on the average.
 
   Model quality depends on C and on sigma_DP = z / n (McMahan et al. 2018,
-  Sec. 3; seed 002, Table 1), so a cohort n' = a n of K' = b K trains the
+  Sec. 3; Pelikan et al. 2025, Table 1), so a cohort n' = a n of K' = b K trains the
   same with z' = sigma_DP n'. One row per (a, b) in `scales`, each the
   `compute_training_epsilon` of (z', n', K', rounds) per accountant; K' is
   rounded, and n' too for fixed-size sampling (z' from the rounded n').

@@ -7,11 +7,11 @@ between placements and reports what happened.
 
 Boundings (one client's update u, clip norm C, per-layer budgets C_h):
   * 'clip'                 u * min(1, C/||u||)    difference clipping, CE-FedAvg
-                                                  (Zhang et al. 2022, seed 000)
+                                                  (Zhang et al. 2022, Zhang et al. 2022)
   * 'normalize'            C u / ||u||            DP-NormFedAvg (Das et al.,
-                                                  seed 003)
+                                                  Das et al. 2022)
   * 'per_layer_clip'       u_h * min(1, C_h/||u_h||), sum_h C_h^2 = C^2
-                                                  (Pelikan et al. 2025, seed 002)
+                                                  (Pelikan et al. 2025, Pelikan et al. 2025)
   * 'per_layer_normalize'  C_h u_h / ||u_h||
 
 `clip_norm` is a float or a `tff.templates.EstimationProcess` (TFF's
@@ -33,6 +33,14 @@ Measurements (stable names), merged with the inner factory's under 'inner':
   nonfinite_count  clients whose update had a NaN/Inf and was zeroed
 These describe raw client norms and are NOT differentially private: the DP
 factories in `tff_clip.dp` report none of them.
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
+* Pelikan et al. 2025: "Enabling Differentially Private Federated
+  Learning for Speech Recognition", NeurIPS 2025.
+* Das et al. 2022: "On the Convergence of DP FL on Non-Lipschitz
+  Objectives, and with Normalized Client Updates".
 """
 
 from __future__ import annotations
@@ -81,6 +89,16 @@ def check_value_type(value_type, label: str = 'value_type'):
     raise TypeError(
         f'`{label}` must be a structure of float tensors (float16, bfloat16, '
         f'float32 or float64); got {value_type}.')
+  leaves = tff.structure.flatten(value_type) if isinstance(
+      value_type, tff.types.StructType) else [value_type]
+  if not leaves:
+    raise ValueError(f'`{label}` is an empty structure: there is no update '
+                     'to bound.')
+  for leaf in leaves:
+    if not tff.types.is_tensorflow_compatible_type(leaf) or (
+        leaf.shape is None or any(d is None for d in leaf.shape)):
+      raise ValueError(f'`{label}` must have fully defined shapes (norms and '
+                       f'noise need every dimension); got {value_type}.')
 
 
 def constant_norm_process(value: float) -> tff.templates.EstimationProcess:
@@ -118,11 +136,8 @@ class _BoundingFactoryBase:
 
   def __init__(self, method: str, clip_norm: NormSource,
                split: bounding.Split, inner_agg_factory):
-    if method not in BOUNDINGS:
-      raise ValueError(f'`bounding` must be one of {BOUNDINGS}; got '
-                       f'{method!r}.')
-    self._method = method
-    self._per_layer = method.startswith('per_layer')
+    self._method = bounding.check_method(method, 'bounding')
+    self._per_layer = bounding.is_per_layer(method)
     self._clip_norm = check_norm_source(clip_norm)
     if self._per_layer:
       bounding.check_split(split)
@@ -344,13 +359,13 @@ def bounding_factory(bounding_method: str,
 
 def clip_factory(clip_norm: NormSource,
                  inner_agg_factory: Optional[InnerFactory] = None):
-  """Global L2 clipping u * min(1, C/||u||) (seed 000, CE-FedAvg)."""
+  """Global L2 clipping u * min(1, C/||u||) (Zhang et al. 2022, CE-FedAvg)."""
   return bounding_factory('clip', clip_norm, inner_agg_factory=inner_agg_factory)
 
 
 def normalize_factory(clip_norm: NormSource,
                       inner_agg_factory: Optional[InnerFactory] = None):
-  """Normalization C u/||u|| (seed 003, DP-NormFedAvg); zero stays zero."""
+  """Normalization C u/||u|| (Das et al. 2022, DP-NormFedAvg); zero stays zero."""
   return bounding_factory('normalize', clip_norm,
                           inner_agg_factory=inner_agg_factory)
 
@@ -358,7 +373,7 @@ def normalize_factory(clip_norm: NormSource,
 def per_layer_clip_factory(clip_norm: NormSource,
                            split: bounding.Split = 'dim',
                            inner_agg_factory: Optional[InnerFactory] = None):
-  """Per-layer clipping u_h min(1, C_h/||u_h||), sum C_h^2 = C^2 (seed 002)."""
+  """Per-layer clipping u_h min(1, C_h/||u_h||), sum C_h^2 = C^2."""
   return bounding_factory('per_layer_clip', clip_norm, split,
                           inner_agg_factory)
 

@@ -17,23 +17,32 @@ build_weighted_fed_avg`, the same computation.
 
 The client algorithms and where they come from (see `build_fedavg`):
 
-  * FAT-Clipping-PR (Yang, Qiu, Liu, NeurIPS 2022 -- seed 001 -- Algorithm 2,
+  * FAT-Clipping-PR (Yang, Qiu, Liu, NeurIPS 2022, Algorithm 2,
     Eq. (2)): `model_aggregator=aggregators.clip_factory(C)`.
-  * FAT-Clipping-PI (seed 001, Algorithm 3, Eqs. (3)-(4)); local clipping
-    C_loc (Pelikan et al., NeurIPS 2025 -- seed 002 -- Algorithm 1 line 11):
+  * FAT-Clipping-PI (Yang et al. 2022, Algorithm 3, Eqs. (3)-(4)); local clipping
+    C_loc (Pelikan et al., NeurIPS 2025, Algorithm 1 line 11):
     `local_clip_norm=lambda`.
-  * BLUR and LUS (Cheng et al., CVPR 2022 -- seed 004 -- Eq. (5), Eqs.
+  * BLUR and LUS (Cheng et al., CVPR 2022, Eq. (5), Eqs.
     (11)-(13), Algorithm 2): `blur_strength`, `blur_clip_norm`,
     `lus_sparsity`.
-  * Model clipping (Zhang et al., ICML 2022 -- seed 000 -- Section 2.1,
+  * Model clipping (Zhang et al., ICML 2022, Section 2.1,
     Claim 2.1): `model_clip_norm`. A baseline that does not converge to the
     optimum, not a recommendation.
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
+* Yang, Qiu, Liu 2022: "Taming Fat-Tailed Noise in Federated Learning",
+  NeurIPS 2022.
+* Pelikan et al. 2025: "Enabling Differentially Private Federated
+  Learning for Speech Recognition", NeurIPS 2025.
+* Cheng et al. 2022: "Differentially Private Federated Learning with
+  Local Regularization and Sparsification", CVPR 2022.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-import math
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -41,6 +50,7 @@ import tensorflow_federated as tff
 
 from tff_clip import client
 from tff_clip import optimizers
+from tff_clip import spec
 
 __all__ = ['build_fedavg']
 
@@ -55,18 +65,6 @@ def _check_optimizer(optimizer, label: str) -> None:
         f'`{label}` must be a `tff.learning.optimizers.Optimizer` (e.g. '
         '`tff.learning.optimizers.build_sgdm(0.1)`); got '
         f'{type(optimizer).__name__}: {optimizer!r}.')
-
-
-def _check_local_clip_norm(value) -> None:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(
-      value, (int, float, np.integer, np.floating)):
-    raise TypeError(f'`local_clip_norm` must be a float; got {value!r}.')
-  if math.isinf(value) and value > 0:
-    raise ValueError(
-        '`local_clip_norm` = inf: for no per-step clipping pass None.')
-  if not math.isfinite(value) or value <= 0:
-    raise ValueError(
-        f'`local_clip_norm` must be a positive finite float; got {value!r}.')
 
 
 def _weighted_aggregator(model_aggregator, client_weighting):
@@ -116,34 +114,34 @@ def build_fedavg(
   reports u_i = w_t - w_i (shaped by the client options below); the
   `model_aggregator` bounds, noises and averages the u_i; the server
   optimizer steps w_t with the aggregate as its gradient. With SGD at rates
-  eta_L (client) and eta (server) that is seed 001's generalised FedAvg
+  eta_L (client) and eta (server) that is Yang et al. 2022's generalised FedAvg
   (Algorithm 1): w_{t+1} = w_t - eta * eta_L * mean_i sum_k g_i^k.
 
   Which argument gives which algorithm:
 
-  * FAT-Clipping-PR (Yang, Qiu, Liu, NeurIPS 2022 -- seed 001 -- Algorithm 2,
+  * FAT-Clipping-PR (Yang, Qiu, Liu, NeurIPS 2022, Algorithm 2,
     Eq. (2)): `model_aggregator=tff_clip.aggregators.clip_factory(C)`. The
     client's message, the model delta, is clipped once per round. TFF's delta
     is eta_L times the paper's Delta = sum_k g^k (for SGD), so C = eta_L *
     lambda reproduces Algorithm 2 with the server rate explicit,
     w_{t+1} = w_t - eta * eta_L * mean_i min(1, lambda/||Delta_i||) Delta_i;
     eta = 1 gives the printed form (line 15).
-  * FAT-Clipping-PI (seed 001, Algorithm 3, Eqs. (3)-(4)): `local_clip_norm=
+  * FAT-Clipping-PI (Yang et al. 2022, Algorithm 3, Eqs. (3)-(4)): `local_clip_norm=
     lambda`. Every local gradient is clipped to lambda before its step
     (`tff_clip.optimizers.clipped_optimizer` around `client_optimizer`, so it
     composes with SGDM, Adam, ...), each SGD step moves the model by at most
     eta_L * lambda, and the message is the sum of the K clipped steps, not
-    clipped again unless `model_aggregator` bounds it too (DP). Seed 002's
+    clipped again unless `model_aggregator` bounds it too (DP). Pelikan et al. 2025's
     local clipping C_loc (Pelikan et al., NeurIPS 2025, Algorithm 1 line 11)
     is the same mechanism. With K = 1 and C = eta_L * lambda, PR == PI.
-  * BLUR (Cheng et al., CVPR 2022 -- seed 004 -- Eq. (5)): `blur_strength=
+  * BLUR (Cheng et al., CVPR 2022, Eq. (5)): `blur_strength=
     lambda`, `blur_clip_norm=S` (the bound's clip norm); needs lambda <
     1 / client learning rate (Lemma 2).
-  * LUS (seed 004, Eqs. (11)-(13)): `lus_sparsity=c`, c in [0, 1), one for
+  * LUS (Cheng et al. 2022, Eqs. (11)-(13)): `lus_sparsity=c`, c in [0, 1), one for
     every layer or one per trainable layer; the bound and the noise of
     `model_aggregator` then act on the sparse update (noise on the full
-    vector). BLUR + LUS is seed 004's Algorithm 2.
-  * Model clipping (Zhang et al., ICML 2022 -- seed 000 -- Section 2.1):
+    vector). BLUR + LUS is Cheng et al. 2022's Algorithm 2.
+  * Model clipping (Zhang et al., ICML 2022, Section 2.1):
     `model_clip_norm=c`. BASELINE ONLY, Claim 2.1: it does not converge to
     the optimum. Clients report w_t - clip(w_i, c), so the server averages
     the clipped models when `server_optimizer` is SGD at learning rate 1 (see
@@ -192,8 +190,7 @@ def build_fedavg(
         f'`tff.learning.models.VariableModel`; got {model_fn!r}.')
   _check_optimizer(client_optimizer, 'client_optimizer')
   _check_optimizer(server_optimizer, 'server_optimizer')
-  if local_clip_norm is not None:
-    _check_local_clip_norm(local_clip_norm)
+  spec.check_client_arguments(local_clip_norm=local_clip_norm)
   if client_weighting is not None and not isinstance(client_weighting,
                                                      _ClientWeighting):
     raise TypeError(

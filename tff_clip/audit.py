@@ -174,11 +174,11 @@ def gaussian_pair_epsilon(null_mean: float, null_std: float,
   Wang 2018, Thm. 5 in the equal-variance case). Returns `inf` when even a
   huge eps leaves more than delta.
   """
-  delta = checks.positive_float(delta, 'delta')
+  delta = checks.positive_float(delta, 'delta', np.float64)
   if delta >= 1:
     raise ValueError(f'`delta` must be in (0, 1); got {delta!r}.')
   for value, label in ((null_std, 'null_std'), (observed_std, 'observed_std')):
-    checks.positive_float(value, label)
+    checks.positive_float(value, label, np.float64)
   p = (float(null_mean), float(null_std))
   q = (float(observed_mean), float(observed_std))
 
@@ -383,8 +383,8 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
         num_candidates < 2):
       raise ValueError('`num_candidates` must be an int >= 2; got '
                        f'{num_candidates!r}.')
-    sampling_probability = checks.positive_float(sampling_probability,
-                                                 'sampling_probability')
+    sampling_probability = checks.positive_float(
+        sampling_probability, 'sampling_probability', np.float64)
     if sampling_probability > 1:
       raise ValueError('`sampling_probability` must be in (0, 1]; got '
                        f'{sampling_probability!r}.')
@@ -577,7 +577,8 @@ class CanaryFactory(tff.aggregators.UnweightedAggregationFactory,
         not isinstance(num_canaries, (int, np.integer)) or num_canaries < 1):
       raise ValueError(f'`num_canaries` must be a positive int; got '
                        f'{num_canaries!r}.')
-    checks.positive_float(sampling_probability, 'sampling_probability')
+    checks.positive_float(sampling_probability, 'sampling_probability',
+                          np.float64)
     if sampling_probability > 1:
       raise ValueError('`sampling_probability` must be in (0, 1]; got '
                        f'{sampling_probability!r}.')
@@ -591,15 +592,14 @@ class CanaryFactory(tff.aggregators.UnweightedAggregationFactory,
   def create(self, value_type, weight_type=None):
     value_type = tff.types.to_type(value_type)
     aggregators.check_value_type(value_type)
-    config = self._dp_factory.config
-    inner = self._dp_factory._build_query(value_type)  # pylint: disable=protected-access
+    inner = self._dp_factory.build_query(value_type)
     self.query = CanaryQuery(
         inner, tff.types.type_to_tf_tensor_specs(value_type),
         2 * self._num_canaries, self._q,
-        per_layer=config['bounding'].startswith('per_layer'),
+        per_layer=self._dp_factory.spec.per_layer,
         seed=self._seed, canary_raw_norm=self._raw_norm)
     factory = tff.aggregators.DifferentiallyPrivateFactory(
-        self.query, config['record_aggregation_factory'])
+        self.query, self._dp_factory.record_aggregation_factory)
     if weight_type is None:
       return factory.create(value_type)
     return tff.aggregators.as_weighted_aggregator(factory).create(

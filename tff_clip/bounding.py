@@ -5,7 +5,7 @@ Pure TensorFlow over `tf.nest` structures, usable inside any `tf.function` or
 `tff_clip.aggregators` are thin wrappers around these functions.
 
 One "layer" is one leaf tensor of the structure (the unit the per-layer
-clipping code of Pelikan et al., NeurIPS 2025 -- seed 002 -- uses), in
+clipping code of Pelikan et al., NeurIPS 2025, uses), in
 `tf.nest.flatten` order (mapping keys sorted; for TFF model weights, the
 order of the Keras model's variables). Every [H] vector here uses that order.
 
@@ -26,6 +26,14 @@ one-pass sum of squares; only when that sum overflows or underflows is a
 rescaled (max-abs normalised) two-pass computation used, so huge but finite
 updates are clipped correctly instead of being zeroed, and tiny ones are
 normalised instead of being divided by zero.
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
+* Pelikan et al. 2025: "Enabling Differentially Private Federated
+  Learning for Speech Recognition", NeurIPS 2025.
+* Das et al. 2022: "On the Convergence of DP FL on Non-Lipschitz
+  Objectives, and with Normalized Client Updates".
 """
 
 from __future__ import annotations
@@ -62,33 +70,10 @@ __all__ = [
 ]
 
 from tff_clip.names import BOUNDINGS, SPLITS  # pylint: disable=g-bad-import-order,wrong-import-position
+# The names and rules live in the TensorFlow-free spec; re-exported here.
+from tff_clip.spec import ExplicitBudgets, Split, check_method, check_split, is_per_layer  # pylint: disable=g-bad-import-order,wrong-import-position,unused-import
 
 _FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
-
-
-class ExplicitBudgets:
-  """Per-layer clip norms given explicitly, one per leaf.
-
-  They must satisfy the sum rule `sum(b**2) == clip_norm**2` (seed 002: the
-  total L2 sensitivity of per-layer clipping is the root of the summed squared
-  budgets). Use this wrapper to tell explicit budgets from per-layer weights,
-  which are given as a plain sequence.
-  """
-
-  def __init__(self, budgets: Sequence[float]):
-    values = np.asarray(budgets, dtype=np.float64).reshape(-1)
-    if values.size == 0 or not np.all(np.isfinite(values)) or np.any(
-        np.signbit(values)):
-      raise ValueError(
-          '`split` budgets must be a non-empty sequence of finite, '
-          f'non-negative floats; got {budgets!r}.')
-    self.values = values
-
-  def __repr__(self):
-    return f'ExplicitBudgets({self.values.tolist()})'
-
-
-Split = Union[str, Sequence[float], ExplicitBudgets]
 
 
 class BoundedUpdate(NamedTuple):
@@ -254,40 +239,11 @@ def layer_l2_norms(structure) -> tf.Tensor:
 # Per-layer budgets.
 
 
-def check_split(split: Split, num_layers: int | None = None,
-                label: str = 'split'):
-  """Validates `split` (and, when known, its length against the layer count)."""
-  if isinstance(split, str):
-    if split not in SPLITS:
-      raise ValueError(
-          f'`{label}` must be one of {SPLITS}, a sequence of positive per-layer '
-          f'weights or `ExplicitBudgets`; got {split!r}.')
-    return
-  if isinstance(split, ExplicitBudgets):
-    values = split.values
-  else:
-    try:
-      values = np.asarray(split, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError) as e:
-      raise TypeError(
-          f'`{label}` must be a split name {SPLITS}, a sequence of positive '
-          f'per-layer weights or `ExplicitBudgets`; got {split!r}.') from e
-    if values.size == 0 or not np.all(np.isfinite(values)) or np.any(
-        values <= 0):
-      raise ValueError(
-          f'`{label}` per-layer weights must all be positive and finite; got '
-          f'{split!r}.')
-  if num_layers is not None and values.size != num_layers:
-    raise ValueError(
-        f'`{label}` gives {values.size} per-layer values but the update has '
-        f'{num_layers} layers (leaves); give one per layer.')
-
-
 def layer_budget_fractions(structure_or_type_spec, split: Split,
                            clip_norm: float | None = None) -> np.ndarray:
   """Static per-layer fractions f_h >= 0 with sum(f**2) == 1 (float64 [H]).
 
-  The budgets are `clip_norm * f`. Splits (seed 002, Pelikan et al. 2025):
+  The budgets are `clip_norm * f`. Splits (Pelikan et al. 2025):
     * 'uniform': f_h = 1/sqrt(H)                    (C_h = C/sqrt(H))
     * 'dim':     f_h = sqrt(d_h / sum_k d_k)        (C_h = C sqrt(d_h/sum d))
     * weights alpha_h > 0 (a plain sequence, one per layer):
@@ -425,8 +381,8 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
 
   Args:
     structure: a (nested) structure of float tensors: one client's update.
-    method: 'clip' (u * min(1, C/||u||)), 'normalize' (C u / ||u||, seed 003
-      DP-NormFedAvg), 'per_layer_clip' (u_h * min(1, C_h/||u_h||), seed 002)
+    method: 'clip' (u * min(1, C/||u||)), 'normalize' (C u / ||u||, Das et al. 2022
+      DP-NormFedAvg), 'per_layer_clip' (u_h * min(1, C_h/||u_h||), Pelikan et al. 2025)
       or 'per_layer_normalize' (C_h u_h / ||u_h||).
     clip_norm: C, a float or scalar tensor (global methods).
     budgets: [H] per-layer norms C_h (per-layer methods), e.g. from
@@ -435,9 +391,7 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
   Returns:
     A `BoundedUpdate`.
   """
-  if method not in BOUNDINGS:
-    raise ValueError(f'`method` must be one of {BOUNDINGS}; got {method!r}.')
-  per_layer = method.startswith('per_layer')
+  per_layer = is_per_layer(check_method(method, 'method'))
   if per_layer and budgets is None:
     raise ValueError(f'`budgets` is required for method {method!r}.')
   if not per_layer and clip_norm is None:
@@ -514,17 +468,17 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
 
 
 def clip(structure, clip_norm):
-  """u * min(1, C / ||u||): global L2 clipping (seed 000 difference clipping)."""
+  """u * min(1, C / ||u||): global L2 clipping (Zhang et al. 2022 difference clipping)."""
   return bound(structure, 'clip', clip_norm=clip_norm).value
 
 
 def normalize(structure, clip_norm):
-  """C u / ||u||: normalization (seed 003, DP-NormFedAvg). Zero stays zero."""
+  """C u / ||u||: normalization (Das et al. 2022, DP-NormFedAvg). Zero stays zero."""
   return bound(structure, 'normalize', clip_norm=clip_norm).value
 
 
 def clip_per_layer(structure, budgets):
-  """u_h * min(1, C_h / ||u_h||) for every leaf h (seed 002)."""
+  """u_h * min(1, C_h / ||u_h||) for every leaf h."""
   return bound(structure, 'per_layer_clip', budgets=budgets).value
 
 

@@ -1,16 +1,25 @@
-"""Argument checks shared by the library: errors that name the argument.
+"""Argument checks shared by the library and the flags: errors name the argument.
 
 Raised at construction time, long before any TFF tracing (the habit of TFF's
-own aggregators, `_check_float_positive(value, label)`). No TF import.
+own aggregators, `_check_float_positive(value, label)`). One rule per kind of
+error: a value of the wrong type is a `TypeError`, a value of the right type
+outside its range a `ValueError`. A number is checked in the dtype it will be
+used in (float32 by default: norms, noise multipliers, learning rates and
+counts enter TensorFlow as float32), so 1e39 (inf in float32) and 1e-50 (0 in
+float32) are refused rather than silently becoming inf or 0. No TF import.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
-__all__ = ['is_real', 'nonnegative_float', 'positive_float']
+__all__ = ['INT64_MAX', 'boolean', 'integer', 'is_real', 'nonnegative_float',
+           'positive_float', 'probability']
+
+INT64_MAX = 2**63 - 1
 
 
 def is_real(value) -> bool:
@@ -19,21 +28,80 @@ def is_real(value) -> bool:
       value, (int, float, np.integer, np.floating))
 
 
-def positive_float(value, label: str) -> float:
-  """`value` as a float; TypeError if not a number, ValueError unless > 0 and finite."""
+def _as_number(value, label: str):
   if not is_real(value):
     raise TypeError(f'`{label}` must be a float; got {value!r}.')
-  if not math.isfinite(value) or value <= 0:
+  try:
+    return float(value)
+  except OverflowError:  # An int beyond any float.
+    raise ValueError(f'`{label}` must be a finite float; got {value!r}.'
+                     ) from None
+
+
+def _cast(value: float, label: str, dtype) -> float:
+  with np.errstate(over='ignore', under='ignore'):
+    cast = float(np.asarray(value, dtype))
+  if not math.isfinite(cast):
+    raise ValueError(f'`{label}` = {value!r} overflows {np.dtype(dtype).name}'
+                     ', the dtype it is used in.')
+  if value != 0 and cast == 0:
+    raise ValueError(f'`{label}` = {value!r} underflows to 0 in '
+                     f'{np.dtype(dtype).name}, the dtype it is used in.')
+  return cast
+
+
+def positive_float(value, label: str, dtype=np.float32) -> float:
+  """`value` as a float: TypeError if not a number, ValueError unless > 0,
+  finite, and still > 0 and finite in `dtype`."""
+  number = _as_number(value, label)
+  if not math.isfinite(number) or number <= 0:
     raise ValueError(
         f'`{label}` must be a positive finite float; got {value!r}.')
-  return float(value)
+  _cast(number, label, dtype)
+  return number
 
 
-def nonnegative_float(value, label: str) -> float:
-  """`value` as a float; TypeError if not a number, ValueError unless >= 0 and finite."""
-  if not is_real(value):
-    raise TypeError(f'`{label}` must be a float; got {value!r}.')
+def nonnegative_float(value, label: str, dtype=np.float32) -> float:
+  """`value` as a float: TypeError if not a number, ValueError unless >= 0,
+  finite, and finite in `dtype` (a positive value must stay positive)."""
+  number = _as_number(value, label)
   # -0.0 is refused too: a sign bit in a norm or a std is a bug upstream.
-  if not math.isfinite(value) or value < 0 or math.copysign(1.0, value) < 0:
+  if not math.isfinite(number) or number < 0 or math.copysign(1.0,
+                                                               number) < 0:
     raise ValueError(f'`{label}` must be a finite float >= 0; got {value!r}.')
-  return float(value)
+  _cast(number, label, dtype)
+  return number
+
+
+def probability(value, label: str, low_open: bool = True,
+                high_open: bool = True, dtype=np.float64) -> float:
+  """`value` as a float in (0, 1) (a closed end where `*_open` is False):
+  TypeError if not a number, ValueError outside the interval."""
+  number = _as_number(value, label)
+  low_ok = number > 0 if low_open else number >= 0
+  high_ok = number < 1 if high_open else number <= 1
+  if not (low_ok and high_ok):  # False for NaN too.
+    interval = f'{"(" if low_open else "["}0, 1{")" if high_open else "]"}'
+    raise ValueError(f'`{label}` must be in {interval}; got {value!r}.')
+  if number > 0:
+    _cast(number, label, dtype)
+  return number
+
+
+def integer(value, label: str, minimum: int = 0,
+            maximum: int = INT64_MAX) -> int:
+  """`value` as an int in [minimum, maximum] (int64 by default)."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(
+      value, numbers.Integral):
+    raise TypeError(f'`{label}` must be an integer; got {value!r}.')
+  if not minimum <= value <= maximum:
+    raise ValueError(f'`{label}` must be an integer in [{minimum}, {maximum}]'
+                     f'; got {value!r}.')
+  return int(value)
+
+
+def boolean(value, label: str) -> bool:
+  """`value` if it is a bool (True/False, not 'no' or 0)."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f'`{label}` must be True or False; got {value!r}.')
+  return bool(value)

@@ -11,23 +11,23 @@ The math is pure TensorFlow over `tf.nest` structures, testable without TFF:
   * `blur_penalty(weights, reference, clip_norm, strength)`: BLUR, Bounded
     Local Update Regularization (Cheng et al., "Differentially Private
     Federated Learning with Local Regularization and Sparsification", CVPR
-    2022 -- seed 004 -- Eq. (5)): the client minimises
+    2022, Eq. (5)): the client minimises
       h_i(w) = f_i(w) + (lambda/2) max(0, ||w - w_t||^2 - S^2),
     w_t the model received this round, S the DP clip norm.
   * `lus_scores`, `lus_keep_counts`, `lus_mask`, `lus_sparsify`: LUS, Local
-    Update Sparsification (seed 004, Eqs. (11)-(13), Algorithm 2):
+    Update Sparsification (Cheng et al. 2022, Eqs. (11)-(13), Algorithm 2):
     each entry of the update is scored T = |grad f_i(w_local) * delta_w| and
     only the s_h highest-scoring entries of every layer are kept.
   * `clipped_model_update(initial_weights, local_weights, clip_norm)`: model
     clipping (Zhang et al., "Understanding Clipping for Federated Learning",
-    ICML 2022 -- seed 000 -- Section 2.1 and Claim 2.1). A BASELINE ONLY, the
+    ICML 2022, Section 2.1 and Claim 2.1). A BASELINE ONLY, the
     paper's negative example: it does not converge to the optimum.
 
 `build_client_work` wraps them in a `tff.learning.templates.ClientWorkProcess`
 that drops into `tff.learning.templates.compose_learning_process` (see
 `tff_clip.algorithms.build_fedavg`). Without any of them it is TFF's own
 `build_model_delta_client_work`, i.e. exactly FedAvg's client work; per-step
-clipping (FAT-Clipping-PI, seed 001; C_loc of seed 002) is not here but in
+clipping (FAT-Clipping-PI, Yang et al. 2022; C_loc of Pelikan et al. 2025) is not here but in
 the client optimizer (`tff_clip.optimizers.clipped_optimizer`), so it
 composes with every client work, these included.
 
@@ -35,6 +35,16 @@ As in TFF, one "layer" is one leaf of the trainable weights (one Keras
 variable), in `tf.nest.flatten` order, and the update a client reports is the
 model delta `initial_weights - local_weights` (the sign TFF's server
 optimizers expect: the server *subtracts* it).
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
+* Yang, Qiu, Liu 2022: "Taming Fat-Tailed Noise in Federated Learning",
+  NeurIPS 2022.
+* Pelikan et al. 2025: "Enabling Differentially Private Federated
+  Learning for Speech Recognition", NeurIPS 2025.
+* Cheng et al. 2022: "Differentially Private Federated Learning with
+  Local Regularization and Sparsification", CVPR 2022.
 """
 
 from __future__ import annotations
@@ -49,7 +59,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_clip import bounding
-from tff_clip import checks
+from tff_clip import spec
 
 __all__ = [
     'blur_penalty',
@@ -62,7 +72,7 @@ __all__ = [
     'lus_sparsify',
 ]
 
-Sparsity = Union[float, Sequence[float]]
+Sparsity = spec.Sparsity
 
 _ClientWeighting = tff.learning.ClientWeighting
 _LEARNING_RATE_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
@@ -72,32 +82,7 @@ _LEARNING_RATE_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
 # Argument checks, at build time: long before any tracing.
 
 
-def _check_sparsity_value(value, label: str) -> float:
-  if not checks.is_real(value):
-    raise TypeError(
-        f'`{label}` must be a float in [0, 1) or one such float per layer; '
-        f'got {value!r}.')
-  if not 0 <= value < 1:  # Also rejects NaN.
-    raise ValueError(
-        f'`{label}` must be in [0, 1) (the fraction c = 1 - s/d of update '
-        f'entries zeroed; c = 1 would send nothing); got {value!r}.')
-  return float(value)
-
-
-def _check_sparsity(sparsity: Sparsity, label: str = 'lus_sparsity'):
-  """Returns a float, or a tuple of floats (one per layer)."""
-  if isinstance(sparsity, (str, bytes)):
-    raise TypeError(
-        f'`{label}` must be a float in [0, 1) or one such float per layer; '
-        f'got {sparsity!r}.')
-  if isinstance(sparsity, (Sequence, np.ndarray)):
-    values = tuple(
-        _check_sparsity_value(v, label) for v in np.asarray(
-            sparsity, dtype=object).reshape(-1))
-    if not values:
-      raise ValueError(f'`{label}` is an empty sequence; give one per layer.')
-    return values
-  return _check_sparsity_value(sparsity, label)
+_check_sparsity = spec.check_sparsity
 
 
 def _learning_rate(optimizer: tff.learning.optimizers.Optimizer,
@@ -132,48 +117,23 @@ def check_client_work_args(client_optimizer=None,
         '`client_optimizer` must be a `tff.learning.optimizers.Optimizer` '
         '(e.g. `tff.learning.optimizers.build_sgdm(0.1)`); got '
         f'{type(client_optimizer).__name__}: {client_optimizer!r}.')
-  if blur_strength is None:
-    if blur_clip_norm is not None:
-      raise ValueError(
-          '`blur_clip_norm` is given but `blur_strength` is None; BLUR needs '
-          'both (or neither).')
-  else:
-    strength = checks.positive_float(blur_strength, 'blur_strength')
-    if blur_clip_norm is None:
-      raise ValueError(
-          '`blur_clip_norm` is required with `blur_strength`: it is S in the '
-          'BLUR penalty max(0, ||w - w_t||^2 - S^2), the clip norm of the DP '
-          'bound the update will go through.')
-    checks.positive_float(blur_clip_norm, 'blur_clip_norm')
-    if client_optimizer is not None:
-      learning_rate = _learning_rate(client_optimizer, 'client_optimizer')
-      # Seed 004, Lemma 2: a step outside the ball scales w - w_t by
-      # (1 - lambda eta); with lambda >= 1/eta it stops shrinking (=) or
-      # flips sign (>) instead of pulling w back towards w_t.
-      if strength * learning_rate >= 1:
-        raise ValueError(
-            f'`blur_strength` = {blur_strength!r} must be < 1 / '
-            f'client_learning_rate = 1 / {learning_rate!r} (seed 004, Lemma '
-            '2: lambda < 1/eta_l, else the penalty step overshoots w_t).')
-  if lus_sparsity is not None:
-    _check_sparsity(lus_sparsity)
-  if model_clip_norm is not None:
-    checks.positive_float(model_clip_norm, 'model_clip_norm')
-    if blur_strength is not None or lus_sparsity is not None:
-      raise ValueError(
-          '`model_clip_norm` (model clipping, a baseline that sends clipped '
-          'models, not updates) cannot be combined with `blur_strength` or '
-          '`lus_sparsity`, which shape the update.')
+  learning_rate = None
+  if client_optimizer is not None and blur_strength is not None:
+    learning_rate = _learning_rate(client_optimizer, 'client_optimizer')
+  spec.check_client_arguments(
+      blur_strength=blur_strength, blur_clip_norm=blur_clip_norm,
+      lus_sparsity=lus_sparsity, model_clip_norm=model_clip_norm,
+      client_learning_rate=learning_rate)
 
 
 # ----------------------------------------------------------------------------
-# BLUR (seed 004, Section 4.1).
+# BLUR (Cheng et al. 2022, Section 4.1).
 
 
 def blur_penalty(weights, reference, clip_norm, strength) -> tf.Tensor:
   """The BLUR regulariser (strength/2) * max(0, ||w - w_t||^2 - S^2).
 
-  Cheng et al., CVPR 2022 (seed 004), Eq. (5): the client minimises
+  Cheng et al., CVPR 2022, Eq. (5): the client minimises
   h_i(w) = f_i(w) + (lambda/2) R_t(w), R_t(w) = max(0, ||w - w_t||^2 - S^2),
   with w_t the model received this round and S the clip norm of the DP bound.
   Inside the ball ||w - w_t|| <= S the penalty and its gradient are zero (the
@@ -215,13 +175,13 @@ def blur_penalty(weights, reference, clip_norm, strength) -> tf.Tensor:
 
 
 # ----------------------------------------------------------------------------
-# LUS (seed 004, Section 4.2).
+# LUS (Cheng et al. 2022, Section 4.2).
 
 
 def lus_scores(gradient, delta):
   """Utility cost T = |grad f_i(w) * delta_w| of zeroing each update entry.
 
-  Seed 004, Eq. (11): zeroing the update entry of a weight w changes the loss
+  Cheng et al. 2022, Eq. (11): zeroing the update entry of a weight w changes the loss
   by about |df_i/dw (w_0 - w)| (first-order Taylor, Eq. (10)), with the
   gradient at the locally trained weights w. `None` gradient leaves (weights
   the loss does not depend on) score 0.
@@ -252,7 +212,7 @@ def lus_scores(gradient, delta):
 def lus_keep_counts(structure_or_type_spec, sparsity: Sparsity) -> list[int]:
   """s_h, the number of entries LUS keeps in each layer (static Python ints).
 
-  Seed 004 sets the sparsity c = 1 - s/d (Section 6, experiment settings).
+  Cheng et al. 2022 sets the sparsity c = 1 - s/d (Section 6, experiment settings).
   For d_h entries and sparsity c_h the layer keeps s_h = d_h - floor(c_h d_h)
   = ceil((1 - c_h) d_h) entries, and at least one: LUS is never sparser than
   asked, and never silences a layer. (c_h d_h is rounded to 6 decimals
@@ -293,7 +253,7 @@ def lus_keep_counts(structure_or_type_spec, sparsity: Sparsity) -> list[int]:
 def lus_mask(scores, sparsity: Sparsity):
   """0/1 masks keeping the s_h highest-scoring entries of every layer.
 
-  Seed 004, Eq. (12): M_j = 1 where T >= the s_j-th largest score of layer j.
+  Cheng et al. 2022, Eq. (12): M_j = 1 where T >= the s_j-th largest score of layer j.
   Here exactly s_h entries are kept (`lus_keep_counts`) even when scores tie
   (`tf.math.top_k` breaks ties towards the lower index), so the sparsity is
   exact; a NaN score counts as 0.
@@ -326,7 +286,7 @@ def lus_mask(scores, sparsity: Sparsity):
 def lus_sparsify(delta, gradient, sparsity: Sparsity):
   """M(delta, s) o delta: LUS, keeping the top s_h entries of every layer.
 
-  Seed 004, Eq. (13) with the mask of Eq. (12) on the scores of Eq. (11)
+  Cheng et al. 2022, Eq. (13) with the mask of Eq. (12) on the scores of Eq. (11)
   (Algorithm 2: mask, then clip, then noise). The result goes on to be
   bounded and noised as configured by the aggregator; the noise covers the
   full vector, the zeroed entries included.
@@ -344,13 +304,13 @@ def lus_sparsify(delta, gradient, sparsity: Sparsity):
 
 
 # ----------------------------------------------------------------------------
-# Model clipping (seed 000, Section 2.1): a baseline, not a recommendation.
+# Model clipping (Zhang et al. 2022, Section 2.1): a baseline, not a recommendation.
 
 
 def clipped_model_update(initial_weights, local_weights, clip_norm):
   """w_t - clip(w_local, c): the update that makes the server average models.
 
-  BASELINE ONLY: the "model clipping" of Zhang et al., ICML 2022 (seed 000,
+  BASELINE ONLY: the "model clipping" of Zhang et al., ICML 2022 (Zhang et al. 2022,
   Section 2.1; Wei et al. 2020a), where clients clip the local model itself,
   not its difference from w_t, and the server averages the clipped models.
   Claim 2.1 (Appendix A.3.1, Eqs. (19)-(20)) shows it does not converge to the
@@ -408,7 +368,7 @@ def _build_client_update(model_fn, optimizer, *, weighting, blur_strength,
   model = model_fn()
 
   def mean_gradient(trainable, data):
-    """grad f_i(w_local), averaged over the client's examples (seed 004)."""
+    """grad f_i(w_local), averaged over the client's examples."""
     # training=False: the gradient of the trained model as it is (no dropout,
     # no batch-norm statistics updated by this extra pass).
     def accumulate(state, batch):
@@ -442,7 +402,7 @@ def _build_client_update(model_fn, optimizer, *, weighting, blur_strength,
         output = model.forward_pass(batch, training=True)
         loss = output.loss
         if blur_strength is not None:
-          # h_i(w) = f_i(w) + (lambda/2) R_t(w): seed 004, Eq. (5) / (7).
+          # h_i(w) = f_i(w) + (lambda/2) R_t(w): Cheng et al. 2022, Eq. (5) / (7).
           loss += tf.cast(
               blur_penalty(trainable, reference, blur_clip_norm,
                            blur_strength), loss.dtype)
@@ -510,18 +470,18 @@ def build_client_work(
 
     * plain (none of the options): TFF's
       `tff.learning.templates.build_model_delta_client_work`, unchanged, i.e.
-      FedAvg's client work (seed 001 Algorithm 1 with the server rate explicit;
+      FedAvg's client work (Yang et al. 2022 Algorithm 1 with the server rate explicit;
       per-step clipping comes from the optimizer,
       `tff_clip.optimizers.clipped_optimizer`).
     * `blur_strength` (lambda) and `blur_clip_norm` (S): each step minimises
-      f_i(w) + (lambda/2) max(0, ||w - w_t||^2 - S^2) (seed 004, Eq. (5));
+      f_i(w) + (lambda/2) max(0, ||w - w_t||^2 - S^2) (Cheng et al. 2022, Eq. (5));
       lambda * client_learning_rate < 1 is required (Lemma 2).
     * `lus_sparsity` (c): after training, only the s_h entries of u with the
-      largest |grad f_i(w_local) * u| are kept in every layer (seed 004, Eqs.
+      largest |grad f_i(w_local) * u| are kept in every layer (Cheng et al. 2022, Eqs.
       (11)-(13)); the gradient is the mean over the client's examples of the
       model loss f_i (the BLUR penalty excluded, as in Eq. (11)), one extra
-      pass over the data. BLUR and LUS combine (seed 004, Algorithm 2).
-    * `model_clip_norm` (c): BASELINE ONLY (seed 000, Claim 2.1): reports
+      pass over the data. BLUR and LUS combine (Cheng et al. 2022, Algorithm 2).
+    * `model_clip_norm` (c): BASELINE ONLY (Zhang et al. 2022, Claim 2.1): reports
       u = w_t - clip(w_local, c), so that the server (SGD at rate 1) averages
       the clipped local models; see `clipped_model_update`.
 

@@ -12,10 +12,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import typing
 from typing import Any, Optional, Union
 
+import numpy as np
+
+from tff_clip import checks
 from tff_clip import names
+from tff_clip import spec
 
 __all__ = [
     'BOUNDINGS', 'CLIENT_OPTIMIZERS', 'EXECUTION_KEYS', 'EXECUTORS',
@@ -39,6 +44,10 @@ DATA_SOURCES = ('offline', 'online', 'synthetic')
 EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'workers',
                   'worker_timeout_s', 'progress', 'root_output_dir',
                   'checkpoint_interval_s')
+
+# Earlier names of fields, read from a recorded config.json on resume (one
+# name per knob: the library's `tff_clip.algorithms` argument names).
+RENAMED_KEYS = {'local_clip': 'local_clip_norm', 'blur_lambda': 'blur_strength'}
 
 
 class ConfigError(ValueError):
@@ -184,9 +193,9 @@ class TrainConfig:
   local_steps: Optional[int] = _field(
       None, 'If set, exactly this many local steps (batches).')
   batch_size: int = _field(16, 'Client batch size.')
-  local_clip: Optional[float] = _field(
+  local_clip_norm: Optional[float] = _field(
       None, 'Per-step gradient clip (FAT-Clipping PI / local clipping).')
-  blur_lambda: Optional[float] = _field(None, 'BLUR regularisation strength.')
+  blur_strength: Optional[float] = _field(None, 'BLUR regularisation strength.')
   blur_clip_norm: Optional[float] = _field(
       None, 'BLUR radius S (default: --clip_norm when numeric).')
   lus_sparsity: Union[float, tuple, None] = _field(
@@ -222,7 +231,7 @@ class TrainConfig:
   # Empirical privacy audit (`tff_clip.audit`, docs/audit.md).
   audit_canaries: int = _field(
       0, 'Empirical privacy audit: about this many canary clients (0: none, '
-      "nothing changes). See docs/audit.md. Runs on TFF's C++ executor.")
+      'nothing changes). See docs/audit.md.')
   audit_confidence: float = _field(
       0.95, "Confidence of the audit's epsilon lower bound.")
 
@@ -276,7 +285,8 @@ def fields() -> list[tuple[dataclasses.Field, Any]]:
 # Validation.
 
 
-def _positive(value, name, kind=float, allow_none=False):
+def _positive(value, name, kind=float, allow_none=False, dtype=np.float32):
+  """A positive number (float: finite and positive in `dtype` too)."""
   if value is None and allow_none:
     return
   ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and
@@ -286,9 +296,16 @@ def _positive(value, name, kind=float, allow_none=False):
     raise ConfigError(f'--{name} must be a positive '
                       f'{"integer" if kind is int else "number"}; got '
                       f'{value!r}.')
+  try:
+    if kind is float:
+      checks.positive_float(value, name, dtype)
+    else:
+      checks.integer(int(value), name, minimum=1, maximum=2**31 - 1)
+  except ValueError as e:
+    raise _flag_message(e) from None
 
 
-def _one_of(value, name, choices):
+def one_of(value, name, choices):
   if value not in choices:
     raise ConfigError(f'--{name} must be one of {", ".join(choices)}; got '
                       f'{value!r}.')
@@ -298,37 +315,43 @@ def _check_choices(config):
   for field, _ in fields():
     choices = field.metadata.get('choices')
     if choices:
-      _one_of(getattr(config, field.name), field.name, choices)
+      one_of(getattr(config, field.name), field.name, choices)
 
 
-def _check_adaptive(config):
-  if isinstance(config.clip_norm, str):
-    if config.clip_norm != 'adaptive':
-      raise ConfigError("--clip_norm must be a positive number or 'adaptive'; "
-                        f'got {config.clip_norm!r}.')
-  else:
-    _positive(config.clip_norm, 'clip_norm')
-  _positive(config.initial_clip_norm, 'initial_clip_norm')
-  if not (isinstance(config.target_quantile, (int, float)) and
-          0.0 <= config.target_quantile <= 1.0):
-    raise ConfigError('--target_quantile must be in [0, 1]; got '
-                      f'{config.target_quantile!r}.')
-  _positive(config.clip_learning_rate, 'clip_learning_rate')
-  _positive(config.clipped_count_stddev, 'clipped_count_stddev',
-            allow_none=True)
+def _flag_message(error: Exception) -> ConfigError:
+  """The library's error, with `name` (an argument) written as --name."""
+  return ConfigError(re.sub(r'`(\w+)`', r'--\1', str(error)))
 
 
-def _check_privacy(config):
+def _check_mechanism(config):
+  """The bounding and DP knobs: the library's own spec checks them."""
   if config.noise_multiplier is not None and config.target_epsilon is not None:
     raise ConfigError('Give --noise_multiplier or --target_epsilon, not both '
                       "(--noise_multiplier=none with --target_epsilon).")
-  if config.noise_multiplier is not None and not (
-      isinstance(config.noise_multiplier, (int, float)) and
-      math.isfinite(config.noise_multiplier) and
-      config.noise_multiplier >= 0):
-    raise ConfigError('--noise_multiplier must be a number >= 0 or none; got '
-                      f'{config.noise_multiplier!r}.')
-  _positive(config.target_epsilon, 'target_epsilon', allow_none=True)
+  method = config.bounding if config.bounding in names.BOUNDINGS else 'clip'
+  try:
+    spec.DPSpec(
+        bounding_method=method,
+        # Calibrated later from --target_epsilon; 0 stands in until then.
+        noise_multiplier=(0.0 if config.noise_multiplier is None else
+                          config.noise_multiplier),
+        clients_per_round=config.clients_per_round,
+        clip_norm=config.clip_norm, split=config.split,
+        denominator=config.denominator,
+        initial_clip_norm=config.initial_clip_norm,
+        target_quantile=config.target_quantile,
+        clip_learning_rate=config.clip_learning_rate,
+        clipped_count_stddev=config.clipped_count_stddev,
+        per_layer_quantiles=config.per_layer_quantiles,
+        noise_placement=config.noise_placement, noise_seed=config.noise_seed,
+        noise_mechanism=config.noise_mechanism, bands=config.bands)
+  except (TypeError, ValueError) as e:
+    raise _flag_message(e) from None
+
+
+def _check_privacy(config):
+  _positive(config.target_epsilon, 'target_epsilon', allow_none=True,
+            dtype=np.float64)
   if config.bounding == TFF_GAUSSIAN and (
       not config.private or config.noise_placement != 'central' or
       config.noise_seed is not None):
@@ -345,12 +368,10 @@ def _check_privacy(config):
     raise ConfigError('--denominator=actual releases the cohort size: it is '
                       'private under --sampling=poisson; use '
                       '--sampling=fixed_size or --denominator=expected.')
-  if not 0.0 < config.delta < 1.0:
-    raise ConfigError(f'--delta must be in (0, 1); got {config.delta!r}.')
-  if config.noise_seed is not None and not (
-      isinstance(config.noise_seed, int) and config.noise_seed >= 0):
-    raise ConfigError('--noise_seed must be an integer >= 0; got '
-                      f'{config.noise_seed!r}.')
+  try:
+    checks.probability(config.delta, 'delta')
+  except (TypeError, ValueError) as e:
+    raise _flag_message(e) from None
 
 
 def _check_training(config):
@@ -366,25 +387,18 @@ def _check_training(config):
   _positive(config.batch_size, 'batch_size', int)
   _positive(config.num_clients, 'num_clients', int, allow_none=True)
   _positive(config.partition_alpha, 'partition_alpha', allow_none=True)
-  _positive(config.local_clip, 'local_clip', allow_none=True)
-  _positive(config.blur_lambda, 'blur_lambda', allow_none=True)
-  _positive(config.blur_clip_norm, 'blur_clip_norm', allow_none=True)
-  if config.blur_lambda is not None:
-    if config.blur_clip_norm is None and isinstance(config.clip_norm, str):
-      raise ConfigError('--blur_lambda needs S: give --blur_clip_norm, or a '
-                        'fixed numeric --clip_norm.')
-    if config.blur_lambda * config.client_learning_rate >= 1.0:
-      raise ConfigError(
-          f'--blur_lambda ({config.blur_lambda}) must be below 1 / '
-          f'client_learning_rate ({1 / config.client_learning_rate:g}).')
-  if config.lus_sparsity is not None:
-    values = (config.lus_sparsity if isinstance(config.lus_sparsity, tuple)
-              else (config.lus_sparsity,))
-    if not values or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and
-        0.0 <= v < 1.0 for v in values):
-      raise ConfigError('--lus_sparsity must be in [0, 1) (one value, or one '
-                        f'per trainable layer); got {config.lus_sparsity!r}.')
+  blur_clip_norm = config.blur_clip_norm
+  if (blur_clip_norm is None and config.blur_strength is not None and
+      not isinstance(config.clip_norm, str)):
+    blur_clip_norm = config.clip_norm  # S defaults to a fixed --clip_norm.
+  try:
+    spec.check_client_arguments(
+        blur_strength=config.blur_strength, blur_clip_norm=blur_clip_norm,
+        lus_sparsity=config.lus_sparsity,
+        local_clip_norm=config.local_clip_norm,
+        client_learning_rate=config.client_learning_rate)
+  except (TypeError, ValueError) as e:
+    raise _flag_message(e) from None
   _positive(config.eval_every, 'eval_every', int)
   _positive(config.checkpoint_every, 'checkpoint_every', int)
   if not (isinstance(config.checkpoint_interval_s, (int, float)) and
@@ -404,42 +418,6 @@ def _check_training(config):
     raise ConfigError('--checkpoint_interval_s must be 0 for a DP run (each '
                       'round is checkpointed before it is released); got '
                       f'{config.checkpoint_interval_s!r}.')
-
-
-def _check_task(config):
-  # The task registry's names, read without importing TensorFlow.
-  from tasks import names as task_names  # pylint: disable=g-import-not-at-top
-  _one_of(config.task, 'task', task_names.TASK_NAMES)
-  if config.partition is not None:
-    if config.task not in task_names.PARTITIONABLE:
-      raise ConfigError(f'--partition applies to image tasks '
-                        f'({", ".join(task_names.PARTITIONABLE)}); '
-                        f'{config.task!r} has its own clients.')
-    _one_of(config.partition, 'partition', task_names.PARTITION_NAMES)
-  _check_task_options(config)
-  sources = task_names.DATA_SOURCES[config.task]
-  if config.data_source not in sources:
-    raise ConfigError(f'--data_source for {config.task!r} must be one of '
-                      f'{", ".join(sources)}; got {config.data_source!r}.')
-
-
-def _check_task_options(config):
-  if not config.task_options:
-    return  # `tasks.registry` imports TFF: only when options are given.
-  keys = [pair[0] if isinstance(pair, tuple) and len(pair) == 2 else None
-          for pair in config.task_options]
-  if None in keys:
-    raise ConfigError('--task_option must be key=value pairs; got '
-                      f'{config.task_options!r}.')
-  import tasks  # pylint: disable=g-import-not-at-top
-  accepted = tasks.task_options(config.task)
-  for key in keys:
-    if keys.count(key) > 1:
-      raise ConfigError(f'--task_option {key!r} is given twice.')
-    if key not in accepted:
-      raise ConfigError(
-          f'--task_option {key!r} is not an option of task {config.task!r}; '
-          f'its options are: {", ".join(accepted) or "none"}.')
 
 
 def _check_execution(config):
@@ -468,13 +446,13 @@ def _check_audit(config):
     raise ConfigError('--audit_canaries audits a tff_clip DP run: set '
                       '--noise_multiplier or --target_epsilon and a tff_clip '
                       '--bounding.')
-  if not 0.0 < config.audit_confidence < 1.0:
-    raise ConfigError('--audit_confidence must be in (0, 1); got '
-                      f'{config.audit_confidence!r}.')
+  try:
+    checks.probability(config.audit_confidence, 'audit_confidence')
+  except (TypeError, ValueError) as e:
+    raise _flag_message(e) from None
 
 
 def _check_correlated(config):
-  _positive(config.bands, 'bands', kind=int)
   _positive(config.min_separation, 'min_separation', kind=int,
             allow_none=True)
   if config.bounding == TFF_TREE and (
@@ -506,8 +484,7 @@ def validate(config: TrainConfig) -> None:
   """Raises `ConfigError` naming the flag for a configuration that cannot run."""
   _check_choices(config)
   _check_audit(config)
-  _check_task(config)
-  _check_adaptive(config)
+  _check_mechanism(config)
   _check_privacy(config)
   _check_correlated(config)
   _check_training(config)

@@ -50,7 +50,8 @@ from typing import Optional
 import dp_accounting
 import numpy as np
 
-from tff_clip.names import BANDED, INDEPENDENT, NOISE_MECHANISMS, TREE
+from tff_clip import spec
+from tff_clip.names import BANDED, INDEPENDENT, NOISE_MECHANISMS, TREE  # pylint: disable=g-bad-import-order
 
 __all__ = ['BANDED', 'INDEPENDENT', 'NOISE_MECHANISMS', 'TREE',
            'banded_coefficients', 'banded_matrix', 'max_column_norm',
@@ -58,15 +59,7 @@ __all__ = ['BANDED', 'INDEPENDENT', 'NOISE_MECHANISMS', 'TREE',
            'check_mechanism', 'initial_history', 'correlated_noise']
 
 
-def check_mechanism(noise_mechanism: str, bands) -> int:
-  """The checked `bands` (an int >= 1) for `noise_mechanism`."""
-  if noise_mechanism not in NOISE_MECHANISMS:
-    raise ValueError(f'`noise_mechanism` must be one of {NOISE_MECHANISMS}; '
-                     f'got {noise_mechanism!r}.')
-  if (isinstance(bands, bool) or not isinstance(bands, (int, np.integer))
-      or bands < 1):
-    raise ValueError(f'`bands` must be a positive int; got {bands!r}.')
-  return int(bands)
+check_mechanism = spec.check_mechanism
 
 
 def banded_coefficients(bands: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Privacy model: user-level (client-level) DP under add/remove-one-client
 adjacency (McMahan et al. 2018, "Learning Differentially Private Recurrent
-Language Models"; seed 000's DP-FedAvg and seed 002). Each round:
+Language Models"; Zhang et al. 2022's DP-FedAvg and Pelikan et al. 2025). Each round:
 
   1. every client update u_i is bounded by `tff_clip.bounding` (clip,
      normalize, per-layer clip, per-layer normalize); non-finite updates become
@@ -14,7 +14,7 @@ Language Models"; seed 000's DP-FedAvg and seed 002). Each round:
      query per layer would give layer h std z C_h, weakening the guarantee by
      sqrt(H) -- the trap this module avoids.);
   3. the noisy sum is divided by the expected clients per round (the unbiased
-     estimator of McMahan et al. 2018, used by seed 002), or optionally by the
+     estimator of McMahan et al. 2018, used by Pelikan et al. 2025), or optionally by the
      actual count (released in the clear: see `dp_factory`).
 
 Every round records the `dp_accounting.DpEvent` it actually ran in the
@@ -32,11 +32,17 @@ private as one Gaussian mechanism with the requested z:
 with k = 1 for one global norm, and k = H for per-layer adaptive clipping,
 whose H-dimensional count vector (entries +-1/2) has L2 sensitivity
 sqrt(H)/2. The z = 0 case uses the noise-free estimator (CE-FedAvg with a
-moving threshold, seed 000).
+moving threshold, Zhang et al. 2022).
 
 Built on tensorflow-privacy's `DPQuery` interface and wrapped by
 `tff.aggregators.DifferentiallyPrivateFactory`, so the factories stay
 secure-sum compatible and expose their `DpEvent` like TFF's.
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
+* Pelikan et al. 2025: "Enabling Differentially Private Federated
+  Learning for Speech Recognition", NeurIPS 2025.
 """
 
 from __future__ import annotations
@@ -53,8 +59,8 @@ import tensorflow_privacy as tfp
 
 from tff_clip import aggregators
 from tff_clip import bounding
-from tff_clip import checks
 from tff_clip import correlated_noise
+from tff_clip import spec as spec_lib
 
 __all__ = [
     'ActualCountNormalizedQuery',
@@ -68,7 +74,7 @@ __all__ = [
     'extract_dp_event',
 ]
 
-from tff_clip.names import DENOMINATORS, NOISE_PLACEMENTS  # pylint: disable=g-bad-import-order,wrong-import-position
+from tff_clip.names import NOISE_PLACEMENTS  # pylint: disable=g-bad-import-order,wrong-import-position
 
 
 # ----------------------------------------------------------------------------
@@ -181,11 +187,8 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
                bands: int = 1):
     self._mechanism = noise_mechanism
     self._bands = correlated_noise.check_mechanism(noise_mechanism, bands)
-    if bounding_method not in bounding.BOUNDINGS:
-      raise ValueError(f'`bounding` must be one of {bounding.BOUNDINGS}; got '
-                       f'{bounding_method!r}.')
-    self._method = bounding_method
-    self._per_layer = bounding_method.startswith('per_layer')
+    self._method = bounding.check_method(bounding_method, 'bounding')
+    self._per_layer = bounding.is_per_layer(bounding_method)
     self._clip_norm = np.asarray(clip_norm, np.float32)
     self._vector = self._clip_norm.ndim == 1
     if self._per_layer and not self._vector and layer_fractions is None:
@@ -258,7 +261,7 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
       result = bounding.bound(record, self._method, clip_norm=clip_norm)
     value = _widen(result.value)
     if self._placement == 'client':
-      # Seed 000 / seed 002 client-level form: each of the n expected clients
+      # Zhang et al. 2022 / Pelikan et al. 2025 client-level form: each of the n expected clients
       # adds N(0, (z S)^2 / n); their sum carries N(0, (z S)^2). Fresh OS
       # entropy on each client, or (seeded runs only) a key from the seed,
       # the round and the record itself, so clients draw different noise.
@@ -488,58 +491,10 @@ class ActualCountNormalizedQuery(tfp.SumAggregationDPQuery):
 # Noise calibration for adaptive clipping.
 
 
-def adaptive_noise_multipliers(noise_multiplier: float,
-                               clipped_count_stddev: float,
-                               num_counts: int = 1) -> float:
-  """Value noise multiplier z_v so that value + counts are as private as z.
-
-  The value (z_v) and the count vector (noise multiplier
-  2 sigma_b / sqrt(k), sensitivity sqrt(k)/2) together form one Gaussian
-  mechanism with z^-2 = z_v^-2 + k (2 sigma_b)^-2 (Andrew et al. 2021;
-  TFF's `adaptive_clip_noise_params` for k = 1). k = H for per-layer
-  quantiles.
-  """
-  if noise_multiplier == 0:
-    return 0.0
-  count_term = num_counts * (2.0 * clipped_count_stddev)**-2
-  remaining = noise_multiplier**-2 - count_term
-  if remaining <= 0:
-    minimum = math.sqrt(num_counts) * noise_multiplier / 2.0
-    raise ValueError(
-        f'`clipped_count_stddev` = {clipped_count_stddev:g} is too small for '
-        f'`noise_multiplier` = {noise_multiplier:g}'
-        f'{f" with {num_counts} per-layer counts" if num_counts > 1 else ""}: '
-        f'it must exceed {minimum:g} (sqrt(k) z / 2). Raise '
-        '`clipped_count_stddev` or `clients_per_round`, or lower '
-        '`noise_multiplier`.')
-  return remaining**-0.5
-
-
-# The value noise may rise by at most this factor to pay for the count noise.
-MAX_VALUE_NOISE_INFLATION = 1.1
-
-
-def default_clipped_count_stddev(noise_multiplier: float,
-                                 clients_per_round: float,
-                                 num_counts: int = 1) -> float:
-  """sigma_b = max(n / 20, sqrt(k) z / (2 sqrt(1 - r^-2))), r = 1.1.
-
-  Andrew et al. (2021) suggest sigma_b = n/20. From the composition
-  z^-2 = z_v^-2 + k (2 sigma_b)^-2 (`adaptive_noise_multipliers`), that is
-  infeasible whenever sqrt(k) z / 2 >= n / 20 -- e.g. per-layer quantiles
-  (k = H counts) at z = 1 with 20 clients -- and costs a large value-noise
-  inflation just above that. The second term is the sigma_b at which the
-  value noise is exactly r z: solving r^-2 z^-2 = z^-2 - k (2 sigma_b)^-2
-  for sigma_b. Taking the larger of the two keeps n/20 where it is cheap and
-  otherwise caps the inflation z_v / z at r = 1.1, so every z >= 0, n >= 1
-  and k >= 1 builds. Zero when z = 0 (the noise-free estimator).
-  """
-  if noise_multiplier == 0:
-    return 0.0
-  r = MAX_VALUE_NOISE_INFLATION
-  capped = (math.sqrt(num_counts) * noise_multiplier /
-            (2.0 * math.sqrt(1.0 - r**-2)))
-  return max(clients_per_round / 20.0, capped)
+# Re-exported from the TensorFlow-free spec (`tff_clip.spec`).
+adaptive_noise_multipliers = spec_lib.adaptive_noise_multipliers
+default_clipped_count_stddev = spec_lib.default_clipped_count_stddev
+MAX_VALUE_NOISE_INFLATION = spec_lib.MAX_VALUE_NOISE_INFLATION
 
 
 # ----------------------------------------------------------------------------
@@ -558,55 +513,69 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
   private data.
   """
 
-  def __init__(self, **config):
-    self._config = config
+  def __init__(self, spec: spec_lib.DPSpec,
+               record_aggregation_factory: Optional[
+                   tff.aggregators.UnweightedAggregationFactory] = None):
+    self._spec = spec
+    self._record_aggregation_factory = record_aggregation_factory
 
   @property
-  def config(self):
-    return dict(self._config)
+  def spec(self) -> spec_lib.DPSpec:
+    """The checked description of the mechanism (frozen)."""
+    return self._spec
 
-  def _build_query(self, value_type):
-    cfg = self._config
-    method = cfg['bounding']
-    per_layer = method.startswith('per_layer')
+  @property
+  def record_aggregation_factory(self):
+    """How bounded records are summed (None: `tff.aggregators.SumFactory`)."""
+    return self._record_aggregation_factory
+
+  def build_query(self, value_type) -> tfp.SumAggregationDPQuery:
+    """The tensorflow-privacy query `create` wraps, for `value_type`.
+
+    A new query on every call (the factory is not changed), e.g. for
+    `tff_clip.audit.CanaryFactory`, which wraps it in its canaries.
+    """
+    spec = self._spec
+    method = spec.bounding_method
+    per_layer = bounding.is_per_layer(method)
     num_layers = len(tf.nest.flatten(
         tff.types.type_to_tf_tensor_specs(value_type)))
     fractions = None
     if per_layer:
       fractions = bounding.layer_budget_fractions(
-          value_type, cfg['split'],
-          None if cfg['adaptive'] else cfg['clip_norm'])
-    z = cfg['noise_multiplier']
-    n = cfg['clients_per_round']
-    if not cfg['adaptive']:
+          value_type, spec.split,
+          None if spec.adaptive else spec.clip_norm)
+    z = spec.noise_multiplier
+    n = spec.clients_per_round
+    if not spec.adaptive:
       query = sum_query = BoundedGaussianSumQuery(
-          method, cfg['clip_norm'], z, fractions, cfg['noise_seed'],
-          cfg['noise_placement'], n, cfg['noise_mechanism'], cfg['bands'])
+          method, spec.clip_norm, z, fractions, spec.noise_seed,
+          spec.noise_placement, n, spec.noise_mechanism, spec.bands)
     else:
-      per_layer_quantiles = per_layer and cfg['per_layer_quantiles']
+      per_layer_quantiles = per_layer and spec.per_layer_quantiles
       num_counts = num_layers if per_layer_quantiles else 1
-      count_stddev = cfg['clipped_count_stddev']
+      count_stddev = spec.clipped_count_stddev
       if count_stddev is None:
         count_stddev = default_clipped_count_stddev(z, n, num_counts)
       value_z = adaptive_noise_multipliers(z, count_stddev, num_counts)
-      initial = cfg['initial_clip_norm']
+      initial = spec.initial_clip_norm
       if per_layer_quantiles:
         initial = (initial * fractions).astype(np.float32)
       sum_query = BoundedGaussianSumQuery(
-          method, initial, value_z, fractions, cfg['noise_seed'],
-          cfg['noise_placement'], n, cfg['noise_mechanism'], cfg['bands'])
+          method, initial, value_z, fractions, spec.noise_seed,
+          spec.noise_placement, n, spec.noise_mechanism, spec.bands)
       # The count noise gets its own seed stream (seed + 1): reusing the
       # value noise's seed would correlate the two releases.
-      count_seed = (None if cfg['noise_seed'] is None else
-                    cfg['noise_seed'] + 1)
+      count_seed = (None if spec.noise_seed is None else
+                    spec.noise_seed + 1)
       estimator = CountQuantileEstimatorQuery(
-          initial, cfg['target_quantile'], cfg['clip_learning_rate'],
+          initial, spec.target_quantile, spec.clip_learning_rate,
           None if z == 0 else count_stddev, n, geometric_update=True,
           noise_seed=count_seed)
       query = AdaptiveBoundedSumQuery(sum_query, estimator,
                                       per_layer_quantiles)
     sum_query.set_template(tff.types.type_to_tf_tensor_specs(value_type))
-    if cfg['denominator'] == 'expected':
+    if spec.denominator == 'expected':
       query = tfp.NormalizedQuery(query, denominator=float(n))
     else:
       query = ActualCountNormalizedQuery(query)
@@ -617,9 +586,9 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
   def create(self, value_type, weight_type=None):
     value_type = tff.types.to_type(value_type)
     aggregators.check_value_type(value_type)
-    query = self._build_query(value_type)
+    query = self.build_query(value_type)
     factory = tff.aggregators.DifferentiallyPrivateFactory(
-        query, self._config['record_aggregation_factory'])
+        query, self._record_aggregation_factory)
     if weight_type is None:
       return factory.create(value_type)
     # Weights ignored on purpose (see the class docstring); the state is the
@@ -680,7 +649,7 @@ def dp_factory(
       the static `split` fractions.
     noise_placement: 'central' (the server adds N(0, (zS)^2) to the sum) or
       'client' (each client adds N(0, (zS)^2/n); the sum carries the same
-      noise when n clients take part, less when fewer do -- seeds 000/002).
+      noise when n clients take part, less when fewer do -- Zhang et al. 2022, Pelikan et al. 2025).
     noise_seed: None (fresh randomness; use this for real privacy) or an int
       for reproducible experiments (the noise is then predictable from it).
     record_aggregation_factory: how bounded records are summed (default
@@ -697,69 +666,21 @@ def dp_factory(
   Returns:
     A `DPBoundingFactory`.
   """
-  if bounding_method not in bounding.BOUNDINGS:
-    raise ValueError(f'`bounding` must be one of {bounding.BOUNDINGS}; got '
-                     f'{bounding_method!r}.')
-  noise_multiplier = checks.nonnegative_float(noise_multiplier, 'noise_multiplier')
-  clients_per_round = checks.positive_float(clients_per_round,
-                                                       'clients_per_round')
-  adaptive = isinstance(clip_norm, str)
-  if adaptive:
-    if clip_norm != 'adaptive':
-      raise ValueError("`clip_norm` must be a positive float or 'adaptive'; "
-                       f'got {clip_norm!r}.')
-    initial_clip_norm = checks.positive_float(initial_clip_norm,
-                                                         'initial_clip_norm')
-    target_quantile = checks.nonnegative_float(target_quantile,
-                                               'target_quantile')
-    if target_quantile > 1.0:
-      raise ValueError('`target_quantile` must be in [0, 1]; got '
-                       f'{target_quantile!r}.')
-    clip_learning_rate = checks.positive_float(
-        clip_learning_rate, 'clip_learning_rate')
-    if clipped_count_stddev is not None:
-      clipped_count_stddev = checks.positive_float(clipped_count_stddev,
-                                                   'clipped_count_stddev')
-      if noise_multiplier > 0 and not (bounding_method.startswith('per_layer')
-                                       and per_layer_quantiles):
-        adaptive_noise_multipliers(noise_multiplier, clipped_count_stddev)
-  else:
-    clip_norm = checks.positive_float(clip_norm, 'clip_norm')
-  if bounding_method.startswith('per_layer'):
-    bounding.check_split(split)
-    if isinstance(split, bounding.ExplicitBudgets) and adaptive:
-      raise ValueError('`split`: explicit budgets need a fixed `clip_norm`.')
-  if denominator not in DENOMINATORS:
-    raise ValueError(f'`denominator` must be one of {DENOMINATORS}; got '
-                     f'{denominator!r}.')
-  if noise_placement not in NOISE_PLACEMENTS:
-    raise ValueError(f'`noise_placement` must be one of {NOISE_PLACEMENTS}; '
-                     f'got {noise_placement!r}.')
-  correlated_noise.check_mechanism(noise_mechanism, bands)
-  if noise_mechanism != correlated_noise.INDEPENDENT and (
-      noise_placement != 'central'):
-    raise ValueError('`noise_mechanism`: correlated noise needs '
-                     "noise_placement='central'.")
-  if noise_seed is not None and (isinstance(noise_seed, bool) or
-                                 not isinstance(noise_seed, int)):
-    raise TypeError(f'`noise_seed` must be an int or None; got {noise_seed!r}.')
+  spec = spec_lib.DPSpec(
+      bounding_method=bounding_method, noise_multiplier=noise_multiplier,
+      clients_per_round=clients_per_round, clip_norm=clip_norm, split=split,
+      denominator=denominator, initial_clip_norm=initial_clip_norm,
+      target_quantile=target_quantile, clip_learning_rate=clip_learning_rate,
+      clipped_count_stddev=clipped_count_stddev,
+      per_layer_quantiles=per_layer_quantiles,
+      noise_placement=noise_placement, noise_seed=noise_seed,
+      noise_mechanism=noise_mechanism, bands=bands)
   if record_aggregation_factory is not None and not isinstance(
       record_aggregation_factory,
       tff.aggregators.UnweightedAggregationFactory):
     raise TypeError('`record_aggregation_factory` must be an unweighted '
                     f'tff.aggregators factory; got {record_aggregation_factory!r}.')
-  return DPBoundingFactory(
-      bounding=bounding_method, noise_multiplier=noise_multiplier,
-      clients_per_round=clients_per_round, clip_norm=clip_norm, split=split,
-      denominator=denominator, adaptive=adaptive,
-      initial_clip_norm=initial_clip_norm, target_quantile=target_quantile,
-      clip_learning_rate=clip_learning_rate,
-      clipped_count_stddev=clipped_count_stddev,
-      per_layer_quantiles=per_layer_quantiles,
-      noise_placement=noise_placement, noise_seed=noise_seed,
-      record_aggregation_factory=record_aggregation_factory,
-      noise_mechanism=noise_mechanism,
-      bands=correlated_noise.check_mechanism(noise_mechanism, bands))
+  return DPBoundingFactory(spec, record_aggregation_factory)
 
 
 def extract_dp_event(aggregator_state) -> dp_accounting.DpEvent:

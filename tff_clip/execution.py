@@ -25,12 +25,13 @@ import threading
 import time
 
 import grpc
-import portpicker
 import tensorflow_federated as tff
 
 __all__ = [
+    'close_tff_context_at_exit',
     'create_remote_async_context',
     'local_worker_binary',
+    'local_worker_targets',
     'set_local_cpp_context',
     'start_worker',
 ]
@@ -70,7 +71,7 @@ def start_worker(port: int | None = None,
   The worker dies with this process (PR_SET_PDEATHSIG) and is stopped at exit.
   Its output goes to `log_path` (or nowhere), never to our stdout/stderr.
   """
-  port = port or portpicker.pick_unused_port()
+  port = port or _unused_port()
   args = [local_worker_binary(), f'--port={port}',
           f'--max_concurrent_computation_calls={max_concurrent_computation_calls}']
   out = open(log_path, 'ab') if log_path else subprocess.DEVNULL  # pylint: disable=consider-using-with
@@ -84,6 +85,48 @@ def start_worker(port: int | None = None,
 
 
 _current_local = {}
+
+
+def _unused_port() -> int:
+  """A TCP port no process listens on now (the kernel's pick for port 0)."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _close_tff_context_at_exit():
+  """Stops TFF's default C++ worker while the interpreter is still whole.
+
+  TFF 0.87 sets a local C++ context on import and stops its worker in a
+  `__del__` that runs only at interpreter teardown, when `subprocess` is
+  already gone: it prints "Exception ignored ... ServiceManager.__del__" and
+  leaks the worker, which holds our stdout open (a pipe reading a script's
+  output then never ends). Replacing the default context at exit drops the
+  old one while modules still work.
+  """
+
+  class _ClosedContext(tff.framework.SyncContext):
+
+    def invoke(self, comp, arg):
+      raise RuntimeError('The TFF context was closed at interpreter exit.')
+
+  try:
+    tff.framework.set_default_context(_ClosedContext())
+  except Exception:  # pylint: disable=broad-except
+    pass  # Never let exit clean-up raise.
+
+
+def close_tff_context_at_exit() -> None:
+  """Registers (once) the exit hook that stops TFF's default C++ worker.
+
+  Called by this module when it creates a context, and by the entry points;
+  importing `tff_clip` registers nothing.
+  """
+  with _lock:
+    if _current_local.get('exit_hook'):
+      return
+    _current_local['exit_hook'] = True
+  atexit.register(_close_tff_context_at_exit)
 
 
 def _stop(proc):
@@ -141,6 +184,7 @@ def set_local_cpp_context(max_concurrent_clients: int | None = None,
       in the worker (None: no limit). Lower it to bound memory.
     default_num_clients: CLIENTS cardinality when it cannot be inferred.
   """
+  close_tff_context_at_exit()
   if max_concurrent_clients is not None and max_concurrent_clients <= 0:
     raise ValueError('`max_concurrent_clients` must be positive or None; got '
                      f'{max_concurrent_clients}.')
@@ -168,13 +212,20 @@ def set_local_cpp_context(max_concurrent_clients: int | None = None,
     stub = tff.framework.RemoteExecutorGrpcStub(
         grpc.insecure_channel(target, GRPC_CHANNEL_OPTIONS))
     _wait_ready(stub, target, timeout_s=60, proc=proc)
-    holder.update(stub=stub, proc=proc)
+    holder.update(stub=stub, proc=proc, target=target)
     return stub
 
   context = tff.framework.SyncExecutionContext(
       executor_fn=_executor_factory(get_stub, default_num_clients),
       **_context_kwargs())
   tff.framework.set_default_context(context)
+
+
+def local_worker_targets() -> list[str]:
+  """'host:port' of the worker of the current local context (if started)."""
+  with _lock:
+    holder = _current_local.get('holder', {})
+  return [holder['target']] if 'target' in holder else []
 
 
 def create_remote_async_context(target: str, timeout_s: float = 30.0,
@@ -185,6 +236,7 @@ def create_remote_async_context(target: str, timeout_s: float = 30.0,
   there, and `TimeoutError` when it does not answer within `timeout_s`
   seconds, before any computation is sent.
   """
+  close_tff_context_at_exit()
   host, _, port = target.rpartition(':')
   try:  # Fail at once on a refused or unroutable address, not after timeout_s.
     socket.create_connection((host, int(port)), timeout=min(5.0, timeout_s)

@@ -8,15 +8,15 @@ server optimizer, and its learning rate can be scheduled with
   * `clipped_optimizer(inner_optimizer, clip_norm)`: clip every gradient to
     `clip_norm` (global L2 norm over the whole weight structure) before each
     step of any inner optimizer. This is the per-iteration clipping of
-    FAT-Clipping-PI (Yang, Qiu, Liu, NeurIPS 2022 -- seed 001 -- Algorithm 3
+    FAT-Clipping-PI (Yang, Qiu, Liu, NeurIPS 2022, Algorithm 3
     line 7, Eq. (3)) and the local clipping bound C_loc of Pelikan et al.
-    (NeurIPS 2025 -- seed 002 -- Algorithm 1 line 11).
+    (NeurIPS 2025, Algorithm 1 line 11).
   * `build_lamb` / `build_lars`: layer-wise adaptive optimizers (one "layer"
     is one leaf tensor, as in `tff_clip.bounding`), the server optimizer of
-    seed 002 (Appendix E.4, Eq. (E.7)). Defaults and edge cases follow optax's
+    Pelikan et al. 2025 (Appendix E.4, Eq. (E.7)). Defaults and edge cases follow optax's
     `lamb` / `lars`.
   * `build_server_sgdm` and `exponential_decay`: the server momentum and the
-    0.99^k learning-rate decay of Das et al. (seed 003, Appendix G). Both reuse
+    0.99^k learning-rate decay of Das et al. (Das et al. 2022, Appendix G). Both reuse
     TFF (`build_sgdm`, `schedule_learning_rate`).
 
 State and hyperparameters follow TFF's conventions (`sgdm.py`, `adam.py`): the
@@ -24,6 +24,14 @@ state is an `OrderedDict` holding the hyperparameters (learning rate under
 `tff.learning.optimizers.LEARNING_RATE_KEY`), a step count where one is
 needed, and per-leaf moments with the structure of the weights. Gradient
 leaves that are `None` leave their weights and moments untouched.
+
+References:
+* Yang, Qiu, Liu 2022: "Taming Fat-Tailed Noise in Federated Learning",
+  NeurIPS 2022.
+* Pelikan et al. 2025: "Enabling Differentially Private Federated
+  Learning for Speech Recognition", NeurIPS 2025.
+* Das et al. 2022: "On the Convergence of DP FL on Non-Lipschitz
+  Objectives, and with Normalized Client Updates".
 """
 
 from __future__ import annotations
@@ -133,7 +141,7 @@ def _trust_ratios(weight_norms, update_norms, trust_coefficient=1.0,
   layer (a bias) must still move, and a zero update stays zero anyway.
 
   Args:
-    weight_norms: float32 [H], ||w_h|| (phi = identity, seed 002 Eq. (E.7)).
+    weight_norms: float32 [H], ||w_h|| (phi = identity, Pelikan et al. 2025 Eq. (E.7)).
     update_norms: float32 [H], ||u_h||.
     trust_coefficient: scalar multiplier (LARS's eta; 1 for LAMB).
     epsilon: scalar added to the denominator (LARS's eps; 0 for LAMB).
@@ -204,10 +212,10 @@ def clipped_optimizer(inner_optimizer: _Optimizer,
   Each step computes g <- g * min(1, clip_norm / ||g||), with ||g|| the L2
   norm over all leaves of the gradient structure, and then runs
   `inner_optimizer`'s step on the clipped gradient. This is FAT-Clipping-PI's
-  per-iteration clipping (Yang, Qiu, Liu, NeurIPS 2022 -- seed 001 --
+  per-iteration clipping (Yang, Qiu, Liu, NeurIPS 2022 -- Yang et al. 2022 --
   Algorithm 3 line 7, Eq. (3): every local stochastic gradient clipped to
   lambda) and the local clipping bound C_loc of Pelikan et al. (NeurIPS 2025 --
-  seed 002 -- Algorithm 1 line 11). Used as a TFF client optimizer it gives
+  Pelikan et al. 2025 -- Algorithm 1 line 11). Used as a TFF client optimizer it gives
   any TFF algorithm (FedAvg, FedProx, Mime, ...) per-step clipping; with SGD
   at learning rate eta, each local step then moves the weights by at most
   eta * clip_norm.
@@ -293,7 +301,7 @@ class _Lamb(_Optimizer):
       v = beta_2 * flat_v[i] + (1 - beta_2) * tf.square(g)
       m_hat = m / (1 - tf.pow(beta_1, t))
       v_hat = v / (1 - tf.pow(beta_2, t))
-      # u_h + lambda theta_h of seed 002 Eq. (E.7).
+      # u_h + lambda theta_h of Pelikan et al. 2025 Eq. (E.7).
       directions[i] = m_hat / (tf.sqrt(v_hat) + epsilon) + weight_decay * w
       flat_m[i], flat_v[i] = m, v
 
@@ -332,7 +340,7 @@ def build_lamb(learning_rate: float,
 
   LAMB (You et al., "Large Batch Optimization for Deep Learning: Training BERT
   in 76 minutes", ICLR 2020, Algorithm 2) is Adam with a layer-wise trust
-  ratio; Pelikan et al. (NeurIPS 2025, seed 002, Appendix E.4, Eq. (E.7)) use
+  ratio; Pelikan et al. (NeurIPS 2025, Pelikan et al. 2025, Appendix E.4, Eq. (E.7)) use
   it as the server optimizer of DP federated learning, where it rescales the
   (clipped, noised) pseudo-gradient of each layer to the layer's weight norm.
   For every leaf h (one layer) of the weights, at step t:
@@ -449,7 +457,7 @@ def build_lars(learning_rate: float,
 
   LARS (You, Gitman, Ginsburg, "Large Batch Training of Convolutional
   Networks", 2017, Algorithm 1) scales each layer's step by a trust ratio
-  eta ||w_h|| / ||g_h + beta w_h||; seed 002 (Appendix G.4, Tables 8-9)
+  eta ||w_h|| / ||g_h + beta w_h||; Pelikan et al. 2025 (Appendix G.4, Tables 8-9)
   compares it with LAMB as the server optimizer. Following optax's `lars`
   (defaults included), for every leaf h of the weights:
 
@@ -486,13 +494,13 @@ def build_lars(learning_rate: float,
 
 
 # ----------------------------------------------------------------------------
-# Server momentum and learning-rate decay (seed 003).
+# Server momentum and learning-rate decay.
 
 
 def build_server_sgdm(learning_rate: float, momentum: float) -> _Optimizer:
   """Server SGD with momentum: TFF's `build_sgdm`, arguments checked.
 
-  Das et al. (seed 003, Appendix G) apply server momentum 0.8 on top of
+  Das et al. (Das et al. 2022, Appendix G) apply server momentum 0.8 on top of
   DP-FedAvg / DP-NormFedAvg. The update is TFF's: v <- momentum v + g,
   w <- w - learning_rate v. For their 0.99^k decay, wrap the result:
   `tff.learning.optimizers.schedule_learning_rate(build_server_sgdm(lr, 0.8),
@@ -515,7 +523,7 @@ def exponential_decay(
     decay_rate: float = 0.99) -> Callable[[Any], tf.Tensor]:
   """The schedule k -> initial_learning_rate * decay_rate**k.
 
-  Seed 003 (Das et al., Appendix G, after Bottou 2012) decays the learning
+  Das et al. 2022 (Appendix G, after Bottou 2012) decays the learning
   rate by 0.99 every round: eta_k = 0.99^k eta_0. Use the schedule with
   `tff.learning.optimizers.schedule_learning_rate(optimizer, schedule)`, which
   calls it with the index k (from 0) of the optimizer's step. On a server

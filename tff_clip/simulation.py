@@ -80,8 +80,12 @@ class InProcessRunner:
   """
 
   def __init__(self, process):
+    from tff_clip import execution  # pylint: disable=g-import-not-at-top
+    # TFF's default context leaks its worker at exit; stop it in time.
+    execution.close_tff_context_at_exit()
     self._process = process
     form = map_reduce_form(process)
+    self._form = form
     next_type = process.next.type_signature
     self._state_type = next_type.parameter[0].member
     self._result_type = next_type.result
@@ -103,6 +107,11 @@ class InProcessRunner:
             process.initialize))
     self._get_weights = self._optional(process, 'get_model_weights')
     self._set_weights = self._optional(process, 'set_model_weights')
+
+  @property
+  def state_type(self):
+    """The TFF type of the process's state (what `next` takes and returns)."""
+    return self._state_type
 
   @staticmethod
   def _optional(process, name):

@@ -278,11 +278,15 @@ def _import(graph_def, input_map, return_elements):
 
     def is_blocked(name):
       # Depth-first over the inputs, iteratively: graphs with long chains
-      # (e.g. the audit's canaries) exceed Python's recursion limit.
+      # (e.g. the audit's canaries) exceed Python's recursion limit. Each
+      # node is expanded once: a MapReduceForm's while loops are TF1
+      # control flow, a cycle (NextIteration -> Merge), around which a
+      # node would otherwise be expanded again and again (MemoryError).
       stack = [(name, False)]
+      expanded_nodes = set()
       while stack:
         node, expanded = stack.pop()
-        if node in blocked:
+        if node in blocked or (not expanded and node in expanded_nodes):
           continue
         if node in reduced or node in imported:
           blocked[node] = False
@@ -294,6 +298,7 @@ def _import(graph_def, input_map, return_elements):
         if expanded:
           blocked[node] = any(blocked.get(i, False) for i in inputs)
         else:
+          expanded_nodes.add(node)
           stack.append((node, True))
           stack.extend((i, False) for i in inputs if i not in blocked)
       return blocked[name]

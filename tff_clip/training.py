@@ -1,6 +1,7 @@
 """The training program behind `python -m scripts.train`.
 
-Data flows one way, one call site per arrow: task (`tasks.get_task`) ->
+Data flows one way, one call site per arrow: task (the caller's
+`task_builder`; `scripts.program.build_task` for the `--task` names) ->
 client work (`algorithms.build_fedavg`: local training, optional per-step
 clipping, BLUR, LUS) -> bounding (`aggregators`) -> noise (`dp`) -> mean ->
 server optimizer -> ledger (`privacy_ledger.PrivacyLedger`) and metrics.
@@ -31,6 +32,10 @@ Outputs under `root_output_dir/experiment_name/`:
   ledger.json     the DP events of every round and epsilon per round
   checkpoints/    program state (`tff.program.FileProgramStateManager`)
   summary.json    final figures; plot.png: accuracy, loss, clip norm, epsilon
+
+References:
+* Yang, Qiu, Liu 2022: "Taming Fat-Tailed Noise in Federated Learning",
+  NeurIPS 2022.
 """
 
 from __future__ import annotations
@@ -38,26 +43,28 @@ from __future__ import annotations
 import asyncio
 import collections
 import glob
-import json
 import math
 import os
-import shutil
 import sys
 import time
 import zlib
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from absl import logging
 import numpy as np
 
 from tff_clip import accounting
 from tff_clip import privacy_ledger
+from tff_clip import run_records
 from tff_clip import sampling as sampling_lib
-from tff_clip.config import BOUNDINGS, CLIENT_OPTIMIZERS, EXECUTION_KEYS, EXECUTORS, SERVER_OPTIMIZERS  # pylint: disable=unused-import
+from tff_clip.config import BOUNDINGS, CLIENT_OPTIMIZERS, EXECUTION_KEYS, EXECUTORS, RENAMED_KEYS, SERVER_OPTIMIZERS  # pylint: disable=unused-import
 from tff_clip import config as config_lib
 from tff_clip.config import ConfigError, TrainConfig, validate
 
-__all__ = ['ConfigError', 'TrainConfig', 'run', 'validate']
+__all__ = ['ConfigError', 'TaskBuilder', 'TrainConfig', 'run', 'validate']
+
+# `task_builder(config) -> task` (see `run`).
+TaskBuilder = Callable[[TrainConfig], Any]
 
 # The honest-extrapolation point of the summary: a production-scale cohort.
 EXTRAPOLATION_POPULATION = 1_000_000
@@ -76,33 +83,15 @@ NOT_COVERED = ('clients', 'train_loss', 'train_accuracy', 'objective',
 # ----------------------------------------------------------------------------
 # The run directory: read-only checks first, writes only once all is checked.
 
-
-def _strict(value):
-  """JSON-safe: non-finite floats become null (strict JSON has no NaN)."""
-  if isinstance(value, dict):
-    return {k: _strict(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_strict(v) for v in value]
-  if isinstance(value, (float, np.floating)):
-    return float(value) if math.isfinite(value) else None
-  if isinstance(value, np.integer):
-    return int(value)
-  return value
-
-
-def write_json(path: str, data) -> None:
-  """Atomic, strict JSON (no NaN/Infinity)."""
-  tmp = f'{path}.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(_strict(data), f, indent=2, sort_keys=True, allow_nan=False)
-  os.replace(tmp, path)
+write_json = run_records.write_json
 
 
 def existing_run(config: TrainConfig) -> str:
   """'new', 'resume' or 'finished' for `config.output_dir`; writes nothing.
 
   Raises `ConfigError` when the directory holds another configuration or
-  something else, or cannot be created.
+  something else, or cannot be created, and `run_records.RunRecordError`
+  when its config.json cannot be read.
   """
   out = config.output_dir
   if not os.path.exists(out):
@@ -117,15 +106,18 @@ def existing_run(config: TrainConfig) -> str:
     raise ConfigError(f'--root_output_dir: {out!r} is not a writable '
                       'directory.')
   config_path = os.path.join(out, 'config.json')
-  if not os.path.exists(config_path):
+  if not os.path.lexists(config_path):
     if os.listdir(out):
       raise ConfigError(
           f'{out!r} is not empty and holds no tff_clip run; nothing was '
           'changed. Choose another --experiment_name or --root_output_dir.')
     return 'new'
-  with open(config_path) as f:
-    previous = {k: v for k, v in json.load(f).items()
-                if k not in EXECUTION_KEYS}
+  recorded = run_records.read_json(config_path, 'run configuration')
+  if not isinstance(recorded, dict):
+    raise run_records.RunRecordError(
+        f'{config_path} is not a run configuration (damaged).')
+  previous = {RENAMED_KEYS.get(k, k): v for k, v in recorded.items()
+              if k not in EXECUTION_KEYS}
   current = config.identity()
   # A run recorded before a knob existed ran with that knob's default.
   defaults = TrainConfig().identity()
@@ -138,7 +130,7 @@ def existing_run(config: TrainConfig) -> str:
         f'{out!r} holds a run with a different configuration (differs in: '
         f'{", ".join(changed)}); nothing was changed. Choose another '
         '--experiment_name or --root_output_dir, or delete that directory.')
-  if os.path.exists(os.path.join(out, 'summary.json')):
+  if os.path.lexists(os.path.join(out, 'summary.json')):
     return 'finished'
   return 'resume'
 
@@ -146,14 +138,17 @@ def existing_run(config: TrainConfig) -> str:
 def prepare_output_dir(config: TrainConfig) -> bool:
   """Creates the directory and config.json; True when a run can resume there."""
   status = existing_run(config)
-  os.makedirs(config.output_dir, exist_ok=True)
+  try:
+    os.makedirs(config.output_dir, exist_ok=True)
+  except OSError as e:
+    raise run_records.RunRecordError(
+        f'cannot create {config.output_dir}: {e.strerror}.') from None
   if status == 'new':
     write_json(os.path.join(config.output_dir, 'config.json'),
                config.to_json())
   return status != 'new'
 
 
-# ----------------------------------------------------------------------------
 # Building blocks (TFF imported lazily so `validate` stays instant).
 
 
@@ -162,6 +157,7 @@ def set_execution_context(config: TrainConfig) -> None:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip import execution  # pylint: disable=g-import-not-at-top
+  execution.close_tff_context_at_exit()
   if config.executor == 'gpu':
     gpus = tf.config.list_physical_devices('GPU')
     if not gpus:
@@ -188,43 +184,36 @@ def set_execution_context(config: TrainConfig) -> None:
 
 
 def _in_process(config: TrainConfig) -> bool:
-  # The audit's canary graph (2K candidate directions drawn in `update`)
-  # exhausted 24 GB in the in-process importer; it runs on TFF's C++ worker.
-  return config.executor == 'inprocess' and not config.audit_canaries
+  return config.executor == 'inprocess'
 
 
 def runners(config: TrainConfig, *processes):
-  """What runs the processes: `tff_clip.simulation` in-process, or TFF.
+  """What runs the processes: all in-process, or split with TFF's workers.
 
-  Either way the result has the processes' `initialize`, `next`,
-  `get_model_weights` and `set_model_weights`.
+  Off `executor=inprocess`, `tff_clip.split_execution.SplitRunner` keeps the
+  server's half of each round (and the DP noise key) here and sends only the
+  clients' work to TFF's C++ workers. Either way the result has the
+  processes' `initialize`, `next`, `get_model_weights` and
+  `set_model_weights`.
   """
-  if not _in_process(config):
-    return processes
+  from tff_clip import execution  # pylint: disable=g-import-not-at-top
   from tff_clip import simulation  # pylint: disable=g-import-not-at-top
+  from tff_clip import split_execution  # pylint: disable=g-import-not-at-top
+  if _in_process(config):
+    make = simulation.InProcessRunner
+  else:
+    targets = (execution.local_worker_targets
+               if config.executor != 'remote' else lambda: config.workers)
+    def make(process):
+      return split_execution.for_workers(
+          process, worker_targets=targets,
+          worker_timeout_s=config.worker_timeout_s)
   try:
-    return tuple(simulation.InProcessRunner(p) for p in processes)
+    return tuple(make(p) for p in processes)
   except ValueError as e:  # Not a MapReduceForm: names --executor=local.
     raise ConfigError(f'--executor: {e}') from e
-
-
-def build_task(config: TrainConfig):
-  import tasks  # pylint: disable=g-import-not-at-top
-  # The task's own shuffle is off: the training loop shuffles every client's
-  # data with a seed of (seed, round, client), so a resumed run sees the
-  # same order as an uninterrupted one.
-  try:
-    return tasks.get_task(
-        config.task, data_source=config.data_source,
-        num_clients=config.num_clients, partition=config.partition,
-        partition_alpha=config.partition_alpha, seed=config.seed,
-        train_batch_size=config.batch_size, local_epochs=config.local_epochs,
-        shuffle_buffer_size=1, cache_dir=config.cache_dir,
-        **dict(config.task_options))
-  except (TypeError, ValueError) as e:
-    if not config.task_options:
-      raise
-    raise ConfigError(f'--task_option (task {config.task!r}): {e}') from e
+  except split_execution.SecretLeakError as e:
+    raise ConfigError(f'--executor={config.executor}: {e}') from e
 
 
 def _client_optimizer(config):
@@ -316,7 +305,7 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
         noise_seed=config.noise_seed,
         noise_mechanism=config.noise_mechanism, bands=config.bands)
   if config.clip_norm == 'adaptive':
-    # CE-FedAvg with a moving threshold (seed 000), noise-free.
+    # CE-FedAvg with a moving threshold, noise-free.
     clip_norm = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
         initial_estimate=config.initial_clip_norm,
         target_quantile=config.target_quantile,
@@ -332,15 +321,15 @@ def build_process(config: TrainConfig, task, noise_multiplier,
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip import algorithms  # pylint: disable=g-import-not-at-top
   blur_clip_norm = config.blur_clip_norm
-  if config.blur_lambda is not None and blur_clip_norm is None:
+  if config.blur_strength is not None and blur_clip_norm is None:
     blur_clip_norm = float(config.clip_norm)
   return algorithms.build_fedavg(
       task.model_fn,
       client_optimizer=_client_optimizer(config),
       server_optimizer=_server_optimizer(config),
-      local_clip_norm=config.local_clip,
-      blur_strength=config.blur_lambda,
-      blur_clip_norm=blur_clip_norm if config.blur_lambda else None,
+      local_clip_norm=config.local_clip_norm,
+      blur_strength=config.blur_strength,
+      blur_clip_norm=blur_clip_norm if config.blur_strength else None,
       lus_sparsity=config.lus_sparsity,
       model_aggregator=(model_aggregator or
                         build_aggregator(config, noise_multiplier)),
@@ -371,7 +360,7 @@ def _client_dataset(task, client_id, config, round_num):
       [config.seed, round_num, zlib.crc32(str(client_id).encode())]
   ).integers(2**31))
   if getattr(task, 'round_train_data', None) is not None:
-    # Samples drawn afresh every round (seed 001's fat-tailed noise).
+    # Samples drawn afresh every round (Yang et al. 2022's fat-tailed noise).
     dataset = task.round_train_data(client_id, seed)
   else:
     dataset = task.datasets.train_data.create_tf_dataset_for_client(client_id)
@@ -408,88 +397,183 @@ def _flatten(prefix, value, out):
 
 
 # ----------------------------------------------------------------------------
-# Checkpoints (server-private: they hold the noise key).
+# Checkpoints (server-private: they hold the noise key) and released rounds.
 
 
-def _checkpoint_manager(out):
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  return tff.program.FileProgramStateManager(
-      os.path.join(out, 'checkpoints'), prefix='round_', keep_total=2,
-      keep_first=False)
+def _state_type(runner):
+  state_type = getattr(runner, 'state_type', None)
+  if state_type is None:  # A TFF process run whole on the workers.
+    state_type = runner.next.type_signature.parameter[0].member
+  return state_type
 
 
-def _save_checkpoint(manager, state, ledger, round_num, row=None):
-  """Saves the state and ledger, and `row` when it is not yet released."""
-  data = ledger.to_dict()
-  if row is not None:
-    data[_PENDING_ROW] = _strict(dict(row))
-  asyncio.run(manager.save(collections.OrderedDict(
-      learning=state, ledger=np.asarray(json.dumps(data))), round_num))
+def _state_leaves(runner, state) -> list:
+  from tff_clip import tf_graphs  # pylint: disable=g-import-not-at-top
+  return [np.asarray(leaf) for leaf in
+          tf_graphs.flatten_value(state, _state_type(runner), [])]
 
 
-# The checkpointed round's row, kept beside the ledger until it is released.
-_PENDING_ROW = 'pending_row'
+def _state_from_leaves(runner, leaves):
+  from tff_clip import tf_graphs  # pylint: disable=g-import-not-at-top
+  return tf_graphs.pack_value(_state_type(runner), leaves)
 
 
-def _load_checkpoint(out, manager, state):
-  """(state, ledger, round, row) of the latest readable checkpoint, or None.
+def _event_dict(event):
+  return None if event is None else privacy_ledger.event_to_dict(event)
 
-  `row` is the round's row saved with it (DP runs), or None.
 
-  A checkpoint torn by a kill mid-save is deleted (its directory follows the
-  manager's documented `prefix + version` layout), and so are the temporary
-  directories a killed save leaves behind.
+def _ledger_of(log) -> privacy_ledger.PrivacyLedger:
+  """The DP events of the released rounds (what epsilon must count)."""
+  ledger = privacy_ledger.PrivacyLedger()
+  for round_num, event in log.events():
+    if event is not None:
+      ledger.record(round_num, privacy_ledger.event_from_dict(event))
+  return ledger
+
+
+def _spent(log, config) -> str:
+  ledger = _ledger_of(log)
+  if not len(ledger):
+    return ''
+  return (f' The {len(ledger)} rounds released so far spent epsilon = '
+          f'{ledger.guarantee(config.delta).epsilon:.4g} at delta = '
+          f'{config.delta:g}.')
+
+
+def _refuse(config, log, what) -> run_records.RunRecordError:
+  return run_records.RunRecordError(
+      f'{config.output_dir}: {what}; continuing would compute released '
+      'rounds again under the same or a new noise key, so the run stops here '
+      f'and nothing was changed.{_spent(log, config)}')
+
+
+def _restore(config, session, log, checkpoints):
+  """(state, first round to train, pending (round, row, event) or None).
+
+  Trusts a checkpoint only together with the log of released rounds: the
+  checkpoint records the log hash of the last round it covers. A DP run
+  whose released rounds no loadable checkpoint covers is refused (it would
+  release them again), as is a log that lost rounds a checkpoint covers.
   """
-  root = os.path.join(out, 'checkpoints')
-  for tmp in glob.glob(os.path.join(root, 'round_*_temp*')):
-    shutil.rmtree(tmp, ignore_errors=True)
-  template = collections.OrderedDict(learning=state, ledger=np.asarray('{}'))
-  for version in sorted(asyncio.run(manager.get_versions()) or [],
-                        reverse=True):
-    try:
-      loaded = asyncio.run(manager.load(version, template))
-    except Exception as e:  # pylint: disable=broad-except
-      logging.warning('Checkpoint %d unreadable (%s); trying an older one.',
-                      version, e)
-      shutil.rmtree(os.path.join(root, f'round_{version}'), ignore_errors=True)
-      continue
-    text = np.asarray(loaded['ledger']).item()
-    data = json.loads(text.decode() if isinstance(text, bytes) else text)
-    row = data.pop(_PENDING_ROW, None)
-    if row is not None:
-      row = {k: math.nan if v is None else v for k, v in row.items()}
-    return (loaded['learning'], privacy_ledger.PrivacyLedger.from_dict(data),
-            version, row)
-  return None
+  released = log.last_round
+  found = checkpoints.load_latest(
+      warn=lambda message: print(message, file=sys.stderr, flush=True))
+  if found is None:
+    if released == 0:
+      return session.initial_state(), 1, None
+    if session.private:
+      raise _refuse(config, log, f'rounds 1-{released} were released '
+                    f'({run_records.RELEASES}) but no loadable checkpoint '
+                    'covers them (checkpoints/ is missing or damaged)')
+    print(f'No loadable checkpoint: rounds 1-{released} run again (no DP).',
+          flush=True)
+    log.truncate(0)
+    return session.initial_state(), 1, None
+  version, leaves, header = found
+  pending = header.get('pending')
+  base = version - 1 if pending else version
+  if released > version:
+    if session.private:
+      raise _refuse(config, log, f'rounds {version + 1}-{released} were '
+                    f'released ({run_records.RELEASES}) but the newest '
+                    f'loadable checkpoint is of round {version}')
+    print(f'Rounds {version + 1}-{released} run again from the checkpoint of '
+          f'round {version} (no DP).', flush=True)
+    log.truncate(version)
+    released = version
+  if released < base:
+    raise _refuse(config, log, f'the checkpoint of round {version} covers '
+                  f'rounds up to {base} but {run_records.RELEASES} lists only '
+                  f'{released}: the records of rounds {released + 1}-{base} '
+                  'are lost')
+  if log.hash_at(min(released, base)) != header.get('log_hash'):
+    raise _refuse(config, log, f'the checkpoint of round {version} does not '
+                  f'belong to {run_records.RELEASES} (the log hashes differ)')
+  state = _state_from_leaves(session.process, leaves)
+  if pending is not None and released == base:
+    pending = (version, {k: math.nan if v is None else v
+                         for k, v in pending['row'].items()},
+               pending['event'])
+  else:
+    pending = None
+  print(f'Resuming {config.output_dir}/ from its checkpoint after round '
+        f'{version} of {config.rounds}.', flush=True)
+  return state, version + 1, pending
 
 
 # ----------------------------------------------------------------------------
-# Metrics.
+# Releases.
+
+
+def _records_release_manager(log, csv_path, resuming):
+  """A `tff.program.ReleaseManager` of the run's records.
+
+  `release(row, key=(round, event))` appends the round to `releases.jsonl`
+  (durably; the record) and to metrics.csv, which is rebuilt from the log on
+  resume (so a damaged or truncated file is repaired).
+  """
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  class RecordsReleaseManager(tff.program.ReleaseManager):
+
+    def __init__(self):
+      self._rows = log.rows()
+      if resuming or os.path.lexists(csv_path):
+        run_records.write_metrics_csv(csv_path, self._rows)
+
+    async def release(self, value, key):
+      round_num, event = key
+      log.append(round_num, value, event)
+      self._rows.append(log.row(round_num))  # As the log holds it.
+      run_records.append_metrics_csv(csv_path, self._rows)
+
+  return RecordsReleaseManager()
+
+
+def released_metric(config: TrainConfig, private: bool):
+  """The release filter: under DP, only what epsilon covers (by default).
+
+  A `filter_fn` of `tff.program.FilteringReleaseManager` (True: release the
+  metric at `path`); every release manager of a run is wrapped in it.
+  """
+  if not private or config.release_uncovered_metrics:
+    return lambda path: True
+  return lambda path: path[-1] not in NOT_COVERED
 
 
 class _MetricsWriters:
-  """CSV and TensorBoard rows, each round released exactly once.
+  """Releases a round, once: the records, then TensorBoard.
 
-  A round re-run after a kill (between release and checkpoint) rewrites its
-  CSV row (the CSV release manager drops rows >= the released key) and is
-  not written to TensorBoard again if it is already there.
+  Both through `tff.program.FilteringReleaseManager` with
+  `released_metric`: the records first (`releases.jsonl` is what a rerun
+  trusts), then `tff.program.TensorBoardReleaseManager`, which skips steps
+  it already holds.
   """
 
-  def __init__(self, out, resuming):
+  def __init__(self, out, log, resuming, config, private):
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-    self._csv = tff.program.CSVFileReleaseManager(
-        os.path.join(out, 'metrics.csv'), key_fieldname='round')
+    keep = released_metric(config, private)
+    self._records = tff.program.FilteringReleaseManager(
+        _records_release_manager(log, os.path.join(out, 'metrics.csv'),
+                                 resuming), keep)
     tb_dir = os.path.join(out, 'tensorboard')
+    self._tb_dir = tb_dir
     self._tb_steps = _tensorboard_steps(tb_dir) if resuming else set()
-    self._tb = tff.program.TensorBoardReleaseManager(tb_dir)
+    self._tb = tff.program.FilteringReleaseManager(
+        tff.program.TensorBoardReleaseManager(tb_dir), keep)
 
-  def release(self, round_num, row):
-    values = {k: v for k, v in row.items() if k != 'round'}
-    asyncio.run(self._csv.release(values, key=round_num))
+  def release(self, round_num, row, event=None):
+    asyncio.run(self._records.release(row, key=(round_num, event)))
     if round_num not in self._tb_steps:
-      asyncio.run(self._tb.release(
-          {k: v for k, v in values.items() if math.isfinite(v)},
-          key=round_num))
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      values = {k: v for k, v in row.items()
+                if k != 'round' and math.isfinite(v)}
+      try:
+        asyncio.run(self._tb.release(values, key=round_num))
+      except (OSError, tf.errors.OpError) as e:
+        raise run_records.RunRecordError(
+            f'cannot write {self._tb_dir}: {getattr(e, "message", e)}. The '
+            f'round is recorded in {run_records.RELEASES}.') from None
 
 
 def _tensorboard_steps(tb_dir):
@@ -498,20 +582,13 @@ def _tensorboard_steps(tb_dir):
   for path in glob.glob(os.path.join(tb_dir, '**', 'events.out.tfevents.*'),
                         recursive=True):
     try:
-      for event in tf.compat.v1.train.summary_iterator(path):
+      for record in tf.data.TFRecordDataset(path):
+        event = tf.compat.v1.Event.FromString(record.numpy())
         if event.summary.value:
           steps.add(int(event.step))
     except tf.errors.DataLossError:  # A kill mid-write: the tail is torn.
       pass
   return steps
-
-
-def _released(row, config, private):
-  """The row as released: under DP, only what epsilon covers (by default)."""
-  if not private or config.release_uncovered_metrics:
-    return row
-  return collections.OrderedDict(
-      (k, v) for k, v in row.items() if k not in NOT_COVERED)
 
 
 # ----------------------------------------------------------------------------
@@ -544,11 +621,11 @@ def resolve_noise_multiplier(config: TrainConfig, population: int):
 class _Session:
   """Everything built from a configuration before the first file is written."""
 
-  def __init__(self, config: TrainConfig):
+  def __init__(self, config: TrainConfig, task_builder):
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     self.config = config
     try:
-      self.task = build_task(config)
+      self.task = task_builder(config)
     except ValueError as e:
       raise ConfigError(str(e).splitlines()[0]) from e
     self.client_ids = list(self.task.datasets.train_data.client_ids)
@@ -593,6 +670,7 @@ class _Session:
     state = output.state
     metrics = {}
     _flatten('', output.metrics, metrics)
+    self.last_event = None
     if self.private:  # The event the aggregator actually ran this round.
       if self.config.bounding == config_lib.TFF_TREE:
         # TFF's tree queries report UnsupportedDpEvent: the same restarted
@@ -610,6 +688,7 @@ class _Session:
       else:
         event = accounting.round_event(event, self.config.clients_per_round,
                                        self.population, self.config.sampling)
+      self.last_event = event
       ledger.record(round_num, event)
     row = collections.OrderedDict(round=round_num, clients=len(cohort))
     row['train_loss'] = metrics.get('client_work/train/loss', math.nan)
@@ -623,7 +702,7 @@ class _Session:
         math.nan)
     row['epsilon'] = (ledger.guarantee(self.config.delta).epsilon
                       if self.private else math.inf)
-    if self.task.problem is not None:
+    if getattr(self.task, 'problem', None) is not None:
       row['objective'] = float(self.task.problem.report(
           self.process.get_model_weights(state).trainable))
     row['seconds'] = time.perf_counter() - started
@@ -658,76 +737,142 @@ class _Session:
                         math.nan)))
 
 
-def run(config: TrainConfig) -> dict[str, Any]:
-  """Trains (or resumes, or reports a finished) run per `config`."""
+def _last_eval(rows):
+  for row in reversed(rows):
+    if math.isfinite(row.get('eval_accuracy', math.nan)) or math.isfinite(
+        row.get('eval_loss', math.nan)):
+      return collections.OrderedDict(
+          eval_loss=row.get('eval_loss', math.nan),
+          eval_accuracy=row.get('eval_accuracy', math.nan))
+  return collections.OrderedDict(eval_loss=math.nan, eval_accuracy=math.nan)
+
+
+def _finished_summary(config: TrainConfig):
+  """A finished run's summary.json, if it agrees with the run's records.
+
+  summary.json is a report, never the truth: its epsilon and final figures
+  are recomputed from `releases.jsonl`. None (after saying why) when it
+  is damaged or disagrees: the caller then rebuilds it from the records.
+  """
+  out = config.output_dir
+  path = os.path.join(out, 'summary.json')
+  try:
+    stored = run_records.read_json(path, 'summary')
+    if not isinstance(stored, dict):
+      raise run_records.RunRecordError(f'{path} is not a summary (damaged).')
+  except run_records.RunRecordError as e:
+    print(f'{e} It is rebuilt from the run\'s records.', flush=True)
+    return None
+  log = run_records.ReleaseLog(out)
+  ledger = _ledger_of(log)
+  last_eval = _last_eval(log.rows())
+  expected = dict(
+      rounds=log.last_round,
+      epsilon=(ledger.guarantee(config.delta).epsilon if len(ledger)
+               else None),
+      final_eval_accuracy=last_eval['eval_accuracy'],
+      final_eval_loss=last_eval['eval_loss'])
+  expected = run_records.strict_json(expected)
+  expected['rounds'] = config.rounds if log.last_round == config.rounds else (
+      f'{log.last_round} released')
+  differs = [k for k, v in expected.items() if not _same(stored.get(k), v)]
+  if differs:
+    print(f'{path} does not match the run\'s records ({", ".join(differs)}); '
+          'it is rebuilt from them.', flush=True)
+    return None
+  return stored
+
+
+def _same(a, b) -> bool:
+  if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not (
+      isinstance(a, bool) or isinstance(b, bool)):
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+  return a == b
+
+
+def run(config: TrainConfig, task_builder: TaskBuilder) -> dict[str, Any]:
+  """Trains (or resumes, or reports a finished) run per `config`.
+
+  Args:
+    config: the run's configuration (`TrainConfig`).
+    task_builder: `task_builder(config)` returns the task to train: a
+      `tff.simulation.baselines.BaselineTask` (its `datasets.train_data`,
+      `train_preprocess_fn`, `test_data`, `eval_preprocess_fn` and
+      `model_fn`), optionally with `round_train_data(client_id, seed)` (data
+      drawn afresh every round) and `problem` (a synthetic objective). It is
+      called only when the run trains; a `ValueError` it raises is reported
+      as a `ConfigError`. `scripts.train` passes `scripts.program.build_task`
+      (the `--task` names of this repository's `tasks`).
+  """
   validate(config)
   out = config.output_dir
   status = existing_run(config)
   if status == 'finished':
-    print(f'{out}/ already holds this finished run (summary.json, '
-          'metrics.csv, ledger.json); nothing was changed.', flush=True)
-    with open(os.path.join(out, 'summary.json')) as f:
-      return json.load(f)
+    summary = _finished_summary(config)
+    if summary is not None:
+      csv_path = os.path.join(out, 'metrics.csv')
+      if run_records.repair_metrics_csv(
+          csv_path, run_records.ReleaseLog(out).rows()):
+        print(f'{csv_path} did not match {run_records.RELEASES}; it was '
+              'rebuilt from it.', flush=True)
+      else:
+        print(f'{out}/ already holds this finished run (summary.json, '
+              'metrics.csv, ledger.json); nothing was changed.', flush=True)
+      return summary
+    status = 'resume'
   if config.noise_seed is not None and config.private:
     print(f'WARNING: --noise_seed={config.noise_seed}: the DP noise is '
           'reproducible and predictable; this run is NOT private.',
           file=sys.stderr, flush=True)
+  # Read-only checks of the records, then the session: all before a write.
+  log = run_records.ReleaseLog(out) if status == 'resume' else None
   set_execution_context(config)
-  session = _Session(config)
+  session = _Session(config, task_builder)
   prepare_output_dir(config)  # The first write: everything is checked.
+  log = log or run_records.ReleaseLog(out)
 
-  state, ledger, start_round = session.initial_state(), None, 1
-  pending_row = None  # A checkpointed DP round not yet released.
-  manager = _checkpoint_manager(out)
-  if status == 'resume':
-    restored = _load_checkpoint(out, manager, state)
-    if restored is not None:
-      state, ledger, last, pending_row = restored
-      start_round = last + 1
-      print(f'Resuming {out}/ from its checkpoint after round {last} of '
-            f'{config.rounds}.', flush=True)
-  ledger = ledger or privacy_ledger.PrivacyLedger()
-  writers = _MetricsWriters(out, resuming=start_round > 1)
-  if pending_row is not None:
-    # Killed between the checkpoint and the release: release it now (the
-    # writers drop a row already there and write it again, identically).
-    writers.release(last, pending_row)
+  checkpoints = run_records.Checkpoints(os.path.join(out, 'checkpoints'))
+  state, start_round, pending = _restore(config, session, log, checkpoints)
+  ledger = _ledger_of(log)
+  writers = _MetricsWriters(out, log, status == 'resume', config,
+                            session.private)
+  if pending is not None:
+    # Killed between the checkpoint and the release: release the saved row
+    # (the round is never computed again).
+    round_num, row, event = pending
+    ledger.record(round_num, privacy_ledger.event_from_dict(event))
+    writers.release(round_num, row, event)
   progress = _Progress(config, start_round, session.private)
-  last_eval = collections.OrderedDict(eval_loss=math.nan,
-                                      eval_accuracy=math.nan)
-  last_row = {}
+  last_eval = _last_eval(log.rows())
   last_checkpoint = -math.inf
   for round_num in range(start_round, config.rounds + 1):
     state, row = session.train_round(state, round_num, ledger)
+    event = _event_dict(session.last_event)
     row.update(eval_loss=math.nan, eval_accuracy=math.nan)
     if round_num % config.eval_every == 0 or round_num == config.rounds:
       last_eval = session.evaluate(state)
       row.update(last_eval)
-    row = _released(row, config, session.private)
     if session.private:
       # Checkpoint (with the row), then release: no released round is ever
       # computed again, which would release a second aggregate under the
       # same noise. A kill between the two releases the row on resume.
-      _save_checkpoint(manager, state, ledger, round_num, row)
-      write_json(os.path.join(out, 'ledger.json'),
-                 _ledger_report(ledger, config, session))
-      writers.release(round_num, row)
+      checkpoints.save(round_num, _state_leaves(session.process, state), dict(
+          pending=dict(row=run_records.strict_json(row), event=event),
+          log_hash=log.hash_at(round_num - 1)))
+      writers.release(round_num, row, event)
     else:
       # Release, then checkpoint when due: a kill in between re-runs the
-      # round from the previous checkpoint and rewrites its row.
-      writers.release(round_num, row)
+      # rounds after the checkpoint and rewrites their rows.
+      writers.release(round_num, row, event)
       if (round_num % config.checkpoint_every == 0 and
           time.monotonic() - last_checkpoint >= config.checkpoint_interval_s
          ) or round_num == config.rounds:
         last_checkpoint = time.monotonic()
-        _save_checkpoint(manager, state, ledger, round_num)
-        write_json(os.path.join(out, 'ledger.json'),
-                   _ledger_report(ledger, config, session))
+        checkpoints.save(round_num, _state_leaves(session.process, state),
+                         dict(pending=None, log_hash=log.hash_at(round_num)))
     progress.update(round_num, row, last_eval)
-    last_row = row
   progress.close()
-  return _finish(config, session, ledger, last_eval, last_row,
-                 session.audit_report(state))
+  return _finish(config, session, ledger, log, session.audit_report(state))
 
 
 class _Progress:
@@ -774,31 +919,34 @@ def _noise_label(config, session):
   return 'secret (OS entropy; the key is kept only in checkpoints/)'
 
 
-def _ledger_report(ledger, config, session):
+def _ledger_report(ledger, config, session, log):
   report = {'delta': config.delta, 'noise_multiplier': session.noise_multiplier,
             'sampling': config.sampling,
             'noise': _noise_label(config, session),
             'ledger': ledger.to_dict()}
-  if len(ledger):
+  if len(ledger):  # Each round's epsilon, as released in its row.
     report['epsilon_per_round'] = [
-        [r, e] for r, e in ledger.epsilon_history(config.delta)]
+        [r['round'], r['row']['epsilon']] for r in log.records
+        if r['event'] is not None]
   return report
 
 
-def _finish(config, session, ledger, last_eval, last_row, audit_report=None):
+def _finish(config, session, ledger, log, audit_report=None):
   out = config.output_dir
-  summary = _summary(config, session, ledger, last_eval, last_row)
+  rows = log.rows()
+  summary = _summary(config, session, ledger, _last_eval(rows),
+                     rows[-1] if rows else {})
   if audit_report is not None:
     summary['empirical_epsilon'] = audit_report
   write_json(os.path.join(out, 'ledger.json'),
-             _ledger_report(ledger, config, session))
+             _ledger_report(ledger, config, session, log))
   from tff_clip import plotting  # pylint: disable=g-import-not-at-top
   plotting.plot_metrics(os.path.join(out, 'metrics.csv'),
                         os.path.join(out, 'plot.png'),
                         title=config.experiment_name)
   # Last: its presence marks the run finished.
   write_json(os.path.join(out, 'summary.json'), summary)
-  return _strict(summary)
+  return run_records.strict_json(summary)
 
 
 def _summary(config, session, ledger, last_eval, last_row):

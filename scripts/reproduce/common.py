@@ -175,6 +175,7 @@ def train(output_dir: str, name: str, **config_fields) -> dict:
   than trained again, so an interrupted reproduction picks up where it was.
   """
   from tff_clip import plotting  # pylint: disable=g-import-not-at-top
+  from scripts import program  # pylint: disable=g-import-not-at-top
   from tff_clip import training  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   config = training.TrainConfig(
@@ -198,7 +199,7 @@ def train(output_dir: str, name: str, **config_fields) -> dict:
     from unittest import mock  # pylint: disable=g-import-not-at-top
     with mock.patch.object(training, 'set_execution_context',
                            lambda config: None):
-      summary = dict(training.run(config))
+      summary = dict(program.run(config))
   summary['metrics'] = plotting.read_metrics(
       os.path.join(config.output_dir, 'metrics.csv'))
   return summary

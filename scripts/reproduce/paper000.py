@@ -1,4 +1,4 @@
-"""Seed 000: Zhang et al., "Understanding Clipping for Federated Learning:
+"""Zhang et al. 2022, "Understanding Clipping for Federated Learning:
 Convergence and Client-Level Differential Privacy" (ICML 2022).
 
 Claims checked:
@@ -17,6 +17,10 @@ Claims checked:
     the paper's MLP 784-200-10, full-batch local steps (sigma_l = 0, so
     alpha_i = alpha~_i and the local-variance term is 0), IID versus the
     paper's "2 large + 8 small classes" split.
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
 """
 
 from __future__ import annotations
@@ -222,7 +226,7 @@ def clipping_bias(report, quick, output_dir):
             label=partition)
   ax.set_xlabel('round')
   ax.set_ylabel('(1/N) sum |alpha~_i - alpha-bar|')
-  ax.set_title('Cross-client clipping bias (seed 000, Thm 3.1)')
+  ax.set_title('Cross-client clipping bias (Zhang et al. 2022, Thm 3.1)')
   ax.legend()
   report.plots.append(common.save_figure(fig, output_dir, 'clipping_bias.png'))
   plt.close(fig)

@@ -1,4 +1,4 @@
-"""Seed 001: Yang, Qiu, Liu, "Taming Fat-Tailed Noise in Federated Learning".
+"""Yang, Qiu, Liu 2022, "Taming Fat-Tailed Noise in Federated Learning".
 
 Sec. 5.1: f(x, xi) = 1/2 ||x||^2 + <xi, x>, m = 5 clients, fresh noise at
 every local stochastic gradient (`fat_tailed_quadratic`, whose

@@ -1,4 +1,4 @@
-"""Seed 002: Pelikan et al., "Enabling Differentially Private Federated
+"""Pelikan et al. 2025, "Enabling Differentially Private Federated
 Learning for Speech Recognition" (NeurIPS 2025).
 
 Claims checked:
@@ -128,7 +128,7 @@ def training_claims(report, quick, output_dir):
     ax.plot(*zip(*points), marker='o', label=name)
   ax.set_xlabel('round')
   ax.set_ylabel('test accuracy (seed 0)')
-  ax.set_title('Seed 002 on digits, equal epsilon')
+  ax.set_title('Pelikan et al. 2025 on digits, equal epsilon')
   ax.legend(fontsize=7)
   report.plots.append(common.save_figure(fig, output_dir, 'per_layer_lamb.png'))
   plt.close(fig)

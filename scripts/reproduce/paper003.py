@@ -1,4 +1,4 @@
-"""Seed 003: Das et al., "On the Convergence of Differentially Private
+"""Das et al. 2022, "On the Convergence of Differentially Private
 Federated Learning on Non-Lipschitz Objectives, and with Normalized Client
 Updates".
 
@@ -179,7 +179,7 @@ def run(quick: bool, output_dir: str) -> common.Report:
                 f'C={clip_norm:g}')
   ax.set_xlabel('round')
   ax.set_ylabel('f(w) - f(w*)')
-  ax.set_title(f'Seed 003 Fig. 1 (I1, eta = {ETA})')
+  ax.set_title(f'Das et al. 2022, Fig. 1 (I1, eta = {ETA})')
   ax.legend()
   report.plots.append(common.save_figure(fig, out, 'fig1.png'))
   plt.close(fig)

@@ -1,4 +1,4 @@
-"""Seed 004: Cheng et al., "Differentially Private Federated Learning with
+"""Cheng et al. 2022, "Differentially Private Federated Learning with
 Local Regularization and Sparsification" (CVPR 2022).
 
 Claim (Table 1, Sec. 7): DP-FedAvg + BLUR + LUS beats vanilla DP-FedAvg at
@@ -64,7 +64,7 @@ def run(quick: bool, output_dir: str) -> common.Report:
       server_learning_rate=1.0, eval_every=s['rounds'], delta=1e-5)
   arms = [('DP-FedAvg', {})] + [
       (f'BLUR {lam:g} + LUS {c:g}',
-       dict(blur_lambda=lam, blur_clip_norm=CLIP_NORM, lus_sparsity=c))
+       dict(blur_strength=lam, blur_clip_norm=CLIP_NORM, lus_sparsity=c))
       for lam, c in s['grid']]
   accuracy = {name: [] for name, _ in arms}
   epsilon = {name: [] for name, _ in arms}

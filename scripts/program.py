@@ -1,0 +1,143 @@
+"""The training program's tasks: `--task` names and options -> a TFF task.
+
+`tff_clip.training` is the program logic and takes any task from its
+caller (`training.run(config, task_builder)`); this module resolves the
+names of this repository's `tasks` (`--task`, `--data_source`,
+`--partition`, `--task_option`), and is what `scripts.train`, the sweeps,
+benchmarks and reproductions call. The library (`tff_clip`) never imports
+`tasks` or `scripts`.
+"""
+
+import math
+
+from tff_clip import config as config_lib
+from tff_clip import training
+from tff_clip.config import ConfigError, TrainConfig
+
+__all__ = ['build_task', 'format_epsilon', 'format_summary',
+           'meaning_of_epsilon', 'run', 'validate']
+
+
+def _check_task_options(config):
+  if not config.task_options:
+    return  # `tasks.registry` imports TFF: only when options are given.
+  keys = [pair[0] if isinstance(pair, tuple) and len(pair) == 2 else None
+          for pair in config.task_options]
+  if None in keys:
+    raise ConfigError('--task_option must be key=value pairs; got '
+                      f'{config.task_options!r}.')
+  import tasks  # pylint: disable=g-import-not-at-top
+  accepted = tasks.task_options(config.task)
+  for key in keys:
+    if keys.count(key) > 1:
+      raise ConfigError(f'--task_option {key!r} is given twice.')
+    if key not in accepted:
+      raise ConfigError(
+          f'--task_option {key!r} is not an option of task {config.task!r}; '
+          f'its options are: {", ".join(accepted) or "none"}.')
+
+
+def _check_task(config):
+  # The task registry's names, read without importing TensorFlow.
+  from tasks import names as task_names  # pylint: disable=g-import-not-at-top
+  config_lib.one_of(config.task, 'task', task_names.TASK_NAMES)
+  if config.partition is not None:
+    if config.task not in task_names.PARTITIONABLE:
+      raise ConfigError(f'--partition applies to image tasks '
+                        f'({", ".join(task_names.PARTITIONABLE)}); '
+                        f'{config.task!r} has its own clients.')
+    config_lib.one_of(config.partition, 'partition',
+                      task_names.PARTITION_NAMES)
+  _check_task_options(config)
+  sources = task_names.DATA_SOURCES[config.task]
+  if config.data_source not in sources:
+    raise ConfigError(f'--data_source for {config.task!r} must be one of '
+                      f'{", ".join(sources)}; got {config.data_source!r}.')
+
+
+def validate(config: TrainConfig) -> None:
+  """`tff_clip.config.validate` and the task flags; `ConfigError` names one."""
+  config_lib.validate(config)
+  _check_task(config)
+
+
+def build_task(config: TrainConfig):
+  """The `tasks.get_task` task that `config`'s task flags name."""
+  import tasks  # pylint: disable=g-import-not-at-top
+  # The task's own shuffle is off: the training loop shuffles every client's
+  # data with a seed of (seed, round, client), so a resumed run sees the
+  # same order as an uninterrupted one.
+  try:
+    return tasks.get_task(
+        config.task, data_source=config.data_source,
+        num_clients=config.num_clients, partition=config.partition,
+        partition_alpha=config.partition_alpha, seed=config.seed,
+        train_batch_size=config.batch_size, local_epochs=config.local_epochs,
+        shuffle_buffer_size=1, cache_dir=config.cache_dir,
+        **dict(config.task_options))
+  except (TypeError, ValueError) as e:
+    if not config.task_options:
+      raise
+    raise ConfigError(f'--task_option (task {config.task!r}): {e}') from e
+
+
+def run(config: TrainConfig):
+  """Trains (or resumes, or reports) `config`'s run on its named task."""
+  validate(config)
+  return training.run(config, build_task)
+
+
+def format_epsilon(epsilon) -> str:
+  """Epsilon as printed: never 0 for a noisy mechanism (it is only small)."""
+  if epsilon is None or not math.isfinite(epsilon):
+    return 'infinite'
+  if epsilon < 1e-3:
+    return '< 0.001'
+  return f'{epsilon:.4g}'
+
+
+def meaning_of_epsilon(epsilon, delta) -> str:
+  """What the figure means: the odds bound of user-level (epsilon, delta)-DP."""
+  if epsilon is None or not math.isfinite(epsilon):
+    return 'Meaning: no guarantee.'
+  odds = math.exp(min(epsilon, 700.0))
+  return ('Meaning: from everything this run released, no observer can '
+          'raise its odds that a given client took part by more than a '
+          f'factor e^epsilon = {odds:.3g}, except with probability {delta:g}.')
+
+
+def format_summary(summary) -> str:
+  """The end-of-run report of `training.run`'s summary."""
+  lines = ['', f'== {summary["experiment"]} ==']
+  if summary.get('final_objective') is not None:
+    lines.append(f'final objective ({summary["objective_name"]}): '
+                 f'{summary["final_objective"]:.6g}')
+  if summary.get('final_eval_accuracy') is not None:
+    lines.append(
+        f'final eval accuracy: {summary["final_eval_accuracy"]:.4f}')
+  epsilon = summary['epsilon']
+  if summary['noise_multiplier'] is None:
+    lines.append('privacy: none (no noise, no DP guarantee)')
+  else:
+    lines.append(
+        f'privacy: epsilon = {format_epsilon(epsilon)} at delta = '
+        f'{summary["delta"]:g} (z = {summary["noise_multiplier"]:.4g}, '
+        f'{summary["clients_per_round"]} of {summary["population_size"]} '
+        f'clients per round, {summary["sampling"]} sampling, '
+        f'{summary["rounds"]} rounds); noise: {summary["noise"]}')
+    lines.append('  ' + meaning_of_epsilon(epsilon, summary['delta']))
+    if summary.get('not_covered_by_epsilon'):
+      lines.append('  NOT covered by epsilon (released on request): ' +
+                   ', '.join(summary['not_covered_by_epsilon']))
+    ext = summary.get('extrapolated')
+    if ext:
+      lines.append(
+          '  The same noise on the average (z/n fixed) with '
+          f'{ext["clients_per_round"]:,} of {ext["population_size"]:,} '
+          f'clients per round would give epsilon = '
+          f'{format_epsilon(ext["epsilon"])} (z = '
+          f'{ext["noise_multiplier"]:.4g}, same rounds and delta).')
+  if summary.get('empirical_epsilon'):
+    from tff_clip import audit  # pylint: disable=g-import-not-at-top
+    lines.append(audit.format_report(summary['empirical_epsilon'], epsilon))
+  return '\n'.join(lines)

@@ -1,0 +1,297 @@
+"""Specification: a run directory is a checked record (`tff_clip.run_records`).
+
+Damage, loss and tampering never make a DP run restart, release a round
+twice or report an epsilon below what its released rounds spent; damaged
+files are named in one line; every file is written atomically and durably.
+"""
+
+import csv
+import dataclasses
+import errno
+import json
+import os
+import shutil
+
+import dp_accounting
+import numpy as np
+import pytest
+
+from scripts import program
+from tff_clip import run_records
+from tff_clip import training
+
+ROUNDS = 3
+BASE = training.TrainConfig(rounds=ROUNDS, clients_per_round=6, eval_every=1,
+                            seed=3, progress=False, experiment_name='run')
+
+
+def _config(root, **changes):
+  return dataclasses.replace(BASE, root_output_dir=str(root), **changes)
+
+
+def _rows(path):
+  with open(path, newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def _released_epsilon(run_dir):
+  """Epsilon of the events in releases.jsonl, by dp_accounting directly."""
+  from tff_clip import privacy_ledger  # pylint: disable=g-import-not-at-top
+  accountant = dp_accounting.rdp.RdpAccountant()
+  with open(run_dir / 'releases.jsonl') as f:
+    for line in f:
+      accountant.compose(privacy_ledger.event_from_dict(
+          json.loads(line)['event']))
+  return accountant.get_epsilon(BASE.delta)
+
+
+@pytest.fixture(scope='module')
+def finished(tmp_path_factory):
+  root = tmp_path_factory.mktemp('finished')
+  summary = program.run(_config(root))
+  return root / 'run', summary
+
+
+@pytest.fixture
+def copy(finished, tmp_path):
+  """A copy of the finished run, to damage."""
+  run_dir, _ = finished
+  shutil.copytree(run_dir, tmp_path / 'run')
+  return tmp_path / 'run'
+
+
+def _files(run_dir):
+  return {p.relative_to(run_dir): p.read_bytes()
+          for p in run_dir.rglob('*') if p.is_file()}
+
+
+# ----------------------------------------------------------------------------
+# Lost or damaged checkpoints: refuse, count what was released, change nothing.
+
+
+def test_lost_checkpoints_refuse_and_count_the_released_rounds(copy):
+  (copy / 'summary.json').unlink()  # Killed after round 3's release.
+  shutil.rmtree(copy / 'checkpoints')
+  before = _files(copy)
+  with pytest.raises(run_records.RunRecordError) as error:
+    program.run(_config(copy.parent))
+  message = str(error.value)
+  assert '\n' not in message
+  assert f'rounds 1-{ROUNDS} were released' in message
+  epsilon = float(message.split('spent epsilon = ')[1].split()[0])
+  assert epsilon == pytest.approx(_released_epsilon(copy), rel=1e-3)
+  assert _files(copy) == before  # Never restarted from round 1.
+
+
+def test_damaged_latest_checkpoint_never_recomputes_a_released_round(copy):
+  (copy / 'summary.json').unlink()
+  latest = sorted((copy / 'checkpoints').iterdir())[-1]
+  latest.write_bytes(latest.read_bytes()[:100])  # Torn.
+  before = _files(copy)
+  with pytest.raises(run_records.RunRecordError,
+                     match=f'rounds {ROUNDS}-{ROUNDS} were released'):
+    program.run(_config(copy.parent))
+  assert _files(copy) == before
+
+
+def test_checkpoint_of_another_log_is_refused(copy, finished):
+  (copy / 'summary.json').unlink()
+  log = (copy / 'releases.jsonl').read_text().splitlines()
+  record = json.loads(log[0])
+  record['row']['eval_accuracy'] = 0.99  # Edited, hash recomputed below.
+  from tff_clip.run_records import _dumps, _line_hash  # pylint: disable=g-import-not-at-top
+  previous = '0' * 64
+  rewritten = []
+  for line in [json.dumps(record)] + log[1:]:
+    rec = json.loads(line)
+    rec['hash'] = _line_hash(previous, _dumps(
+        {k: rec[k] for k in ('round', 'row', 'event')}))
+    previous = rec['hash']
+    rewritten.append(json.dumps(rec, sort_keys=True))
+  (copy / 'releases.jsonl').write_text('\n'.join(rewritten) + '\n')
+  with pytest.raises(run_records.RunRecordError, match='does not belong'):
+    program.run(_config(copy.parent))
+
+
+def test_edited_release_log_is_refused_naming_the_line(copy):
+  lines = (copy / 'releases.jsonl').read_text().splitlines()
+  lines[1] = lines[1].replace('"sampling_probability": 0.12',
+                              '"sampling_probability": 0.01')
+  (copy / 'releases.jsonl').write_text('\n'.join(lines) + '\n')
+  (copy / 'summary.json').unlink()
+  with pytest.raises(run_records.RunRecordError,
+                     match=r'releases.jsonl, line 2: damaged or edited'):
+    program.run(_config(copy.parent))
+
+
+def test_torn_last_release_is_released_again_from_its_checkpoint(copy):
+  (copy / 'summary.json').unlink()
+  text = (copy / 'releases.jsonl').read_bytes()
+  complete = text.splitlines(keepends=True)
+  (copy / 'releases.jsonl').write_bytes(
+      b''.join(complete[:-1]) + complete[-1][:40])  # Killed mid-append.
+  program.run(_config(copy.parent))
+  assert (copy / 'releases.jsonl').read_bytes() == text
+
+
+# ----------------------------------------------------------------------------
+# Records are checked, never trusted or lost silently.
+
+
+@pytest.mark.parametrize('damage', ['cut_mid_line', 'truncated', 'garbage'])
+def test_damaged_metrics_csv_is_rebuilt_from_the_release_log(
+    copy, finished, damage):
+  run_dir, _ = finished
+  metrics = copy / 'metrics.csv'
+  text = metrics.read_text()
+  metrics.write_text({'cut_mid_line': text[:len(text) - 20],
+                      'truncated': text.splitlines(keepends=True)[0],
+                      'garbage': '\x00\x01not,a\ncsv"file'}[damage])
+  program.run(_config(copy.parent))
+  assert _rows(metrics) == _rows(run_dir / 'metrics.csv')
+  assert len(_rows(metrics)) == ROUNDS
+
+
+def test_edited_summary_is_recomputed_from_the_records(copy, finished):
+  _, summary = finished
+  data = json.loads((copy / 'summary.json').read_text())
+  data['epsilon'] = 0.5
+  (copy / 'summary.json').write_text(json.dumps(data))
+  again = program.run(_config(copy.parent))
+  assert again['epsilon'] == pytest.approx(summary['epsilon'], rel=1e-12)
+  assert again['epsilon'] == pytest.approx(_released_epsilon(copy), rel=1e-3)
+  assert json.loads((copy / 'summary.json').read_text())['epsilon'] == (
+      again['epsilon'])
+
+
+@pytest.mark.parametrize('content', [b'', b'{"epsilon": 8.8, "ro'])
+def test_empty_or_truncated_summary_is_rebuilt(copy, finished, content):
+  _, summary = finished
+  (copy / 'summary.json').write_bytes(content)
+  again = program.run(_config(copy.parent))
+  assert again['epsilon'] == summary['epsilon']
+  assert again['final_eval_accuracy'] == summary['final_eval_accuracy']
+
+
+@pytest.mark.parametrize('damage', ['truncated', 'directory'])
+def test_damaged_config_is_one_line_naming_the_file(copy, damage):
+  path = copy / 'config.json'
+  if damage == 'truncated':
+    path.write_text(path.read_text()[:30])
+  else:
+    path.unlink()
+    path.mkdir()
+  before = _files(copy)
+  with pytest.raises(run_records.RunRecordError) as error:
+    program.run(_config(copy.parent))
+  assert 'config.json' in str(error.value) and '\n' not in str(error.value)
+  assert _files(copy) == before
+
+
+def test_kill_after_the_last_release_keeps_the_final_evaluation(copy,
+                                                                finished):
+  _, summary = finished
+  (copy / 'summary.json').unlink()  # Killed before the summary was written.
+  again = program.run(_config(copy.parent))
+  assert again['final_eval_accuracy'] == summary['final_eval_accuracy']
+  assert again['final_eval_accuracy'] is not None
+
+
+def test_rerun_of_a_finished_run_reports_its_records_and_changes_nothing(
+    copy, finished):
+  _, summary = finished
+  before = _files(copy)
+  assert program.run(_config(copy.parent)) == summary
+  assert _files(copy) == before
+
+
+# ----------------------------------------------------------------------------
+# Atomic, durable writes; a full disk is one line naming the path.
+
+
+def test_writes_are_fsynced_file_and_directory(tmp_path, monkeypatch):
+  synced = []
+  real_fsync = os.fsync
+
+  def spy(fd):
+    synced.append(os.readlink(f'/proc/self/fd/{fd}'))
+    real_fsync(fd)
+
+  monkeypatch.setattr(run_records.os, 'fsync', spy)
+  run_records.write_json(str(tmp_path / 'a.json'), {'x': 1})
+  assert synced == [str(tmp_path / '.a.json.tmp'), str(tmp_path)]
+  synced.clear()
+  log = run_records.ReleaseLog(str(tmp_path))
+  log.append(1, {'round': 1, 'epsilon': 1.0}, None)
+  assert str(tmp_path / 'releases.jsonl') in synced
+
+
+def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
+  path = tmp_path / 'a.json'
+  run_records.write_json(str(path), {'x': 1})
+
+  def no_space(fd):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(run_records.os, 'fsync', no_space)
+  with pytest.raises(run_records.RunRecordError) as error:
+    run_records.write_json(str(path), {'x': 2})
+  assert str(path) in str(error.value) and 'No space left' in str(error.value)
+  assert json.loads(path.read_text()) == {'x': 1}
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['a.json']
+
+
+def test_full_disk_mid_run_is_one_line_and_the_run_resumes(
+    tmp_path, monkeypatch, finished):
+  run_dir, summary = finished
+  real_fsync = os.fsync
+  calls = {'n': 0}
+
+  def fills_up(fd):
+    if os.readlink(f'/proc/self/fd/{fd}').endswith('round_000002.npz.tmp'):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    calls['n'] += 1
+    real_fsync(fd)
+
+  monkeypatch.setattr(run_records.os, 'fsync', fills_up)
+  config = _config(tmp_path, noise_seed=7)
+  with pytest.raises(run_records.RunRecordError) as error:
+    program.run(config)
+  message = str(error.value)
+  assert '\n' not in message and 'round_000002.npz' in message
+  assert 'No space left on device' in message
+  assert [r['round'] for r in _rows(tmp_path / 'run' / 'metrics.csv')] == ['1']
+  monkeypatch.setattr(run_records.os, 'fsync', real_fsync)
+  again = program.run(config)  # Space freed: resumes after round 1.
+  assert [r['round'] for r in _rows(tmp_path / 'run' / 'metrics.csv')] == [
+      '1', '2', '3']
+  assert again['epsilon'] == pytest.approx(summary['epsilon'], rel=1e-12)
+
+
+# ----------------------------------------------------------------------------
+# The end-of-run message says what epsilon means, never "epsilon = 0".
+
+
+def _summary(epsilon, extrapolated):
+  return dict(experiment='e', final_eval_accuracy=0.9, epsilon=epsilon,
+              noise_multiplier=1.0, delta=1e-5, clients_per_round=50,
+              population_size=1000, sampling='poisson', rounds=300,
+              noise='secret',
+              extrapolated=dict(population_size=1_000_000,
+                                clients_per_round=1000, noise_multiplier=20.0,
+                                epsilon=extrapolated))
+
+
+def test_end_of_run_message_explains_epsilon_without_a_fixed_verdict():
+  text = program.format_summary(_summary(4.0, 0.02))
+  assert 'far too small' not in text
+  assert 'epsilon = 4 at delta = 1e-05' in text
+  assert f'e^epsilon = {np.exp(4.0):.3g}' in text  # 54.6
+
+
+def test_a_tiny_epsilon_is_never_printed_as_zero():
+  text = program.format_summary(_summary(4.0, 0.0))
+  assert 'epsilon = 0 ' not in text and 'epsilon = 0.0' not in text
+  assert 'would give epsilon = < 0.001' in text
+  assert program.format_epsilon(3e-7) == '< 0.001'
+  assert program.format_epsilon(0.004) == '0.004'

@@ -1,0 +1,410 @@
+"""A run directory as a checked record: atomic files, a hash-chained log of
+released rounds, and flat-array checkpoints that name the release they cover.
+
+What a training run has released is what its privacy guarantee must count,
+so the run directory keeps it in one append-only file, `releases.jsonl`: one
+line per released round with the round's row (what was published) and its
+DP event (what was spent), each line carrying the SHA-256 of the previous
+line's hash and its own content. `metrics.csv` is a view of that log, rebuilt
+from it whenever it could be stale or damaged. A checkpoint
+(`checkpoints/round_NNNNNN.npz`: the state's leaves as arrays and a small JSON
+header) records the log hash of the last round it covers, so resuming from a
+checkpoint that does not belong to the log is detected.
+
+Every file is written atomically: a temporary file in the same directory,
+flushed and fsynced, renamed over the target, and the directory fsynced
+(POSIX rename is atomic; the directory fsync makes the rename itself
+durable). An append to the log is flushed and fsynced before the call
+returns. A write that fails (a full disk, a read-only file system) raises
+`RunRecordError` naming the path; nothing already written is touched.
+
+Each per-round operation costs O(1) in the number of rounds: one line
+appended to the log and to `metrics.csv`, one checkpoint of fixed size.
+
+None of this imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import hashlib
+import io
+import json
+import math
+import os
+import re
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+__all__ = [
+    'Checkpoints', 'ReleaseLog', 'RunRecordError', 'atomic_write',
+    'read_json', 'strict_json', 'write_json',
+]
+
+RELEASES = 'releases.jsonl'
+_GENESIS = '0' * 64
+
+
+class RunRecordError(Exception):
+  """A run-directory file cannot be read, trusted or written (one line)."""
+
+
+# ----------------------------------------------------------------------------
+# Atomic, durable writes.
+
+
+def _fsync_dir(directory: str) -> None:
+  try:
+    fd = os.open(directory or '.', os.O_RDONLY)
+  except OSError:
+    return  # Not every platform opens directories; the rename still holds.
+  try:
+    os.fsync(fd)
+  except OSError:
+    pass
+  finally:
+    os.close(fd)
+
+
+def _write_error(path: str, error: OSError) -> RunRecordError:
+  reason = os.strerror(error.errno) if error.errno else str(error)
+  hint = (' Free some space and rerun the same command: the run resumes.'
+          if error.errno in (errno.ENOSPC, errno.EDQUOT) else '')
+  return RunRecordError(f'cannot write {path}: {reason}. Nothing already '
+                        f'written was changed.{hint}')
+
+
+def atomic_write(path: str, data: bytes) -> None:
+  """Writes `data` to `path` atomically and durably (tmp, fsync, rename)."""
+  directory = os.path.dirname(os.path.abspath(path))
+  tmp = os.path.join(directory, f'.{os.path.basename(path)}.tmp')
+  try:
+    with open(tmp, 'wb') as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except OSError as e:
+    try:
+      os.remove(tmp)
+    except OSError:
+      pass
+    raise _write_error(path, e) from None
+  _fsync_dir(directory)
+
+
+def strict_json(value):
+  """JSON-safe: non-finite floats become null (strict JSON has no NaN)."""
+  if isinstance(value, Mapping):
+    return {str(k): strict_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [strict_json(v) for v in value]
+  if isinstance(value, (float, np.floating)):
+    return float(value) if math.isfinite(value) else None
+  if isinstance(value, np.integer):
+    return int(value)
+  if isinstance(value, np.bool_):
+    return bool(value)
+  return value
+
+
+def _dumps(value, **kwargs) -> str:
+  return json.dumps(strict_json(value), sort_keys=True, allow_nan=False,
+                    **kwargs)
+
+
+def write_json(path: str, data) -> None:
+  """Atomic, durable, strict JSON (no NaN/Infinity)."""
+  atomic_write(path, (_dumps(data, indent=2) + '\n').encode())
+
+
+def read_json(path: str, what: str = 'file'):
+  """The JSON at `path`, or `RunRecordError` naming it (never a traceback)."""
+  try:
+    with open(path, 'rb') as f:
+      text = f.read()
+  except OSError as e:
+    raise RunRecordError(f'{path}: cannot read this {what} '
+                         f'({os.strerror(e.errno) if e.errno else e}).'
+                         ) from None
+  try:
+    return json.loads(text)
+  except ValueError:
+    problem = 'is empty' if not text.strip() else 'is not valid JSON'
+    raise RunRecordError(f'{path} {problem} (damaged or truncated {what}).'
+                         ) from None
+
+
+def _rows_from_json(row: Mapping[str, Any]) -> dict[str, Any]:
+  return {k: math.nan if v is None else v for k, v in row.items()}
+
+
+# ----------------------------------------------------------------------------
+# The log of released rounds.
+
+
+def _line_hash(previous: str, body: str) -> str:
+  return hashlib.sha256((previous + body).encode()).hexdigest()
+
+
+class ReleaseLog:
+  """`releases.jsonl`: the rounds a run released, hash-chained, append-only.
+
+  Each line is `{"round", "row", "event", "hash"}`: `event` is the round's
+  DP event as `privacy_ledger.event_to_dict` writes it (None without DP),
+  `hash` the SHA-256 of the previous line's hash and this line's other
+  fields. Opening a log verifies every line. A last line cut by a kill
+  (no newline, or not JSON) was never released: it is dropped, and the
+  caller's checkpoint still holds that round's row. A complete line that
+  does not verify raises `RunRecordError` naming the file and line.
+  """
+
+  def __init__(self, run_dir: str):
+    self.path = os.path.join(run_dir, RELEASES)
+    self._records: list[dict[str, Any]] = []
+    self._hashes: list[str] = []
+    self.dropped_torn_line = False
+    if os.path.isdir(self.path):
+      raise RunRecordError(f'{self.path} is a directory, not the log of '
+                           'released rounds.')
+    if os.path.exists(self.path):
+      self._load()
+
+  def _load(self) -> None:
+    try:
+      with open(self.path, 'rb') as f:
+        data = f.read()
+    except OSError as e:
+      raise RunRecordError(f'{self.path}: cannot read the log of released '
+                           f'rounds ({os.strerror(e.errno)}).') from None
+    lines = data.split(b'\n')
+    tail = lines.pop()  # b'' when the file ends with a newline.
+    previous = _GENESIS
+    for number, line in enumerate(lines, start=1):
+      try:
+        record = json.loads(line)
+        body = _dumps({k: record[k] for k in ('round', 'row', 'event')})
+        expected_round = len(self._records) + 1
+        valid = (record['round'] == expected_round and
+                 record['hash'] == _line_hash(previous, body))
+      except (ValueError, KeyError, TypeError):
+        valid = False
+      if not valid:
+        raise RunRecordError(
+            f'{self.path}, line {number}: damaged or edited (its hash chain '
+            'does not verify). The run cannot be trusted or continued; '
+            'nothing was changed.')
+      previous = record['hash']
+      self._hashes.append(previous)
+      self._records.append(record)
+    if tail:
+      self.dropped_torn_line = True
+    if self.dropped_torn_line:
+      self._rewrite()
+
+  def _rewrite(self) -> None:
+    atomic_write(self.path, b''.join(
+        (json.dumps(r) + '\n').encode()
+        for r in self._records))
+
+  def __len__(self) -> int:
+    return len(self._records)
+
+  @property
+  def last_round(self) -> int:
+    """The last released round (0 when none)."""
+    return len(self._records)
+
+  def hash_at(self, round_num: int) -> str:
+    """The chain hash after round `round_num` (the genesis hash for 0)."""
+    return self._hashes[round_num - 1] if round_num else _GENESIS
+
+  @property
+  def records(self) -> Sequence[Mapping[str, Any]]:
+    return tuple(self._records)
+
+  def rows(self) -> list[dict[str, Any]]:
+    """The released rows, NaN where a value was not finite."""
+    return [_rows_from_json(r['row']) for r in self._records]
+
+  def row(self, round_num: int) -> dict[str, Any]:
+    """The row released for `round_num`, as `rows` gives it."""
+    return _rows_from_json(self._records[round_num - 1]['row'])
+
+  def events(self) -> list[tuple[int, Optional[Mapping[str, Any]]]]:
+    return [(r['round'], r['event']) for r in self._records]
+
+  def append(self, round_num: int, row: Mapping[str, Any],
+             event: Optional[Mapping[str, Any]]) -> None:
+    """Releases round `round_num` (the next one): one durable line."""
+    if round_num != self.last_round + 1:
+      raise RunRecordError(
+          f'{self.path}: round {round_num} cannot follow round '
+          f'{self.last_round} (a round is released once, in order).')
+    fields = {'round': round_num, 'row': strict_json(dict(row)),
+              'event': event}
+    body = _dumps(fields)
+    record = dict(fields, hash=_line_hash(self.hash_at(self.last_round), body))
+    line = (json.dumps(record) + '\n').encode()
+    try:
+      with open(self.path, 'ab') as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+    except OSError as e:
+      self._rewrite_quietly()
+      raise _write_error(self.path, e) from None
+    if len(self._records) == 0:
+      _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+    self._records.append(record)
+    self._hashes.append(record['hash'])
+
+  def _rewrite_quietly(self) -> None:
+    # A partial append (full disk) must not leave half a line behind.
+    try:
+      self._rewrite()
+    except RunRecordError:
+      pass  # Dropped as a torn line when the log is next opened.
+
+  def truncate(self, last_round: int) -> None:
+    """Forgets rounds after `last_round` (only for runs without DP)."""
+    if last_round < self.last_round:
+      del self._records[last_round:]
+      del self._hashes[last_round:]
+      self._rewrite()
+
+
+def metrics_csv(rows: Iterable[Mapping[str, Any]]) -> bytes:
+  """The text of `metrics.csv` for the released rows (a view of the log)."""
+  rows = list(rows)
+  fields = _fieldnames(rows)
+  buffer = io.StringIO()
+  writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator='\n')
+  writer.writeheader()
+  for row in rows:
+    writer.writerow({k: row.get(k, '') for k in fields})
+  return buffer.getvalue().encode()
+
+
+def write_metrics_csv(path: str, rows: Iterable[Mapping[str, Any]]) -> None:
+  """`metrics.csv` from the released rows, atomically."""
+  atomic_write(path, metrics_csv(rows))
+
+
+def repair_metrics_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> bool:
+  """Rebuilds `path` from `rows` unless it already holds them; True if so."""
+  try:
+    with open(path, 'rb') as f:
+      if f.read() == metrics_csv(rows):
+        return False
+  except OSError:
+    pass
+  write_metrics_csv(path, rows)
+  return True
+
+
+def append_metrics_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
+  """Appends the last of `rows` (or rebuilds the file if its columns grew)."""
+  fields = _fieldnames(rows)
+  header = None
+  if os.path.exists(path):
+    with open(path, newline='') as f:
+      header = next(csv.reader(f), None)
+  if header != fields:
+    write_metrics_csv(path, rows)
+    return
+  buffer = io.StringIO()
+  csv.DictWriter(buffer, fieldnames=fields, lineterminator='\n').writerow(
+      {k: rows[-1].get(k, '') for k in fields})
+  try:
+    with open(path, 'a', newline='') as f:
+      f.write(buffer.getvalue())
+      f.flush()
+      os.fsync(f.fileno())
+  except OSError as e:
+    raise _write_error(path, e) from None
+
+
+def _fieldnames(rows) -> list[str]:
+  fields = ['round']
+  for row in rows:
+    fields.extend(k for k in row if k not in fields)
+  return fields
+
+
+# ----------------------------------------------------------------------------
+# Checkpoints.
+
+_CHECKPOINT = re.compile(r'^round_(\d{6,})\.npz$')
+
+
+class Checkpoints:
+  """`checkpoints/round_NNNNNN.npz`: a state's leaves and a JSON header.
+
+  `save` writes atomically and keeps the newest `keep`; `load_latest`
+  returns the newest readable one, skipping (and naming) damaged ones.
+  """
+
+  def __init__(self, directory: str, keep: int = 2):
+    self.directory = directory
+    self._keep = keep
+
+  def _path(self, round_num: int) -> str:
+    return os.path.join(self.directory, f'round_{round_num:06d}.npz')
+
+  def versions(self) -> list[int]:
+    if not os.path.isdir(self.directory):
+      return []
+    return sorted(int(m.group(1)) for m in map(
+        _CHECKPOINT.match, os.listdir(self.directory)) if m)
+
+  def save(self, round_num: int, leaves: Sequence[Any],
+           header: Mapping[str, Any]) -> None:
+    try:
+      os.makedirs(self.directory, exist_ok=True)
+    except OSError as e:
+      raise _write_error(self.directory, e) from None
+    arrays = {f'leaf_{i:05d}': np.asarray(leaf) for i, leaf in
+              enumerate(leaves)}
+    arrays['header'] = np.asarray(json.dumps(  # Key order kept (rows).
+        strict_json(dict(header, round=round_num)), allow_nan=False))
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    atomic_write(self._path(round_num), buffer.getvalue())
+    for old in self.versions()[:-self._keep]:
+      try:
+        os.remove(self._path(old))
+      except OSError:
+        pass
+
+  def load(self, round_num: int) -> tuple[list[np.ndarray], dict[str, Any]]:
+    path = self._path(round_num)
+    try:
+      with np.load(path, allow_pickle=False) as data:
+        header = json.loads(str(data['header']))
+        names = sorted(n for n in data.files if n.startswith('leaf_'))
+        leaves = [data[n] for n in names]
+    except Exception as e:  # pylint: disable=broad-except
+      raise RunRecordError(f'{path} is damaged ({type(e).__name__}).'
+                           ) from None
+    if header.get('round') != round_num:
+      raise RunRecordError(f'{path} holds round {header.get("round")}, not '
+                           f'{round_num}.')
+    return leaves, header
+
+  def load_latest(self, warn=print):
+    """(round, leaves, header) of the newest readable checkpoint, or None."""
+    if os.path.isdir(self.directory):
+      for name in os.listdir(self.directory):
+        if name.startswith('.') and name.endswith('.tmp'):
+          os.remove(os.path.join(self.directory, name))  # A killed save.
+    for version in reversed(self.versions()):
+      try:
+        leaves, header = self.load(version)
+      except RunRecordError as e:
+        warn(f'{e} Trying an older checkpoint.')
+        continue
+      return version, leaves, header
+    return None

@@ -1,0 +1,357 @@
+"""What a DP aggregation is, checked once: a frozen, TensorFlow-free spec.
+
+`DPSpec` holds every argument of `tff_clip.dp.dp_factory` except the inner
+sum factory, checks them all when it is made (the TypeError / ValueError of
+`tff_clip.checks`, naming the argument), and is then the one description of
+the mechanism that the factory, the training program's flags
+(`tff_clip.config.validate`) and the audit read. The names and rules of the
+bounding (`check_method`, `is_per_layer`, `check_split`, `ExplicitBudgets`)
+and the adaptive-clipping noise split (`adaptive_noise_multipliers`,
+`default_clipped_count_stddev`) live here too, and so do the rules of the
+client algorithms (`check_client_arguments`: BLUR, LUS, model clipping,
+per-step clipping), so that checking a configuration imports no TensorFlow.
+
+References:
+* Andrew, Thakkar, McMahan, Ramaswamy 2021: "Differentially Private Learning
+  with Adaptive Clipping", NeurIPS 2021 (the count noise and its
+  composition with the value noise).
+* Cheng et al. 2022: "Differentially Private Federated Learning with
+  Local Regularization and Sparsification", CVPR 2022 (BLUR, LUS).
+* Pelikan et al. 2025: "Enabling Differentially Private Federated
+  Learning for Speech Recognition", NeurIPS 2025 (per-layer budgets and
+  their sum rule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Optional, Union
+
+import numpy as np
+
+from tff_clip import checks
+from tff_clip.names import BOUNDINGS, DENOMINATORS, INDEPENDENT, NOISE_MECHANISMS, NOISE_PLACEMENTS, SPLITS  # pylint: disable=line-too-long
+
+__all__ = ['DPSpec', 'ExplicitBudgets', 'MAX_VALUE_NOISE_INFLATION', 'Split',
+           'Sparsity', 'adaptive_noise_multipliers', 'check_client_arguments',
+           'check_mechanism', 'check_method', 'check_sparsity', 'check_split',
+           'default_clipped_count_stddev', 'is_per_layer']
+
+
+def check_method(method, label: str = 'bounding_method') -> str:
+  """`method` if it is one of `BOUNDINGS`; ValueError naming `label`."""
+  if method not in BOUNDINGS:
+    raise ValueError(f'`{label}` must be one of {BOUNDINGS}; got {method!r}.')
+  return method
+
+
+def is_per_layer(method: str) -> bool:
+  """True for the per-layer boundings (one budget C_h per leaf)."""
+  return check_method(method) in ('per_layer_clip', 'per_layer_normalize')
+
+
+class ExplicitBudgets:
+  """Per-layer clip norms given explicitly, one per leaf.
+
+  They must satisfy the sum rule `sum(b**2) == clip_norm**2` (Pelikan et al.
+  2025: the total L2 sensitivity of per-layer clipping is the root of the
+  summed squared budgets). Use this wrapper to tell explicit budgets from
+  per-layer weights, which are given as a plain sequence.
+  """
+
+  def __init__(self, budgets: Sequence[float]):
+    values = np.asarray(budgets, dtype=np.float64).reshape(-1)
+    if values.size == 0 or not np.all(np.isfinite(values)) or np.any(
+        np.signbit(values)):
+      raise ValueError(
+          '`split` budgets must be a non-empty sequence of finite, '
+          f'non-negative floats; got {budgets!r}.')
+    self.values = values
+
+  def __repr__(self):
+    return f'ExplicitBudgets({self.values.tolist()})'
+
+
+Split = Union[str, Sequence[float], ExplicitBudgets]
+
+
+def check_split(split: Split, num_layers: int | None = None,
+                label: str = 'split'):
+  """Validates `split` (and, when known, its length against the layer count)."""
+  if isinstance(split, str):
+    if split not in SPLITS:
+      raise ValueError(
+          f'`{label}` must be one of {SPLITS}, a sequence of positive per-layer '
+          f'weights or `ExplicitBudgets`; got {split!r}.')
+    return
+  if isinstance(split, ExplicitBudgets):
+    values = split.values
+  else:
+    try:
+      values = np.asarray(split, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as e:
+      raise TypeError(
+          f'`{label}` must be a split name {SPLITS}, a sequence of positive '
+          f'per-layer weights or `ExplicitBudgets`; got {split!r}.') from e
+    if values.size == 0 or not np.all(np.isfinite(values)) or np.any(
+        values <= 0):
+      raise ValueError(
+          f'`{label}` per-layer weights must all be positive and finite; got '
+          f'{split!r}.')
+  if num_layers is not None and values.size != num_layers:
+    raise ValueError(
+        f'`{label}` gives {values.size} per-layer values but the update has '
+        f'{num_layers} layers (leaves); give one per layer.')
+
+
+def check_mechanism(noise_mechanism: str, bands) -> int:
+  """The checked `bands` (an int >= 1) for `noise_mechanism`."""
+  if noise_mechanism not in NOISE_MECHANISMS:
+    raise ValueError(f'`noise_mechanism` must be one of {NOISE_MECHANISMS}; '
+                     f'got {noise_mechanism!r}.')
+  if isinstance(bands, (bool, np.bool_)) or not isinstance(
+      bands, (int, np.integer)):
+    raise TypeError(f'`bands` must be a positive int; got {bands!r}.')
+  if bands < 1:
+    raise ValueError(f'`bands` must be a positive int; got {bands!r}.')
+  return int(bands)
+
+
+# ----------------------------------------------------------------------------
+# Noise calibration for adaptive clipping (Andrew et al. 2021, Sec. 3).
+
+
+def adaptive_noise_multipliers(noise_multiplier: float,
+                               clipped_count_stddev: float,
+                               num_counts: int = 1) -> float:
+  """Value noise multiplier z_v so that value + counts are as private as z.
+
+  The value (z_v) and the count vector (noise multiplier
+  2 sigma_b / sqrt(k), sensitivity sqrt(k)/2) together form one Gaussian
+  mechanism with z^-2 = z_v^-2 + k (2 sigma_b)^-2 (Andrew et al. 2021;
+  TFF's `adaptive_clip_noise_params` for k = 1). k = H for per-layer
+  quantiles.
+  """
+  if noise_multiplier == 0:
+    return 0.0
+  count_term = num_counts * (2.0 * clipped_count_stddev)**-2
+  remaining = noise_multiplier**-2 - count_term
+  if remaining <= 0:
+    minimum = math.sqrt(num_counts) * noise_multiplier / 2.0
+    raise ValueError(
+        f'`clipped_count_stddev` = {clipped_count_stddev:g} is too small for '
+        f'`noise_multiplier` = {noise_multiplier:g}'
+        f'{f" with {num_counts} per-layer counts" if num_counts > 1 else ""}: '
+        f'it must exceed {minimum:g} (sqrt(k) z / 2). Raise '
+        '`clipped_count_stddev` or `clients_per_round`, or lower '
+        '`noise_multiplier`.')
+  return remaining**-0.5
+
+
+# The value noise may rise by at most this factor to pay for the count noise.
+MAX_VALUE_NOISE_INFLATION = 1.1
+
+
+def default_clipped_count_stddev(noise_multiplier: float,
+                                 clients_per_round: float,
+                                 num_counts: int = 1) -> float:
+  """sigma_b = max(n / 20, sqrt(k) z / (2 sqrt(1 - r^-2))), r = 1.1.
+
+  Andrew et al. (2021) suggest sigma_b = n/20. From the composition
+  z^-2 = z_v^-2 + k (2 sigma_b)^-2 (`adaptive_noise_multipliers`), that is
+  infeasible whenever sqrt(k) z / 2 >= n / 20 -- e.g. per-layer quantiles
+  (k = H counts) at z = 1 with 20 clients -- and costs a large value-noise
+  inflation just above that. The second term is the sigma_b at which the
+  value noise is exactly r z: solving r^-2 z^-2 = z^-2 - k (2 sigma_b)^-2
+  for sigma_b. Taking the larger of the two keeps n/20 where it is cheap and
+  otherwise caps the inflation z_v / z at r = 1.1, so every z >= 0, n >= 1
+  and k >= 1 builds. Zero when z = 0 (the noise-free estimator).
+  """
+  if noise_multiplier == 0:
+    return 0.0
+  r = MAX_VALUE_NOISE_INFLATION
+  capped = (math.sqrt(num_counts) * noise_multiplier /
+            (2.0 * math.sqrt(1.0 - r**-2)))
+  return max(clients_per_round / 20.0, capped)
+
+
+# ----------------------------------------------------------------------------
+# The mechanism.
+
+
+@dataclasses.dataclass(frozen=True)
+class DPSpec:
+  """The DP aggregation of `tff_clip.dp.dp_factory`, checked when made.
+
+  Fields are `dp_factory`'s arguments (see there for their meaning); the
+  values are stored as checked (floats as Python floats). Raises TypeError
+  for a value of the wrong type and ValueError for one out of range, naming
+  the argument (`bounding_method` is named `bounding`, as on the command
+  line).
+  """
+  bounding_method: str
+  noise_multiplier: float
+  clients_per_round: float
+  clip_norm: Union[float, str] = 'adaptive'
+  split: Split = 'dim'
+  denominator: str = 'expected'
+  initial_clip_norm: float = 0.1
+  target_quantile: float = 0.3
+  clip_learning_rate: float = 0.2
+  clipped_count_stddev: Optional[float] = None
+  per_layer_quantiles: bool = True
+  noise_placement: str = 'central'
+  noise_seed: Optional[int] = None
+  noise_mechanism: str = INDEPENDENT
+  bands: int = 1
+
+  def __post_init__(self):
+    def put(name, value):
+      object.__setattr__(self, name, value)
+
+    check_method(self.bounding_method, 'bounding')
+    z = checks.nonnegative_float(self.noise_multiplier, 'noise_multiplier')
+    put('noise_multiplier', z)
+    put('clients_per_round', checks.positive_float(self.clients_per_round,
+                                                   'clients_per_round'))
+    if isinstance(self.clip_norm, str):
+      if self.clip_norm != 'adaptive':
+        raise ValueError("`clip_norm` must be a positive float or 'adaptive';"
+                         f' got {self.clip_norm!r}.')
+    else:
+      put('clip_norm', checks.positive_float(self.clip_norm, 'clip_norm'))
+    # The adaptive knobs are checked even for a fixed clip_norm: a bad value
+    # is a mistake whether or not this run reads it.
+    put('initial_clip_norm', checks.positive_float(self.initial_clip_norm,
+                                                   'initial_clip_norm'))
+    put('target_quantile', checks.probability(
+        self.target_quantile, 'target_quantile', low_open=False,
+        high_open=False))
+    put('clip_learning_rate', checks.positive_float(self.clip_learning_rate,
+                                                    'clip_learning_rate'))
+    per_layer_quantiles = checks.boolean(self.per_layer_quantiles,
+                                         'per_layer_quantiles')
+    put('per_layer_quantiles', per_layer_quantiles)
+    if self.clipped_count_stddev is not None:
+      put('clipped_count_stddev', checks.positive_float(
+          self.clipped_count_stddev, 'clipped_count_stddev'))
+      # With one count (the number of layers is not known here) the noise
+      # split must be feasible; per-layer counts are checked at `create`.
+      if self.adaptive and z > 0 and not (
+          is_per_layer(self.bounding_method) and per_layer_quantiles):
+        adaptive_noise_multipliers(z, self.clipped_count_stddev)
+    if is_per_layer(self.bounding_method):
+      check_split(self.split)
+      if isinstance(self.split, ExplicitBudgets) and self.adaptive:
+        raise ValueError('`split`: explicit budgets need a fixed `clip_norm`.')
+    if self.denominator not in DENOMINATORS:
+      raise ValueError(f'`denominator` must be one of {DENOMINATORS}; got '
+                       f'{self.denominator!r}.')
+    if self.noise_placement not in NOISE_PLACEMENTS:
+      raise ValueError(f'`noise_placement` must be one of {NOISE_PLACEMENTS};'
+                       f' got {self.noise_placement!r}.')
+    put('bands', check_mechanism(self.noise_mechanism, self.bands))
+    if self.noise_mechanism != INDEPENDENT and self.noise_placement != 'central':
+      raise ValueError('`noise_mechanism`: correlated noise needs '
+                       "noise_placement='central'.")
+    if self.noise_seed is not None:  # An int64 key; the count noise: seed + 1.
+      put('noise_seed', checks.integer(self.noise_seed, 'noise_seed',
+                                       maximum=checks.INT64_MAX - 1))
+
+  @property
+  def adaptive(self) -> bool:
+    """True when the clip norm tracks a quantile of the client norms."""
+    return isinstance(self.clip_norm, str)
+
+  @property
+  def per_layer(self) -> bool:
+    return is_per_layer(self.bounding_method)
+
+
+# ----------------------------------------------------------------------------
+# Client algorithms (`tff_clip.client`, `tff_clip.algorithms`).
+
+Sparsity = Union[float, Sequence[float]]
+
+
+def _check_sparsity_value(value, label: str) -> float:
+  if not checks.is_real(value):
+    raise TypeError(
+        f'`{label}` must be a float in [0, 1) or one such float per layer; '
+        f'got {value!r}.')
+  if not 0 <= value < 1:  # Also rejects NaN.
+    raise ValueError(
+        f'`{label}` must be in [0, 1) (the fraction c = 1 - s/d of update '
+        f'entries zeroed; c = 1 would send nothing); got {value!r}.')
+  return float(value)
+
+
+def check_sparsity(sparsity: Sparsity, label: str = 'lus_sparsity'):
+  """LUS sparsity c: a float in [0, 1), or a tuple of them (one per layer)."""
+  if isinstance(sparsity, (str, bytes)):
+    raise TypeError(
+        f'`{label}` must be a float in [0, 1) or one such float per layer; '
+        f'got {sparsity!r}.')
+  if isinstance(sparsity, (Sequence, np.ndarray)):
+    values = tuple(
+        _check_sparsity_value(v, label) for v in np.asarray(
+            sparsity, dtype=object).reshape(-1))
+    if not values:
+      raise ValueError(f'`{label}` is an empty sequence; give one per layer.')
+    return values
+  return _check_sparsity_value(sparsity, label)
+
+
+def check_client_arguments(*,
+                           blur_strength=None,
+                           blur_clip_norm=None,
+                           lus_sparsity=None,
+                           model_clip_norm=None,
+                           local_clip_norm=None,
+                           client_learning_rate: Optional[float] = None
+                          ) -> None:
+  """Raises for bad client-algorithm arguments (see `tff_clip.algorithms`).
+
+  `client_learning_rate` (eta_l), when known, checks BLUR's condition
+  lambda < 1 / eta_l (Cheng et al. 2022, Lemma 2).
+  """
+  if local_clip_norm is not None:
+    if checks.is_real(local_clip_norm) and math.isinf(local_clip_norm) and (
+        local_clip_norm > 0):
+      raise ValueError(
+          '`local_clip_norm` = inf: for no per-step clipping pass None.')
+    checks.positive_float(local_clip_norm, 'local_clip_norm')
+  if blur_strength is None:
+    if blur_clip_norm is not None:
+      raise ValueError(
+          '`blur_clip_norm` is given but `blur_strength` is None; BLUR needs '
+          'both (or neither).')
+  else:
+    strength = checks.positive_float(blur_strength, 'blur_strength')
+    if blur_clip_norm is None:
+      raise ValueError(
+          '`blur_clip_norm` is required with `blur_strength`: it is S in the '
+          'BLUR penalty max(0, ||w - w_t||^2 - S^2), the clip norm of the DP '
+          'bound the update will go through.')
+    checks.positive_float(blur_clip_norm, 'blur_clip_norm')
+    # Lemma 2: a step outside the ball scales w - w_t by (1 - lambda eta);
+    # with lambda >= 1/eta it stops shrinking (=) or flips sign (>) instead
+    # of pulling w back towards w_t.
+    if client_learning_rate is not None and (
+        strength * client_learning_rate >= 1):
+      raise ValueError(
+          f'`blur_strength` = {blur_strength!r} must be < 1 / '
+          f'client_learning_rate = 1 / {client_learning_rate!r} (Cheng et '
+          'al. 2022, Lemma 2: lambda < 1/eta_l, else the penalty step '
+          'overshoots w_t).')
+  if lus_sparsity is not None:
+    check_sparsity(lus_sparsity)
+  if model_clip_norm is not None:
+    checks.positive_float(model_clip_norm, 'model_clip_norm')
+    if blur_strength is not None or lus_sparsity is not None:
+      raise ValueError(
+          '`model_clip_norm` (model clipping, a baseline that sends clipped '
+          'models, not updates) cannot be combined with `blur_strength` or '
+          '`lus_sparsity`, which shape the update.')
