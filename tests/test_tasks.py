@@ -89,7 +89,12 @@ def test_get_task_returns_a_baseline_task_named_after_itself(built, name):
                     tff.simulation.datasets.ClientData)
 
 
-@pytest.mark.parametrize('name', _LEARNING_TASKS)
+# The recurrent tasks' round takes seconds: in the slow suite (their models
+# and data are checked in the default suite by the tests below).
+@pytest.mark.parametrize('name', [
+    pytest.param(n, marks=pytest.mark.slow) if n in (
+        'shakespeare', 'stackoverflow_next_word') else n
+    for n in _LEARNING_TASKS])
 def test_one_federated_round_runs_on_offline_data(built, name):
   metrics = _one_round(built(name))['client_work']['train']
   assert metrics['num_examples'] > 0
