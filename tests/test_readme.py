@@ -41,6 +41,7 @@ SMOKE_OVERRIDES = {
     'scripts.benchmark_round': ['--tasks=digits', '--rounds=2',
                                 '--clients_per_round=2', '--dp=on'],
     'scripts.benchmark_utility': ['--quick'],
+    'scripts.benchmark_correlated': ['--quick', '--bands=2'],
     'scripts.audit_table': ['--noise_multipliers=1'],
     'scripts.reproduce': ['--quick'],
 }
@@ -186,7 +187,7 @@ def test_every_readme_command_runs_at_smoke_size(command, tmp_path):
   args[0] = sys.executable
   overrides = list(SMOKE_OVERRIDES.get(module, []))
   if module in ('scripts.train', 'scripts.sweep', 'scripts.audit_table',
-                'scripts.benchmark_utility'):
+                'scripts.benchmark_utility', 'scripts.benchmark_correlated'):
     overrides.append(f'--root_output_dir={tmp_path}')
   if module == 'scripts.reproduce':
     overrides.append(f'--output_dir={tmp_path}')

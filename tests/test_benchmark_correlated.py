@@ -1,0 +1,79 @@
+"""Specification of the correlated-noise benchmark (`scripts.benchmark_correlated`)."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _python(code, cwd):
+  # In a fresh interpreter: scripts define flags in absl's global registry.
+  return subprocess.run([sys.executable, '-c', code], cwd=cwd,
+                        env=dict(os.environ, PYTHONPATH=str(REPO)),
+                        capture_output=True, text=True, timeout=120,
+                        check=False)
+
+
+def test_every_variant_calibrates_to_the_target_epsilon_with_its_own_sampling(
+    tmp_path):
+  result = _python(f'''
+from scripts import benchmark_correlated as b
+table = b.variants(5)
+plan = b.configs('digits', list(table), table, [2.0, 8.0], [0, 1], None,
+                 {str(tmp_path)!r})
+assert len(plan) == 4 * 2 * 2
+for name, epsilon, seed, c in plan:
+  assert c.target_epsilon == epsilon and c.noise_multiplier is None
+  assert (c.rounds, c.clients_per_round) == (40, 20)
+  assert c.sampling == ('poisson' if name == 'independent' else
+                        'min_separation'), name
+  assert c.bands == (1 if name == 'independent' else 5)
+print(sorted(table))
+''', REPO)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "['banded_5', 'independent', 'tff_tree_5', 'tree_5']" in result.stdout
+  assert not os.listdir(tmp_path)  # Planning writes nothing.
+
+
+def test_table_has_one_row_per_variant_and_one_column_per_epsilon(tmp_path):
+  result = _python('''
+from scripts import benchmark_correlated as b
+results = [dict(variant='banded_5', epsilon=2.0, seed=0, accuracy=0.5),
+           dict(variant='banded_5', epsilon=2.0, seed=1, accuracy=0.7),
+           dict(variant='banded_5', epsilon=8.0, seed=0, accuracy=0.9)]
+rows = b.summarise(results, ['banded_5', 'independent'], [2.0, 8.0])
+print(b.format_table(rows, [2.0, 8.0]))
+b.plot(rows, [2.0, 8.0], 'correlated.png', 'title')
+''', tmp_path)
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = result.stdout.splitlines()
+  assert lines[0] == '| variant | ε = 2 | ε = 8 |'
+  # Sample std of (0.5, 0.7) is 0.1414; a variant without runs is n/a.
+  assert lines[2] == ('| banded_5 | 0.6000 ± 0.1414 (2) | '
+                      '0.9000 ± 0.0000 (1) |')
+  assert lines[3] == '| independent | n/a | n/a |'
+  assert (tmp_path / 'correlated.png').stat().st_size > 0
+
+
+def test_bad_epsilons_are_one_line_exit_2():
+  result = subprocess.run(
+      [sys.executable, '-m', 'scripts.benchmark_correlated',
+       '--epsilons=2,x'], cwd=REPO, capture_output=True, text=True,
+      timeout=120, check=False)
+  assert result.returncode == 2
+  assert result.stderr.startswith('error: --epsilons')
+
+
+@pytest.mark.slow
+def test_quick_run_prints_the_table(tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'scripts.benchmark_correlated', '--quick',
+       '--bands=2', f'--root_output_dir={tmp_path}'], cwd=REPO,
+      capture_output=True, text=True, timeout=900, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert '| tff_tree_2 |' in result.stdout
+  assert (tmp_path / 'digits' / 'correlated.png').exists()
