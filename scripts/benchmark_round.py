@@ -37,6 +37,8 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # pylint: disable=g-import-not-at-top
 import numpy as np
 import tensorflow as tf
+
+from scripts import program
 # pylint: enable=g-import-not-at-top
 
 _TASKS = flags.DEFINE_list('tasks', ['digits', 'emnist_cnn', 'shakespeare'],
@@ -53,7 +55,6 @@ _TRAIN = flags.DEFINE_bool('train', False, 'Also time scripts.train end to '
 
 
 def _config(task, dp_on):
-  from scripts import program  # pylint: disable=g-import-not-at-top
   from tff_clip import training  # pylint: disable=g-import-not-at-top
   # The EMNIST tasks on the 5,000 real 28x28 MNIST digits (offline).
   options = (('offline_data', 'mnist'),) if task.startswith('emnist') else ()
@@ -128,7 +129,7 @@ def _bench_task(task_name, dp_on):
     times[name] = []
   for round_num, cohort in enumerate(cohorts):
     for name in _RUNNERS.value:
-      data = [training._client_dataset(task, c, config, round_num + 1)  # pylint: disable=protected-access
+      data = [training.client_dataset(task, c, config, round_num + 1)
               for c in cohort]
       started = time.perf_counter()
       if name == 'plain_tf':

@@ -40,7 +40,7 @@ def test_every_round_and_client_gets_new_noise(task):
 def test_training_loop_draws_each_round_afresh(task):
   config = training.TrainConfig(task='fat_tailed_quadratic')
   def samples(round_num):
-    batches = training._client_dataset(task, '0', config, round_num)
+    batches = training.client_dataset(task, '0', config, round_num)
     return np.sort(np.concatenate([x.numpy() for x, _ in batches]), axis=None)
   first, again, second = samples(1), samples(1), samples(2)
   # The same samples (the loop's eager shuffle may order them differently).

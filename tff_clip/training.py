@@ -353,7 +353,12 @@ def initial_model_weights(task, seed: int):
   return tf.nest.map_structure(lambda v: v.numpy(), weights)
 
 
-def _client_dataset(task, client_id, config, round_num):
+def client_dataset(task, client_id, config, round_num):
+  """Client `client_id`'s batches for round `round_num` of this run.
+
+  Shuffled with a seed that is a function of (config.seed, round, client)
+  only, so a resumed run sees the same batches.
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   # crc32, not hash(): str hashes are salted per process.
   seed = int(np.random.default_rng(
@@ -662,7 +667,7 @@ class _Session:
     from tff_clip import dp  # pylint: disable=g-import-not-at-top
     started = time.perf_counter()
     cohort = self.sampler.sample(round_num)
-    data = [_client_dataset(self.task, cid, self.config, round_num)
+    data = [client_dataset(self.task, cid, self.config, round_num)
             for cid in cohort]
     # An empty Poisson cohort still runs: the aggregator adds its noise to
     # an empty sum, so the released model does not reveal that it was empty.
