@@ -50,17 +50,24 @@ _DP = flags.DEFINE_list('dp', ['on', 'off'], 'DP settings: on (adaptive '
 _ROUNDS = flags.DEFINE_integer('rounds', 6, 'Rounds per runner (first one '
                                'excluded from the median).')
 _CLIENTS = flags.DEFINE_integer('clients_per_round', 20, 'Cohort size.')
+_MECHANISMS = flags.DEFINE_list(
+    'noise_mechanisms', ['independent'], 'Noise mechanisms timed for DP on '
+    '(independent, banded, tree; correlated ones with --bands and '
+    'participation with minimum separation).')
+_BANDS = flags.DEFINE_integer('bands', 5, 'Bands / tree restart period.')
 _TRAIN = flags.DEFINE_bool('train', False, 'Also time scripts.train end to '
                            'end (digits, DP on) for inprocess and local.')
 
 
-def _config(task, dp_on):
+def _config(task, dp_on, mechanism='independent'):
   from tff_clip import training  # pylint: disable=g-import-not-at-top
   # The EMNIST tasks on the 5,000 real 28x28 MNIST digits (offline).
   options = (('offline_data', 'mnist'),) if task.startswith('emnist') else ()
   return training.TrainConfig(
       task=task, task_options=options, clients_per_round=_CLIENTS.value,
-      sampling='uniform',
+      sampling='fixed_size' if mechanism == 'independent' else
+      'min_separation', noise_mechanism=mechanism,
+      bands=1 if mechanism == 'independent' else _BANDS.value,
       bounding='clip' if dp_on else 'none',
       noise_multiplier=0.5 if dp_on else None, progress=False)
 
@@ -102,10 +109,10 @@ class _PlainTF:
     self._apply(tf.constant(float(len(datasets))))
 
 
-def _bench_task(task_name, dp_on):
+def _bench_task(task_name, dp_on, mechanism='independent'):
   """{runner: (first build s, [seconds per round])} for one configuration."""
   from tff_clip import execution, simulation, training  # pylint: disable=g-import-not-at-top
-  config = _config(task_name, dp_on)
+  config = _config(task_name, dp_on, mechanism)
   task = program.build_task(config)
   client_ids = list(task.datasets.train_data.client_ids)
   noise = config.noise_multiplier
@@ -165,8 +172,12 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   rows = []
   for task_name in _TASKS.value:
-    for dp_setting in _DP.value:
-      result = _bench_task(task_name, dp_setting == 'on')
+    settings = [(d, m) for d in _DP.value
+                for m in (_MECHANISMS.value if d == 'on' else ['independent'])]
+    for dp_on, mechanism in settings:
+      dp_setting = (dp_on if mechanism == 'independent' else
+                    f'{dp_on} ({mechanism}, b={_BANDS.value})')
+      result = _bench_task(task_name, dp_on == 'on', mechanism)
       medians = {k: statistics.median(v) if v else float('nan')
                  for k, (_, v) in result.items()}
       rows.append((task_name, dp_setting, result, medians))
@@ -174,11 +185,13 @@ def main(argv):
           f'{k} {m:.4f} s (first {result[k][0]:.1f} s)'
           for k, m in medians.items()), flush=True)
   names = _RUNNERS.value
-  header = ('| task | DP | ' + ' | '.join(f'{n} s/round' for n in names) +
-            ' | ' + ' | '.join(f'{n} / plain_tf' for n in names
-                               if n != 'plain_tf' and 'plain_tf' in names) +
-            (' | inprocess / local' if {'inprocess', 'local'} <= set(names)
-             else '') + ' | first build (s) |')
+  columns = ['task', 'DP'] + [f'{n} s/round' for n in names]
+  columns += [f'{n} / plain_tf' for n in names
+              if n != 'plain_tf' and 'plain_tf' in names]
+  if {'inprocess', 'local'} <= set(names):
+    columns.append('inprocess / local')
+  columns.append('first build (s)')
+  header = '| ' + ' | '.join(columns) + ' |'
   print()
   print(header)
   print('|' + '---|' * (header.count('|') - 1))
