@@ -915,13 +915,16 @@ class _Progress:
 def _noise_label(config, session):
   if not session.private:
     return 'none'
-  if config.bounding == config_lib.TFF_GAUSSIAN:
-    return ("TFF's own generator (stateful tf.random ops; not checked for "
-            'secrecy by tff_clip)')
+  mechanism = ('' if config.noise_mechanism == 'independent' else
+               f'{config.noise_mechanism} (b = {config.bands}) correlated '
+               'across rounds; ')
+  if config.bounding in (config_lib.TFF_GAUSSIAN, config_lib.TFF_TREE):
+    return mechanism + ("TFF's own generator (not checked for secrecy by "
+                        'tff_clip)')
   if config.noise_seed is not None:
-    return (f'reproducible from --noise_seed={config.noise_seed}: '
-            'predictable, NOT private')
-  return 'secret (OS entropy; the key is kept only in checkpoints/)'
+    return mechanism + (f'reproducible from --noise_seed={config.noise_seed}'
+                        ': predictable, NOT private')
+  return mechanism + 'secret (OS entropy; the key is kept only in checkpoints/)'
 
 
 def _ledger_report(ledger, config, session, log):
