@@ -18,7 +18,7 @@ $(STAMP): requirements.txt pyproject.toml
 	# TFF pins jax==0.4.14, which is not served here; its other needs are in requirements.txt.
 	$(PY) -m pip install -q --no-deps tensorflow-federated==0.87.0
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
-	$(PY) -c 'import tensorflow_federated, tensorflow_privacy, dp_accounting, sklearn, tensorflow_datasets, tff_clip; print("tff_clip environment ready")'
+	$(PY) -c 'import tensorflow_federated, tensorflow_privacy, dp_accounting, sklearn, tensorflow_datasets, tff_clip; from tff_clip import execution; execution.close_tff_context_at_exit(); print("tff_clip environment ready")'
 	@touch $(STAMP)
 
 # The default test run (what CI runs): everything not marked slow.
