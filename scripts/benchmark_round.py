@@ -1,17 +1,24 @@
 r"""Seconds per federated round: in-process executor, TFF's C++ runtime, plain TF.
 
-For each task and DP setting, three runners train the same model on the same
-cohorts (the same client datasets, built as `scripts.train` builds them):
+For each task and DP setting, the runners train the same model on the same
+cohorts:
 
   inprocess  `tff_clip.simulation.InProcessRunner` (the default executor)
   local      TFF's C++ worker (`--executor=local`)
-  plain_tf   the same local SGD steps in a Python loop over clients, then the
-             mean of the updates; no federation, no bounding, no noise: a
-             floor, not an equivalent.
+  plain_tf   the same local SGD steps in a `tf.function` per client over the
+             client's `tf.data` pipeline, a Python loop over clients, then
+             the mean of the updates; no federation, bounding or noise.
+  floor      the plain-TF floor: each client's batches built into tensors
+             once for the whole benchmark, one `tf.function` per client's
+             local training (no `tf.data`), a Python loop over clients, the
+             update normalized, summed, noised, and applied with server
+             momentum.
 
-Rounds are interleaved (one round of each runner in turn) so that the load of
-a shared machine hits all three alike; the figure is the median over the
-rounds after the first. The first build (TFF tracing, MapReduceForm
+The first three build each round's client datasets as `scripts.train` does
+(`tff_clip.client_data.ClientDatasets`), inside the timed round. Rounds are
+interleaved (one round of each runner in turn) so that the load of a shared
+machine hits all runners alike; the figure is the median over the rounds
+after the first. The first build (TFF tracing, MapReduceForm
 compilation, graph import, first round) is reported separately.
 `--train` adds `scripts.train` end to end (checkpoints, metrics files,
 evaluation included): the wall-time difference of a long and a short run
@@ -43,7 +50,8 @@ from scripts import program
 
 _TASKS = flags.DEFINE_list('tasks', ['digits', 'emnist_cnn', 'shakespeare'],
                            'Tasks (tasks.TASK_NAMES), offline data.')
-_RUNNERS = flags.DEFINE_list('runners', ['inprocess', 'local', 'plain_tf'],
+_RUNNERS = flags.DEFINE_list('runners',
+                             ['inprocess', 'local', 'plain_tf', 'floor'],
                              'Which runners to time.')
 _DP = flags.DEFINE_list('dp', ['on', 'off'], 'DP settings: on (adaptive '
                         'clipping, z=0.5 as scripts.train), off (no bounding).')
@@ -109,11 +117,86 @@ class _PlainTF:
     self._apply(tf.constant(float(len(datasets))))
 
 
+class _Floor:
+  """The plain-TF floor: tensors built once, one `tf.function` per client.
+
+  Each client's preprocessed batches are concatenated into tensors once; a
+  client's local training slices them batch by batch inside one traced
+  function; the server normalizes each update to `clip_norm`, sums, adds
+  Gaussian noise and applies server momentum.
+  """
+
+  def __init__(self, task, learning_rate, clip_norm=1.0, noise=0.5):
+    self._model = task.model_fn()
+    variables = self._model.trainable_variables
+    self._global = [tf.Variable(v) for v in variables]
+    self._sum = [tf.Variable(tf.zeros_like(v)) for v in variables]
+    self._momentum = [tf.Variable(tf.zeros_like(v)) for v in variables]
+    self._tensors = {}
+    self._spec = None
+
+    def client_update(examples, ends):
+      model_vars = self._model.trainable_variables
+      for var, start in zip(model_vars, self._global):
+        var.assign(start)
+      begin = tf.constant(0, tf.int64)
+      for end in ends:
+        batch = tf.nest.map_structure(lambda t: t[begin:end], examples)  # pylint: disable=cell-var-from-loop
+        with tf.GradientTape() as tape:
+          loss = self._model.forward_pass(batch, training=True).loss
+        grads = tape.gradient(loss, model_vars)
+        for var, grad in zip(model_vars, grads):
+          var.assign_sub(learning_rate * grad)
+        begin = end
+      update = [var - start for var, start in zip(model_vars, self._global)]
+      scale = clip_norm / tf.maximum(tf.linalg.global_norm(update), 1e-12)
+      for total, u in zip(self._sum, update):
+        total.assign_add(u * scale)
+
+    self._client_update_fn = client_update
+
+    @tf.function
+    def apply(num_clients):
+      for start, total, velocity in zip(self._global, self._sum,
+                                        self._momentum):
+        noisy = total + tf.random.normal(total.shape, stddev=noise * clip_norm)
+        velocity.assign(0.9 * velocity + noisy / num_clients)
+        start.assign_add(velocity)
+        total.assign(tf.zeros_like(total))
+
+    self._apply = apply
+
+  def _client_tensors(self, client_id, dataset):
+    if client_id not in self._tensors:
+      batches = list(dataset)
+      if self._spec is None:
+        self._spec = tf.nest.map_structure(
+            lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), batches[0])
+        self._client_update = tf.function(
+            self._client_update_fn, input_signature=[
+                self._spec, tf.TensorSpec([None], tf.int64)])
+      examples = tf.nest.map_structure(lambda *t: tf.concat(t, 0), *batches)
+      ends = np.cumsum([int(tf.nest.flatten(b)[0].shape[0]) for b in batches])
+      self._tensors[client_id] = (examples, tf.constant(ends, tf.int64))
+    return self._tensors[client_id]
+
+  def prepare(self, cohort, datasets):
+    """Builds the tensors of clients not seen before (outside the timing)."""
+    for client_id, dataset in zip(cohort, datasets):
+      self._client_tensors(client_id, dataset)
+
+  def next(self, cohort):
+    for client_id in cohort:
+      self._client_update(*self._tensors[client_id])
+    self._apply(tf.constant(float(len(cohort))))
+
+
 def _bench_task(task_name, dp_on, mechanism='independent'):
   """{runner: (first build s, [seconds per round])} for one configuration."""
-  from tff_clip import execution, simulation, training  # pylint: disable=g-import-not-at-top
+  from tff_clip import client_data, execution, simulation, training  # pylint: disable=g-import-not-at-top
   config = _config(task_name, dp_on, mechanism)
   task = program.build_task(config)
+  clients = client_data.ClientDatasets(task, config.seed, config.local_steps)
   client_ids = list(task.datasets.train_data.client_ids)
   noise = config.noise_multiplier
   rng = np.random.default_rng(0)
@@ -124,6 +207,8 @@ def _bench_task(task_name, dp_on, mechanism='independent'):
     started = time.perf_counter()
     if name == 'plain_tf':
       runners[name] = _PlainTF(task, config.client_learning_rate)
+    elif name == 'floor':
+      runners[name] = _Floor(task, config.client_learning_rate)
     else:
       process = training.build_process(config, task, noise)
       if name == 'inprocess':
@@ -136,13 +221,17 @@ def _bench_task(task_name, dp_on, mechanism='independent'):
     times[name] = []
   for round_num, cohort in enumerate(cohorts):
     for name in _RUNNERS.value:
-      data = [training.client_dataset(task, c, config, round_num + 1)
-              for c in cohort]
+      if name == 'floor':  # Its tensors are built once, outside the timing.
+        runners[name].prepare(cohort, clients.datasets(cohort, 1))
       started = time.perf_counter()
-      if name == 'plain_tf':
-        runners[name].next(data)
+      if name == 'floor':
+        runners[name].next(cohort)
       else:
-        states[name] = runners[name].next(states[name], data).state
+        data = clients.datasets(cohort, round_num + 1)
+        if name == 'plain_tf':
+          runners[name].next(data)
+        else:
+          states[name] = runners[name].next(states[name], data).state
       elapsed = time.perf_counter() - started
       if round_num == 0:
         first[name] += elapsed
@@ -186,8 +275,8 @@ def main(argv):
           for k, m in medians.items()), flush=True)
   names = _RUNNERS.value
   columns = ['task', 'DP'] + [f'{n} s/round' for n in names]
-  columns += [f'{n} / plain_tf' for n in names
-              if n != 'plain_tf' and 'plain_tf' in names]
+  columns += [f'{n} / floor' for n in names
+              if n != 'floor' and 'floor' in names]
   if {'inprocess', 'local'} <= set(names):
     columns.append('inprocess / local')
   columns.append('first build (s)')
@@ -197,9 +286,9 @@ def main(argv):
   print('|' + '---|' * (header.count('|') - 1))
   for task_name, dp_setting, result, medians in rows:
     cells = [f'{medians[n]:.4f}' for n in names]
-    if 'plain_tf' in names:
-      cells += [f'{medians[n] / medians["plain_tf"]:.2f}x' for n in names
-                if n != 'plain_tf']
+    if 'floor' in names:
+      cells += [f'{medians[n] / medians["floor"]:.2f}x' for n in names
+                if n != 'floor']
     if {'inprocess', 'local'} <= set(names):
       cells.append(f'{medians["inprocess"] / medians["local"]:.3f}x')
     cells.append(', '.join(f'{n} {result[n][0]:.1f}' for n in names))

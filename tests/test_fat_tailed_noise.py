@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 import tasks
-from tff_clip import training
+from tff_clip import client_data
 
 
 @pytest.fixture(scope='module')
@@ -38,9 +38,9 @@ def test_every_round_and_client_gets_new_noise(task):
 
 
 def test_training_loop_draws_each_round_afresh(task):
-  config = training.TrainConfig(task='fat_tailed_quadratic')
+  clients = client_data.ClientDatasets(task, seed=0)
   def samples(round_num):
-    batches = training.client_dataset(task, '0', config, round_num)
+    batches = clients.dataset('0', round_num)
     return np.sort(np.concatenate([x.numpy() for x, _ in batches]), axis=None)
   first, again, second = samples(1), samples(1), samples(2)
   # The same samples (the loop's eager shuffle may order them differently).

@@ -16,6 +16,9 @@ libraries) is:
   ._build_logistic_regression_model` (used by `tasks.models`).
 - The location of TFF's C++ `worker_binary` inside its wheel
   (`tff_clip.execution.local_worker_binary`).
+- TensorFlow `python.data.util.random_seed.get_seed`, the seed pair of
+  `Dataset.shuffle(seed=...)` (`tff_clip.client_data`, which cannot call
+  `shuffle` with a tensor seed under a global seed of 0).
 """
 
 import inspect
@@ -24,6 +27,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_privacy as tfp
+from tensorflow.python.data.util import random_seed as data_random_seed  # pylint: disable=g-direct-tensorflow-import
 from tensorflow_federated.python.simulation.baselines.stackoverflow import tag_prediction_tasks
 
 from tff_clip import dp
@@ -101,3 +105,24 @@ def test_tff_wheel_ships_the_worker_binary_where_execution_looks():
   except RuntimeError as e:
     pytest.fail(f'TFF moved its worker binary: {e}')
   assert path.endswith('worker_binary')
+
+
+def test_tf_data_seed_pair_is_what_shuffle_uses():
+  get_seed = data_random_seed.get_seed
+  for global_seed in (None, 0, 11):
+    tf.random.set_seed(global_seed)
+    seed, seed2 = get_seed(42)
+    # The pair drives ShuffleDatasetV3 exactly as Dataset.shuffle(seed=42).
+    flat = [tf.TensorSpec([], tf.int64)]
+    base = tf.data.Dataset.range(50)
+    shuffled = tf.data.experimental.from_variant(tf.raw_ops.ShuffleDatasetV3(
+        input_dataset=tf.data.experimental.to_variant(base),
+        buffer_size=tf.constant(10, tf.int64), seed=seed, seed2=seed2,
+        seed_generator=tf.raw_ops.DummySeedGenerator(),
+        output_types=[s.dtype for s in flat],
+        output_shapes=[s.shape for s in flat],
+        reshuffle_each_iteration=True), base.element_spec)
+    expected = base.shuffle(10, seed=42, reshuffle_each_iteration=True)
+    assert list(shuffled.as_numpy_iterator()) == list(
+        expected.as_numpy_iterator())
+  tf.random.set_seed(None)

@@ -1,5 +1,6 @@
 """Specification of the training program (`scripts.train`, `tff_clip.training`)."""
 
+import collections
 import csv
 import dataclasses
 import json
@@ -377,8 +378,20 @@ def test_dp_round_is_checkpointed_before_release_and_never_computed_twice(
   assert summary['epsilon'] == ledger['epsilon_per_round'][-1][1]
 
 
-@pytest.mark.slow
-def test_same_seed_runs_draw_different_noise_unless_noise_seed(tmp_path):
+def test_same_seed_runs_draw_different_noise_unless_noise_seed(
+    tmp_path, monkeypatch):
+  # Runs in one process that differ only in where they write share their
+  # build (task, traced process, runner), never their noise: a and b share a
+  # session and draw fresh keys; d reuses c's session and equals it.
+  monkeypatch.setattr(training, '_sessions', collections.OrderedDict())
+  builds = []
+  build = training._Session.__init__
+
+  def counting_build(self, config, task_builder):
+    builds.append(config.experiment_name)
+    build(self, config, task_builder)
+
+  monkeypatch.setattr(training._Session, '__init__', counting_build)
   base = dict(rounds=2, clients_per_round=6, eval_every=1, seed=4,
               sampling='fixed_size')
   runs = {name: _rows(_run(tmp_path, name, **base, **extra)[1] /
@@ -386,6 +399,7 @@ def test_same_seed_runs_draw_different_noise_unless_noise_seed(tmp_path):
           for name, extra in (('a', {}), ('b', {}),
                               ('c', dict(noise_seed=9)),
                               ('d', dict(noise_seed=9)))}
+  assert builds == ['a', 'c']
   # Round 1's clip norm moves by the noisy clipped count; round 2's eval
   # loss moves with the noised model.
   assert runs['a'][1]['eval_loss'] != runs['b'][1]['eval_loss']

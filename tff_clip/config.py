@@ -223,8 +223,8 @@ class TrainConfig:
       1, 'Checkpoint every this many rounds (a DP run: every round).')
   checkpoint_interval_s: float = _field(
       0.0, "Skip a round's checkpoint while the last one is younger than "
-      'this (0: every --checkpoint_every rounds; a TFF checkpoint takes '
-      '0.3-0.5 s). A killed run then re-runs up to that many seconds. '
+      'this (0: every --checkpoint_every rounds). A killed run then re-runs '
+      'up to that many seconds. '
       'Runs without DP only.')
   cache_dir: Optional[str] = _field(None, 'Online data cache directory.')
   progress: bool = _field(True, 'Show a progress bar.')

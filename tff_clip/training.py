@@ -25,12 +25,13 @@ and then listed in `summary.json` under `not_covered_by_epsilon`. Rounds
 with an empty Poisson cohort run (noise only), so the ledger counts what
 happened.
 
-Outputs under `root_output_dir/experiment_name/`:
+Outputs under `root_output_dir/experiment_name/` (docs/run_directory.md):
   config.json     the configuration (a rerun must match it to resume)
-  metrics.csv     one row per round (`tff.program.CSVFileReleaseManager`)
-  tensorboard/    the same metrics (`tff.program.TensorBoardReleaseManager`)
+  releases.jsonl  the released rows and DP events, hash-chained (`run_records`)
+  metrics.csv     the released rows, a view of releases.jsonl
+  tensorboard/    the same rows (`tff.program.TensorBoardReleaseManager`)
+  checkpoints/    the state as flat arrays, naming the release they follow
   ledger.json     the DP events of every round and epsilon per round
-  checkpoints/    program state (`tff.program.FileProgramStateManager`)
   summary.json    final figures; plot.png: accuracy, loss, clip norm, epsilon
 
 References:
@@ -42,12 +43,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import glob
 import math
 import os
 import sys
 import time
-import zlib
 from typing import Any, Callable, Optional
 
 from absl import logging
@@ -353,32 +354,6 @@ def initial_model_weights(task, seed: int):
   return tf.nest.map_structure(lambda v: v.numpy(), weights)
 
 
-def client_dataset(task, client_id, config, round_num):
-  """Client `client_id`'s batches for round `round_num` of this run.
-
-  Shuffled with a seed that is a function of (config.seed, round, client)
-  only, so a resumed run sees the same batches.
-  """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  # crc32, not hash(): str hashes are salted per process.
-  seed = int(np.random.default_rng(
-      [config.seed, round_num, zlib.crc32(str(client_id).encode())]
-  ).integers(2**31))
-  if getattr(task, 'round_train_data', None) is not None:
-    # Samples drawn afresh every round (Yang et al. 2022's fat-tailed noise).
-    dataset = task.round_train_data(client_id, seed)
-  else:
-    dataset = task.datasets.train_data.create_tf_dataset_for_client(client_id)
-  dataset = dataset.shuffle(1000, seed=seed, reshuffle_each_iteration=True)
-  preprocess = task.datasets.train_preprocess_fn
-  if preprocess is not None:
-    dataset = preprocess(dataset)
-  if config.local_steps is not None:
-    dataset = dataset.repeat().take(config.local_steps)
-  del tf
-  return dataset
-
-
 def _test_dataset(task):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   test = task.datasets.test_data
@@ -657,6 +632,9 @@ class _Session:
     self.process, self.evaluation = runners(config, self.process,
                                             self.evaluation)
     self.test_data = _test_dataset(self.task)
+    from tff_clip import client_data  # pylint: disable=g-import-not-at-top
+    self.client_datasets = client_data.ClientDatasets(
+        self.task, config.seed, config.local_steps)
 
   def initial_state(self):
     return self.process.set_model_weights(self.process.initialize(),
@@ -667,8 +645,7 @@ class _Session:
     from tff_clip import dp  # pylint: disable=g-import-not-at-top
     started = time.perf_counter()
     cohort = self.sampler.sample(round_num)
-    data = [client_dataset(self.task, cid, self.config, round_num)
-            for cid in cohort]
+    data = self.client_datasets.datasets(cohort, round_num)
     # An empty Poisson cohort still runs: the aggregator adds its noise to
     # an empty sum, so the released model does not reveal that it was empty.
     output = self.process.next(state, data)
@@ -795,6 +772,41 @@ def _same(a, b) -> bool:
   return a == b
 
 
+# What a session is not built from: a later run in this process that differs
+# from an earlier one only in these reuses its session (`_session`).
+_NOT_BUILT_FROM = ('root_output_dir', 'experiment_name', 'rounds', 'eval_every',
+                   'progress', 'checkpoint_every', 'checkpoint_interval_s')
+_SESSIONS_KEPT = 2
+_sessions = collections.OrderedDict()
+
+
+def _session(config: TrainConfig, task_builder) -> _Session:
+  """The session of `config`, built once per process where that is safe.
+
+  Runs in one process (tests, notebooks, sweeps) that differ only in where
+  they write and how long they run share the task, the traced process, the
+  in-process runner and the client tensors: nothing is traced twice. A
+  session holds no run's state (the state, with its noise key, is drawn by
+  `initial_state` or restored from the run's checkpoint). Runs on TFF's
+  workers and audited runs always build their own.
+  """
+  if config.executor != 'inprocess' or config.audit_canaries:
+    return _Session(config, task_builder)
+  defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+              if f.name in _NOT_BUILT_FROM}
+  key = (task_builder, dataclasses.replace(config, **defaults))
+  try:
+    session = _sessions.pop(key, None)
+  except TypeError:  # An unhashable field value: build afresh.
+    return _Session(config, task_builder)
+  if session is None:
+    session = _Session(config, task_builder)
+  _sessions[key] = session
+  while len(_sessions) > _SESSIONS_KEPT:
+    _sessions.popitem(last=False)
+  return session
+
+
 def run(config: TrainConfig, task_builder: TaskBuilder) -> dict[str, Any]:
   """Trains (or resumes, or reports a finished) run per `config`.
 
@@ -805,8 +817,9 @@ def run(config: TrainConfig, task_builder: TaskBuilder) -> dict[str, Any]:
       `train_preprocess_fn`, `test_data`, `eval_preprocess_fn` and
       `model_fn`), optionally with `round_train_data(client_id, seed)` (data
       drawn afresh every round) and `problem` (a synthetic objective). It is
-      called only when the run trains; a `ValueError` it raises is reported
-      as a `ConfigError`. `scripts.train` passes `scripts.program.build_task`
+      called only when the run trains and this process holds no session
+      built from the same configuration and builder (`_session`); a
+      `ValueError` it raises is reported as a `ConfigError`. `scripts.train` passes `scripts.program.build_task`
       (the `--task` names of this repository's `tasks`).
   """
   validate(config)
@@ -832,7 +845,7 @@ def run(config: TrainConfig, task_builder: TaskBuilder) -> dict[str, Any]:
   # Read-only checks of the records, then the session: all before a write.
   log = run_records.ReleaseLog(out) if status == 'resume' else None
   set_execution_context(config)
-  session = _Session(config, task_builder)
+  session = _session(config, task_builder)
   prepare_output_dir(config)  # The first write: everything is checked.
   log = log or run_records.ReleaseLog(out)
 

@@ -1,0 +1,132 @@
+"""Client datasets built from tensors held once per run (`tff_clip.client_data`).
+
+The oracle is the pipeline written plainly with TF's own ops, as a TFF user
+would: the client's `tf.data` set from its `ClientData`, shuffled with the
+round's seed, the task's preprocessing, the local-step cut.
+"""
+
+import collections
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import tasks
+from tff_clip import client_data
+
+# Tasks whose data pipeline repeats another's (same data and preprocessing,
+# another model) run in the slow suite.
+_SAME_PIPELINE = ('emnist_mlp', 'emnist_logreg', 'cifar10_resnet18')
+_ALL_TASKS = [pytest.param(name, marks=pytest.mark.slow)
+              if name in _SAME_PIPELINE else name for name in tasks.TASK_NAMES]
+_TINY = {'shakespeare': {'sequence_length': 8},
+         'stackoverflow_next_word': {'sequence_length': 8}}
+
+
+def _plain(task, client_id, seed, local_steps=None):
+  if getattr(task, 'round_train_data', None) is not None:
+    dataset = task.round_train_data(client_id, seed)
+  else:
+    dataset = task.datasets.train_data.create_tf_dataset_for_client(client_id)
+  dataset = task.datasets.train_preprocess_fn(
+      dataset.shuffle(1000, seed=seed, reshuffle_each_iteration=True))
+  if local_steps is not None:
+    dataset = dataset.repeat().take(local_steps)
+  return dataset
+
+
+def _elements(dataset):
+  return [tf.nest.map_structure(lambda t: t.numpy(), e) for e in dataset]
+
+
+def _assert_same(a, b):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    tf.nest.map_structure(np.testing.assert_array_equal, x, y)
+
+
+@pytest.mark.parametrize('name', _ALL_TASKS)
+def test_batches_equal_the_plain_pipeline_for_every_task(name):
+  # As scripts.program builds tasks: the run's seeded shuffle is the only one.
+  task = tasks.get_task(name, train_batch_size=3, max_elements_per_client=7,
+                        shuffle_buffer_size=1,
+                        **_TINY.get(name, {}))
+  tf.keras.utils.set_random_seed(0)  # As the program does with --seed=0.
+  clients = client_data.ClientDatasets(task, seed=5)
+  for client_id in task.datasets.train_data.client_ids[:2]:
+    for round_num in (1, 2):
+      seed = client_data.round_seed(5, round_num, client_id)
+      _assert_same(_elements(clients.dataset(client_id, round_num)),
+                   _elements(_plain(task, client_id, seed)))
+
+
+@pytest.fixture(scope='module')
+def digits():
+  return tasks.get_task('digits', num_clients=20, shuffle_buffer_size=1)
+
+
+@pytest.mark.parametrize('global_seed', [None, 0, 3])
+def test_batches_follow_the_global_seed_as_tf_does(digits, global_seed):
+  tf.random.set_seed(global_seed)
+  clients = client_data.ClientDatasets(digits, seed=2)
+  client_id = digits.datasets.train_data.client_ids[1]
+  _assert_same(_elements(clients.dataset(client_id, 3)), _elements(_plain(
+      digits, client_id, client_data.round_seed(2, 3, client_id))))
+
+
+def test_local_steps_repeat_and_cut_the_pipeline(digits):
+  clients = client_data.ClientDatasets(digits, seed=1, local_steps=11)
+  client_id = digits.datasets.train_data.client_ids[3]
+  batches = _elements(clients.dataset(client_id, 4))
+  assert len(batches) == 11
+  _assert_same(batches, _elements(_plain(
+      digits, client_id, client_data.round_seed(1, 4, client_id), 11)))
+
+
+def test_examples_are_read_once_and_the_pipeline_traced_once(digits):
+  reads = collections.Counter()
+  train = digits.datasets.train_data
+  original = train.create_tf_dataset_for_client
+
+  class Counting:
+    element_type_structure = train.element_type_structure
+
+    def create_tf_dataset_for_client(self, client_id):
+      reads[client_id] += 1
+      return original(client_id)
+
+  clients = client_data.ClientDatasets(digits, seed=0)
+  clients._train_data = Counting()  # pylint: disable=protected-access
+  cohorts = [train.client_ids[:5], train.client_ids[3:9], train.client_ids[:2]]
+  for round_num, cohort in enumerate(cohorts, 1):
+    for dataset in clients.datasets(cohort, round_num):
+      _elements(dataset)
+  assert set(reads.values()) == {1}
+  assert len(reads) == 9
+  assert clients._build.experimental_get_tracing_count() == 1  # pylint: disable=protected-access
+
+
+def test_rounds_and_clients_get_their_own_order_and_a_rerun_the_same(digits):
+  client_id = digits.datasets.train_data.client_ids[0]
+  first = client_data.ClientDatasets(digits, seed=0)
+  again = client_data.ClientDatasets(digits, seed=0)
+  labels = lambda clients, r: np.concatenate(
+      [y for _, y in _elements(clients.dataset(client_id, r))])
+  np.testing.assert_array_equal(labels(first, 1), labels(again, 1))
+  assert not np.array_equal(labels(first, 1), labels(first, 2))
+  assert sorted(labels(first, 1)) == sorted(labels(first, 2))
+
+
+def test_a_client_with_no_examples_has_no_batches():
+  arrays = collections.OrderedDict(x=np.ones((4, 2), np.float32))
+  train = tff.simulation.datasets.TestClientData({
+      'full': arrays,
+      'empty': collections.OrderedDict(x=np.zeros((0, 2), np.float32))})
+  # What ClientDatasets reads of a BaselineTask.
+  task = types.SimpleNamespace(datasets=types.SimpleNamespace(
+      train_data=train, train_preprocess_fn=lambda d: d.batch(2)))
+  clients = client_data.ClientDatasets(task, seed=0)
+  assert [len(_elements(d)) for d in clients.datasets(['empty', 'full'], 1)
+         ] == [0, 2]

@@ -1,0 +1,154 @@
+"""Each client's dataset for a round, built from tensors held once per run.
+
+A round of `scripts.train` feeds every sampled client's `tf.data` pipeline
+to the process: the client's examples shuffled with a seed that is a function
+of (run seed, round, client) only, so a resumed run sees the same batches,
+then the task's `train_preprocess_fn`, then `local_steps` if set.
+
+Built naively (`ClientData.create_tf_dataset_for_client`, `shuffle`, the
+task's preprocessing), each client costs its data set's construction and a
+fresh trace of the preprocessing's `map` functions, every round, and running
+the pipeline pays tf.data's static graph rewrites once per iterator. Here:
+
+* a client's examples become tensors once per run (the first round it is
+  sampled in), unless the task draws them afresh every round
+  (`task.round_train_data`, Yang et al. 2022's fat-tailed noise);
+* the pipeline (slices, shuffle, preprocessing, local steps) is one
+  `tf.function` with the tensors and the seed as arguments, traced once for
+  the run, so building a client's dataset runs a graph and traces nothing;
+* tf.data's default static optimizations are off for these small pipelines
+  (they change how fast a pipeline runs, never what it yields).
+
+The batches are those of the naive pipeline for the same seed, element for
+element (`tests/test_client_data.py` compares the two on every task). Tasks
+whose examples do not have one fixed shape (which `batch` cannot stack) use
+the naive pipeline.
+
+References:
+* Yang, Qiu, Liu 2022: "Taming Fat-Tailed Noise in Federated Learning",
+  NeurIPS 2022.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.data.util import random_seed as data_random_seed  # pylint: disable=g-direct-tensorflow-import
+
+__all__ = ['ClientDatasets', 'round_seed']
+
+# The shuffle buffer of a client's examples (a full shuffle up to this many).
+SHUFFLE_BUFFER = 1000
+
+
+def round_seed(seed: int, round_num: int, client_id) -> int:
+  """The shuffle seed of `client_id` in round `round_num` of a run."""
+  # crc32, not hash(): str hashes are salted per process.
+  return int(np.random.default_rng(
+      [seed, round_num, zlib.crc32(str(client_id).encode())]
+  ).integers(2**31))
+
+
+def _plain_options() -> tf.data.Options:
+  options = tf.data.Options()
+  options.experimental_optimization.apply_default_optimizations = False
+  options.autotune.enabled = False
+  return options
+
+
+def _seed_pair(seed: int):
+  """The (seed, seed2) of `Dataset.shuffle(seed=seed)` here and now.
+
+  TF's own derivation (with the global seed, as `tf.random.set_seed` says).
+  """
+  return data_random_seed.get_seed(seed)
+
+
+class ClientDatasets:
+  """`datasets(cohort, round_num)`: the cohort's datasets for one round.
+
+  Args:
+    task: a TFF `BaselineTask` (optionally with `round_train_data`).
+    seed: the run's seed.
+    local_steps: if set, each client's pipeline is repeated and cut to this
+      many batches.
+  """
+
+  def __init__(self, task, seed: int, local_steps: Optional[int] = None):
+    self._task = task
+    self._seed = seed
+    self._local_steps = local_steps
+    self._fresh = getattr(task, 'round_train_data', None)
+    self._train_data = task.datasets.train_data
+    self._preprocess = task.datasets.train_preprocess_fn
+    self._examples = {}
+    spec = self._train_data.element_type_structure
+    shapes = [s.shape for s in tf.nest.flatten(spec)]
+    self._cached = all(isinstance(s, tf.TensorSpec) for s in
+                       tf.nest.flatten(spec)) and all(
+                           s.is_fully_defined() for s in shapes)
+    if self._cached:
+      self._stacked_spec = tf.nest.map_structure(
+          lambda s: tf.TensorSpec([None, *s.shape], s.dtype), spec)
+      self._build = tf.function(
+          self._pipeline,
+          input_signature=[self._stacked_spec, tf.TensorSpec([], tf.int64),
+                           tf.TensorSpec([], tf.int64)])
+
+  def _pipeline(self, examples, seed, seed2):
+    # `Dataset.shuffle(seed=tensor)` fails to trace under a global seed of 0
+    # (TF compares the seed pair in Python), so the pair TF would derive from
+    # the round's seed is computed eagerly (`_seed_pair`) and passed in.
+    dataset = tf.data.Dataset.from_tensor_slices(examples)
+    flat = tf.nest.flatten(dataset.element_spec)
+    shuffled = tf.raw_ops.ShuffleDatasetV3(
+        input_dataset=tf.data.experimental.to_variant(dataset),
+        buffer_size=tf.constant(SHUFFLE_BUFFER, tf.int64), seed=seed,
+        seed2=seed2, seed_generator=tf.raw_ops.DummySeedGenerator(),
+        output_types=[s.dtype for s in flat],
+        output_shapes=[s.shape for s in flat], reshuffle_each_iteration=True)
+    return self._after_shuffle(tf.data.experimental.from_variant(
+        shuffled, dataset.element_spec))
+
+  def _finish(self, dataset, seed: int):
+    return self._after_shuffle(dataset.shuffle(
+        SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=True))
+
+  def _after_shuffle(self, dataset):
+    if self._preprocess is not None:
+      dataset = self._preprocess(dataset)
+    if self._local_steps is not None:
+      dataset = dataset.repeat().take(self._local_steps)
+    return dataset.with_options(_plain_options())
+
+  def _stack(self, dataset) -> Any:
+    """All examples of `dataset` as tensors with a leading example axis."""
+    for batch in dataset.batch(2**31 - 1):
+      return batch
+    return tf.nest.map_structure(  # No examples.
+        lambda s: tf.zeros([0, *s.shape], s.dtype), dataset.element_spec)
+
+  def dataset(self, client_id, round_num: int) -> tf.data.Dataset:
+    """Client `client_id`'s batches for round `round_num`."""
+    seed = round_seed(self._seed, round_num, client_id)
+    if not self._cached:  # Examples of varying shape: the naive pipeline.
+      raw = (self._fresh(client_id, seed) if self._fresh is not None else
+             self._train_data.create_tf_dataset_for_client(client_id))
+      return self._finish(raw, seed)
+    if self._fresh is not None:
+      examples = self._stack(self._fresh(client_id, seed))
+    else:
+      examples = self._examples.get(client_id)
+      if examples is None:
+        examples = self._stack(
+            self._train_data.create_tf_dataset_for_client(client_id))
+        self._examples[client_id] = examples
+    return self._build(examples, *_seed_pair(seed))
+
+  def datasets(self, cohort: Sequence[Any],
+               round_num: int) -> list[tf.data.Dataset]:
+    """The datasets of `cohort` in round `round_num`, in cohort order."""
+    return [self.dataset(client_id, round_num) for client_id in cohort]
