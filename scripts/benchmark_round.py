@@ -63,6 +63,10 @@ _MECHANISMS = flags.DEFINE_list(
     '(independent, banded, tree; correlated ones with --bands and '
     'participation with minimum separation).')
 _BANDS = flags.DEFINE_integer('bands', 5, 'Bands / tree restart period.')
+_BOOKKEEPING = flags.DEFINE_integer(
+    'bookkeeping_rounds', 0, 'Also time the per-round records of a DP run '
+    '(ledger and epsilon, releases.jsonl, metrics.csv, checkpoint) over this '
+    'many rounds, and compare the first and the last 100 (0: skip).')
 _TRAIN = flags.DEFINE_bool('train', False, 'Also time scripts.train end to '
                            'end (digits, DP on) for inprocess and local.')
 
@@ -240,6 +244,42 @@ def _bench_task(task_name, dp_on, mechanism='independent'):
   return {name: (first[name], times[name]) for name in _RUNNERS.value}
 
 
+def _bookkeeping_ms(rounds, parameters=20_000):
+  """ms per round of a DP run's records: [first 100 rounds, last 100].
+
+  The same calls the training loop makes after each round: the ledger
+  records the round's event and gives epsilon, the checkpoint (a state of
+  `parameters` float32 values with its pending row) is written, then the
+  round is released to `releases.jsonl` and `metrics.csv`.
+  """
+  from tff_clip import accounting, privacy_ledger, run_records  # pylint: disable=g-import-not-at-top
+  event = accounting.gaussian_round_event(0.5, 20, 1000)
+  event_dict = privacy_ledger.event_to_dict(event)
+  leaves = [np.zeros(parameters, np.float32)]
+  ledger = privacy_ledger.PrivacyLedger()
+  times = []
+  with tempfile.TemporaryDirectory() as out:
+    log = run_records.ReleaseLog(out)
+    checkpoints = run_records.Checkpoints(os.path.join(out, 'checkpoints'))
+    csv_path = os.path.join(out, 'metrics.csv')
+    rows = []
+    for round_num in range(1, rounds + 1):
+      started = time.perf_counter()
+      ledger.record(round_num, event)
+      row = dict(round=round_num, clip_norm=0.1,
+                 epsilon=ledger.guarantee(1e-5).epsilon)
+      checkpoints.save(round_num, leaves, dict(
+          pending=dict(row=row, event=event_dict),
+          log_hash=log.hash_at(round_num - 1)))
+      log.append(round_num, row, event_dict)
+      rows.append(log.row(round_num))
+      run_records.append_metrics_csv(csv_path, rows)
+      times.append(time.perf_counter() - started)
+  window = min(100, rounds)
+  return [1e3 * statistics.median(times[1:window]),
+          1e3 * statistics.median(times[-window:])]
+
+
 def _train_seconds_per_round(executor, short=4, long=16):
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   walls = []
@@ -293,6 +333,14 @@ def main(argv):
       cells.append(f'{medians["inprocess"] / medians["local"]:.3f}x')
     cells.append(', '.join(f'{n} {result[n][0]:.1f}' for n in names))
     print(f'| {task_name} | {dp_setting} | ' + ' | '.join(cells) + ' |')
+  if _BOOKKEEPING.value:
+    first, last = _bookkeeping_ms(_BOOKKEEPING.value)
+    print()
+    print(f'| records of a DP round | rounds 2-100 ms | last 100 of '
+          f'{_BOOKKEEPING.value} ms |')
+    print('|---|---|---|')
+    print(f'| ledger + epsilon, checkpoint, releases.jsonl, metrics.csv | '
+          f'{first:.2f} | {last:.2f} |', flush=True)
   if _TRAIN.value:
     print()
     print('| scripts.train, digits, DP on | s/round, all included |')

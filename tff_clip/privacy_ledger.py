@@ -89,6 +89,7 @@ class PrivacyLedger:
   def __init__(self):
     self._index: dict[int, int] = {}  # round_num -> index in _distinct
     self._distinct: list[dp_accounting.DpEvent] = []
+    self._counts = collections.Counter()  # index in _distinct -> rounds
 
   def __len__(self) -> int:
     return len(self._index)
@@ -138,6 +139,7 @@ class PrivacyLedger:
         raise ValueError(f'`event` cannot be accounted: {error}') from error
       self._distinct.append(event)
     self._index[int(round_num)] = self._distinct.index(event)
+    self._counts[self._index[int(round_num)]] += 1
 
   def _composed(self, counts) -> dp_accounting.DpEvent:
     if not counts:
@@ -152,7 +154,7 @@ class PrivacyLedger:
     Over the distinct round events (composition ignores order), so an
     accountant composes each once; `NoOpDpEvent()` for an empty ledger.
     """
-    return self._composed(collections.Counter(self._index.values()))
+    return self._composed(self._counts)
 
   def guarantee(
       self,

@@ -306,15 +306,21 @@ def repair_metrics_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def append_metrics_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
-  """Appends the last of `rows` (or rebuilds the file if its columns grew)."""
-  fields = _fieldnames(rows)
+  """Appends the last of `rows` (or rebuilds the file if its columns grew).
+
+  O(1) in the number of rows: the file's header (written from the same rows,
+  or rebuilt from the log on resume) is trusted unless the last row brings a
+  column it lacks.
+  """
   header = None
   if os.path.exists(path):
     with open(path, newline='') as f:
       header = next(csv.reader(f), None)
-  if header != fields:
+  if not header or header[0] != 'round' or any(
+      k not in header for k in rows[-1]):
     write_metrics_csv(path, rows)
     return
+  fields = header
   buffer = io.StringIO()
   csv.DictWriter(buffer, fieldnames=fields, lineterminator='\n').writerow(
       {k: rows[-1].get(k, '') for k in fields})
