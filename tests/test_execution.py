@@ -1,7 +1,9 @@
 """Specification of the execution contexts (`tff_clip.execution`)."""
 
 import os
+import select
 import subprocess
+import sys
 
 import numpy as np
 import tensorflow_federated as tff
@@ -25,3 +27,24 @@ def test_replacing_the_local_context_stops_its_worker():
     execution.set_local_cpp_context()
     assert one() == 1.0
   assert len(_worker_children()) == 1
+
+
+def test_a_worker_dies_with_the_process_that_started_it_even_on_sigkill():
+  parent = subprocess.Popen(
+      [sys.executable, '-c',
+       'import sys; from tff_clip import execution; '
+       'proc, _ = execution.start_worker(); print(proc.pid, flush=True); '
+       'sys.stdin.read()'],
+      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+      text=True)
+  worker = int(parent.stdout.readline())
+  exited = os.pidfd_open(worker)  # Readable once the worker has exited.
+  try:
+    parent.kill()
+    parent.wait(timeout=60)
+    readable, _, _ = select.select([exited], [], [], 60)
+    assert readable, 'the worker outlived the process that started it'
+  finally:
+    os.close(exited)
+    parent.stdin.close()
+    parent.stdout.close()

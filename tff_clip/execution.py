@@ -15,7 +15,6 @@ dies, and without our stdout/stderr.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import signal
 import socket
@@ -42,7 +41,6 @@ GRPC_CHANNEL_OPTIONS = (
     ('grpc.max_receive_message_length', _GRPC_MAX_MESSAGE_LENGTH_BYTES),
     ('grpc.max_send_message_length', _GRPC_MAX_MESSAGE_LENGTH_BYTES),
 )
-_PR_SET_PDEATHSIG = 1
 _started = []
 _lock = threading.Lock()
 
@@ -55,12 +53,22 @@ def local_worker_binary() -> str:
   return path
 
 
-def _die_with_parent():  # Runs in the child between fork and exec.
-  try:
-    libc = ctypes.CDLL('libc.so.6', use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-  except OSError:  # Not Linux: fall back to the atexit clean-up only.
-    pass
+# Starts the worker so that it dies with this process: sets the parent-death
+# signal (PR_SET_PDEATHSIG, kept across exec), checks the parent is still the
+# one that launched it, then becomes the worker binary. A separate program,
+# not a `preexec_fn`: Python code between fork and exec forces a real fork(),
+# whose gRPC fork handlers can abort the child while this process's gRPC
+# threads are busy (worker exit code -6).
+_LAUNCHER = """
+import ctypes, os, signal, sys
+try:
+  ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)  # 1: PDEATHSIG
+except OSError:
+  pass
+if os.getppid() != int(sys.argv[1]):
+  sys.exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
 
 def start_worker(port: int | None = None,
@@ -74,10 +82,11 @@ def start_worker(port: int | None = None,
   port = port or _unused_port()
   args = [local_worker_binary(), f'--port={port}',
           f'--max_concurrent_computation_calls={max_concurrent_computation_calls}']
+  if sys.platform.startswith('linux'):
+    args = [sys.executable, '-S', '-c', _LAUNCHER, str(os.getpid()), *args]
   out = open(log_path, 'ab') if log_path else subprocess.DEVNULL  # pylint: disable=consider-using-with
   proc = subprocess.Popen(  # pylint: disable=consider-using-with
       args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-      preexec_fn=_die_with_parent if sys.platform.startswith('linux') else None,
       close_fds=True)
   with _lock:
     _started.append(proc)
