@@ -254,7 +254,7 @@ def test_full_disk_mid_run_is_one_line_and_the_run_resumes(
     real_fsync(fd)
 
   monkeypatch.setattr(run_records.os, 'fsync', fills_up)
-  config = _config(tmp_path, noise_seed=7)
+  config = _config(tmp_path)
   with pytest.raises(run_records.RunRecordError) as error:
     program.run(config)
   message = str(error.value)

@@ -378,20 +378,55 @@ def test_dp_round_is_checkpointed_before_release_and_never_computed_twice(
   assert summary['epsilon'] == ledger['epsilon_per_round'][-1][1]
 
 
-def test_same_seed_runs_draw_different_noise_unless_noise_seed(
-    tmp_path, monkeypatch):
-  # Runs in one process that differ only in where they write share their
-  # build (task, traced process, runner), never their noise: a and b share a
-  # session and draw fresh keys; d reuses c's session and equals it.
-  monkeypatch.setattr(training, '_sessions', collections.OrderedDict())
-  builds = []
+@pytest.fixture
+def builds(monkeypatch):
+  """The experiment names of the sessions built from here on."""
+  built = []
   build = training._Session.__init__
 
   def counting_build(self, config, task_builder):
-    builds.append(config.experiment_name)
+    built.append(config.experiment_name)
     build(self, config, task_builder)
 
   monkeypatch.setattr(training._Session, '__init__', counting_build)
+  return built
+
+
+def test_runs_in_one_process_share_their_build_never_their_noise(
+    tmp_path, builds):
+  # b differs from a only in where it writes, how long it runs and what it
+  # releases: it reuses a's traced process, and draws its own noise key
+  # (round 1's clip norm moves by the noisy clipped count).
+  base = dict(clients_per_round=6, eval_every=1, seed=3)
+  a = _rows(_run(tmp_path, 'a', rounds=1, **base)[1] / 'metrics.csv')
+  b = _rows(_run(tmp_path, 'b', rounds=2, release_uncovered_metrics=True,
+                 **base)[1] / 'metrics.csv')
+  assert 'b' not in builds
+  assert a[0]['clip_norm'] != b[0]['clip_norm']
+  assert 'clients' in b[0] and 'clients' not in a[0]
+
+
+def test_a_calibrated_run_never_shares_a_build_of_other_rounds(monkeypatch):
+  # Its noise multiplier is calibrated for its rounds when it is built.
+  monkeypatch.setattr(training, '_sessions', collections.OrderedDict())
+  monkeypatch.setattr(training, '_Session',
+                      lambda config, task_builder: object())
+  calibrated = training.TrainConfig(noise_multiplier=None, target_epsilon=4.0)
+  fixed = training.TrainConfig()
+  for config in (calibrated, fixed):
+    first = training._session(config, print)
+    assert training._session(dataclasses.replace(
+        config, experiment_name='other', root_output_dir='elsewhere'),
+                             print) is first
+    longer = training._session(dataclasses.replace(config, rounds=60), print)
+    assert (longer is first) == (config is fixed)
+
+
+@pytest.mark.slow
+def test_same_seed_runs_draw_different_noise_unless_noise_seed(
+    tmp_path, builds):
+  # a and b share a session and draw fresh keys; d reuses c's session and
+  # equals it.
   base = dict(rounds=2, clients_per_round=6, eval_every=1, seed=4,
               sampling='fixed_size')
   runs = {name: _rows(_run(tmp_path, name, **base, **extra)[1] /
@@ -399,7 +434,7 @@ def test_same_seed_runs_draw_different_noise_unless_noise_seed(
           for name, extra in (('a', {}), ('b', {}),
                               ('c', dict(noise_seed=9)),
                               ('d', dict(noise_seed=9)))}
-  assert builds == ['a', 'c']
+  assert 'b' not in builds and 'd' not in builds
   # Round 1's clip norm moves by the noisy clipped count; round 2's eval
   # loss moves with the noised model.
   assert runs['a'][1]['eval_loss'] != runs['b'][1]['eval_loss']
@@ -464,7 +499,7 @@ def test_empty_poisson_rounds_run_and_are_accounted(sparse_poisson_run):
 def test_uncovered_metrics_are_released_only_on_request_and_labelled(
     tmp_path):
   summary, run_dir = _run(tmp_path, 'run', rounds=1, clients_per_round=6,
-                          release_uncovered_metrics=True)
+                          eval_every=1, seed=3, release_uncovered_metrics=True)
   assert {'clients', 'train_loss', 'seconds'} <= set(
       _rows(run_dir / 'metrics.csv')[0])
   assert {'clients', 'train_loss', 'seconds'} <= set(

@@ -775,8 +775,9 @@ def _same(a, b) -> bool:
 # What a session is not built from: a later run in this process that differs
 # from an earlier one only in these reuses its session (`_session`).
 _NOT_BUILT_FROM = ('root_output_dir', 'experiment_name', 'rounds', 'eval_every',
-                   'progress', 'checkpoint_every', 'checkpoint_interval_s')
-_SESSIONS_KEPT = 2
+                   'progress', 'checkpoint_every', 'checkpoint_interval_s',
+                   'release_uncovered_metrics')
+_SESSIONS_KEPT = 3
 _sessions = collections.OrderedDict()
 
 
@@ -785,15 +786,20 @@ def _session(config: TrainConfig, task_builder) -> _Session:
 
   Runs in one process (tests, notebooks, sweeps) that differ only in where
   they write and how long they run share the task, the traced process, the
-  in-process runner and the client tensors: nothing is traced twice. A
-  session holds no run's state (the state, with its noise key, is drawn by
-  `initial_state` or restored from the run's checkpoint). Runs on TFF's
-  workers and audited runs always build their own.
+  in-process runner and the client tensors: nothing is traced twice. A run
+  calibrated by `target_epsilon` shares only with runs of as many rounds
+  (its noise multiplier depends on them). A session holds no run's state
+  (the state, with its noise key, is drawn by `initial_state` or restored
+  from the run's checkpoint). Runs on TFF's workers and audited runs always
+  build their own.
   """
   if config.executor != 'inprocess' or config.audit_canaries:
     return _Session(config, task_builder)
+  ignored = set(_NOT_BUILT_FROM)
+  if config.target_epsilon is not None:
+    ignored.discard('rounds')  # The noise is calibrated for the rounds.
   defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)
-              if f.name in _NOT_BUILT_FROM}
+              if f.name in ignored}
   key = (task_builder, dataclasses.replace(config, **defaults))
   try:
     session = _sessions.pop(key, None)
