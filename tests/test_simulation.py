@@ -196,8 +196,11 @@ def digits_clients():
   return task, clients
 
 
-@pytest.mark.parametrize('noise_seed', [None, 3], ids=['no noise',
-                                                       'seeded noise'])
+# Without noise in the slow suite: the seeded-noise case runs the same client
+# work and fails too if the client work is not reproducible.
+@pytest.mark.parametrize('noise_seed', [
+    pytest.param(None, marks=pytest.mark.slow), 3],
+                         ids=['no noise', 'seeded noise'])
 def test_next_from_the_same_state_gives_bitwise_identical_results(
     digits_clients, noise_seed):
   task, clients = digits_clients

@@ -132,6 +132,16 @@ def test_cli_bad_flag_is_one_line_exit_2_and_writes_nothing(tmp_path, args,
   assert not (tmp_path / 'runs').exists()
 
 
+def test_unreachable_target_epsilon_is_refused_before_any_write(tmp_path):
+  # Checked after the task is built (the population size decides it).
+  config = training.TrainConfig(noise_multiplier=None, target_epsilon=1e-6,
+                                root_output_dir=str(tmp_path / 'runs'))
+  with pytest.raises(training.ConfigError, match='^--target_epsilon: '):
+    program.run(config)
+  assert not (tmp_path / 'runs').exists()
+
+
+@pytest.mark.slow
 def test_cli_unreachable_target_epsilon_is_one_line_and_writes_nothing(
     tmp_path):
   # Checked after the task is built (the population size decides it).
