@@ -67,6 +67,13 @@ _BOOKKEEPING = flags.DEFINE_integer(
     'bookkeeping_rounds', 0, 'Also time the per-round records of a DP run '
     '(ledger and epsilon, releases.jsonl, metrics.csv, checkpoint) over this '
     'many rounds, and compare the first and the last 100 (0: skip).')
+_COHORTS = flags.DEFINE_list(
+    'cohort_sizes', [], 'Also time in-process DP rounds of these cohort sizes '
+    'drawn from a population of --population clients of the heterogeneous '
+    'quadratic (seconds per round and per client, resident memory after the '
+    'second and the last round, peak); e.g. 20,100,1000.')
+_POPULATION = flags.DEFINE_integer('population', 10_000, 'Population of '
+                                   '--cohort_sizes.')
 _TRAIN = flags.DEFINE_bool('train', False, 'Also time scripts.train end to '
                            'end (digits, DP on) for inprocess and local.')
 
@@ -280,6 +287,44 @@ def _bookkeeping_ms(rounds, parameters=20_000):
           1e3 * statistics.median(times[-window:])]
 
 
+def _memory_mib(field):
+  """`VmRSS` (resident now) or `VmHWM` (peak) of this process, in MiB."""
+  with open('/proc/self/status') as f:
+    for line in f:
+      if line.startswith(field + ':'):
+        return int(line.split()[1]) / 1024
+  return float('nan')
+
+
+def _cohort_rows(sizes, population, rounds):
+  """[(clients, s/round, ms/client, RSS round 2, RSS last, peak)] per size."""
+  from tff_clip import client_data, simulation, training  # pylint: disable=g-import-not-at-top
+  rows = []
+  for size in sizes:
+    config = training.TrainConfig(
+        task='heterogeneous_quadratic', num_clients=population,
+        clients_per_round=size, sampling='fixed_size', bounding='clip',
+        noise_multiplier=0.5, progress=False)
+    task = program.build_task(config)
+    clients = client_data.ClientDatasets(task, config.seed)
+    runner = simulation.InProcessRunner(
+        training.build_process(config, task, config.noise_multiplier))
+    state = runner.initialize()
+    client_ids = list(task.datasets.train_data.client_ids)
+    rng = np.random.default_rng(0)
+    times, memory = [], []
+    for round_num in range(1, rounds + 1):
+      cohort = rng.choice(client_ids, size, replace=False)
+      started = time.perf_counter()
+      state = runner.next(state, clients.datasets(cohort, round_num)).state
+      times.append(time.perf_counter() - started)
+      memory.append(_memory_mib('VmRSS'))
+    seconds = statistics.median(times[1:])
+    rows.append((size, seconds, 1e3 * seconds / size, memory[1], memory[-1],
+                 _memory_mib('VmHWM')))
+  return rows
+
+
 def _train_seconds_per_round(executor, short=4, long=16):
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   walls = []
@@ -296,23 +341,8 @@ def _train_seconds_per_round(executor, short=4, long=16):
   return (walls[1] - walls[0]) / (long - short)
 
 
-def main(argv):
-  del argv
-  logging.set_verbosity(logging.WARNING)
-  rows = []
-  for task_name in _TASKS.value:
-    settings = [(d, m) for d in _DP.value
-                for m in (_MECHANISMS.value if d == 'on' else ['independent'])]
-    for dp_on, mechanism in settings:
-      dp_setting = (dp_on if mechanism == 'independent' else
-                    f'{dp_on} ({mechanism}, b={_BANDS.value})')
-      result = _bench_task(task_name, dp_on == 'on', mechanism)
-      medians = {k: statistics.median(v) if v else float('nan')
-                 for k, (_, v) in result.items()}
-      rows.append((task_name, dp_setting, result, medians))
-      print(f'{task_name} dp={dp_setting}: ' + ', '.join(
-          f'{k} {m:.4f} s (first {result[k][0]:.1f} s)'
-          for k, m in medians.items()), flush=True)
+def _print_runner_table(rows):
+  """The runners' table: seconds per round, ratios, first build."""
   names = _RUNNERS.value
   columns = ['task', 'DP'] + [f'{n} s/round' for n in names]
   columns += [f'{n} / floor' for n in names
@@ -333,6 +363,37 @@ def main(argv):
       cells.append(f'{medians["inprocess"] / medians["local"]:.3f}x')
     cells.append(', '.join(f'{n} {result[n][0]:.1f}' for n in names))
     print(f'| {task_name} | {dp_setting} | ' + ' | '.join(cells) + ' |')
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  rows = []
+  for task_name in _TASKS.value:
+    settings = [(d, m) for d in _DP.value
+                for m in (_MECHANISMS.value if d == 'on' else ['independent'])]
+    for dp_on, mechanism in settings:
+      dp_setting = (dp_on if mechanism == 'independent' else
+                    f'{dp_on} ({mechanism}, b={_BANDS.value})')
+      result = _bench_task(task_name, dp_on == 'on', mechanism)
+      medians = {k: statistics.median(v) if v else float('nan')
+                 for k, (_, v) in result.items()}
+      rows.append((task_name, dp_setting, result, medians))
+      print(f'{task_name} dp={dp_setting}: ' + ', '.join(
+          f'{k} {m:.4f} s (first {result[k][0]:.1f} s)'
+          for k, m in medians.items()), flush=True)
+  if rows:
+    _print_runner_table(rows)
+  if _COHORTS.value:
+    print()
+    print(f'| clients per round (of {_POPULATION.value:,}) | s/round | '
+          'ms/client | RSS after round 2 (MiB) | RSS after last (MiB) | '
+          'peak RSS (MiB) |')
+    print('|---|---|---|---|---|---|')
+    for row in _cohort_rows([int(n) for n in _COHORTS.value],
+                            _POPULATION.value, _ROUNDS.value):
+      print('| {} | {:.3f} | {:.2f} | {:.0f} | {:.0f} | {:.0f} |'.format(*row),
+            flush=True)
   if _BOOKKEEPING.value:
     first, last = _bookkeeping_ms(_BOOKKEEPING.value)
     print()

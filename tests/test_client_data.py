@@ -108,6 +108,36 @@ def test_examples_are_read_once_and_the_pipeline_traced_once(digits):
   assert clients._build.experimental_get_tracing_count() == 1  # pylint: disable=protected-access
 
 
+def test_a_full_cache_drops_the_least_recently_sampled_client(digits):
+  train = digits.datasets.train_data
+
+  def nbytes(client_id):
+    probe = client_data.ClientDatasets(digits, seed=0)
+    probe.dataset(client_id, 1)
+    return probe._cached_bytes  # pylint: disable=protected-access
+
+  a, b = train.client_ids[:2]
+  c = next(c for c in train.client_ids[2:] if nbytes(c) <= nbytes(b))
+  # Room for a and b, or for a and c, never for all three.
+  clients = client_data.ClientDatasets(
+      digits, seed=0, max_cached_bytes=nbytes(a) + nbytes(b))
+  reads = collections.Counter()
+  original = train.create_tf_dataset_for_client
+
+  class Counting:
+    def create_tf_dataset_for_client(self, client_id):
+      reads[client_id] += 1
+      return original(client_id)
+
+  clients._train_data = Counting()  # pylint: disable=protected-access
+  for round_num, client_id in enumerate([a, b, a, c, a, b], 1):
+    got = _elements(clients.dataset(client_id, round_num))
+    _assert_same(got, _elements(_plain(
+        digits, client_id, client_data.round_seed(0, round_num, client_id))))
+  # c pushed out b (a was sampled more recently); b is read again.
+  assert reads == {a: 1, b: 2, c: 1}
+
+
 def test_rounds_and_clients_get_their_own_order_and_a_rerun_the_same(digits):
   client_id = digits.datasets.train_data.client_ids[0]
   first = client_data.ClientDatasets(digits, seed=0)

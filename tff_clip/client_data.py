@@ -11,8 +11,9 @@ fresh trace of the preprocessing's `map` functions, every round, and running
 the pipeline pays tf.data's static graph rewrites once per iterator. Here:
 
 * a client's examples become tensors once per run (the first round it is
-  sampled in), unless the task draws them afresh every round
-  (`task.round_train_data`, Yang et al. 2022's fat-tailed noise);
+  sampled in; at most `max_cached_bytes` of them are kept, the least
+  recently sampled dropped first), unless the task draws them afresh every
+  round (`task.round_train_data`, Yang et al. 2022's fat-tailed noise);
 * the pipeline (slices, shuffle, preprocessing, local steps) is one
   `tf.function` with the tensors and the seed as arguments, traced once for
   the run, so building a client's dataset runs a graph and traces nothing;
@@ -31,6 +32,7 @@ References:
 
 from __future__ import annotations
 
+import collections
 import zlib
 from typing import Any, Optional, Sequence
 
@@ -42,6 +44,8 @@ __all__ = ['ClientDatasets', 'round_seed']
 
 # The shuffle buffer of a client's examples (a full shuffle up to this many).
 SHUFFLE_BUFFER = 1000
+# The clients' examples kept as tensors at most (2 GiB).
+DEFAULT_MAX_CACHED_BYTES = 2**31
 
 
 def round_seed(seed: int, round_num: int, client_id) -> int:
@@ -50,6 +54,10 @@ def round_seed(seed: int, round_num: int, client_id) -> int:
   return int(np.random.default_rng(
       [seed, round_num, zlib.crc32(str(client_id).encode())]
   ).integers(2**31))
+
+
+def _nbytes(examples) -> int:
+  return sum(t.dtype.size * int(tf.size(t)) for t in tf.nest.flatten(examples))
 
 
 def _plain_options() -> tf.data.Options:
@@ -75,16 +83,21 @@ class ClientDatasets:
     seed: the run's seed.
     local_steps: if set, each client's pipeline is repeated and cut to this
       many batches.
+    max_cached_bytes: the clients' tensors kept at most (the least recently
+      sampled are dropped first and read again when next sampled).
   """
 
-  def __init__(self, task, seed: int, local_steps: Optional[int] = None):
+  def __init__(self, task, seed: int, local_steps: Optional[int] = None,
+               max_cached_bytes: int = DEFAULT_MAX_CACHED_BYTES):
     self._task = task
     self._seed = seed
     self._local_steps = local_steps
+    self._max_cached_bytes = max_cached_bytes
+    self._cached_bytes = 0
     self._fresh = getattr(task, 'round_train_data', None)
     self._train_data = task.datasets.train_data
     self._preprocess = task.datasets.train_preprocess_fn
-    self._examples = {}
+    self._examples = collections.OrderedDict()  # Least recently used first.
     spec = self._train_data.element_type_structure
     shapes = [s.shape for s in tf.nest.flatten(spec)]
     self._cached = all(isinstance(s, tf.TensorSpec) for s in
@@ -141,12 +154,21 @@ class ClientDatasets:
     if self._fresh is not None:
       examples = self._stack(self._fresh(client_id, seed))
     else:
-      examples = self._examples.get(client_id)
-      if examples is None:
-        examples = self._stack(
-            self._train_data.create_tf_dataset_for_client(client_id))
-        self._examples[client_id] = examples
+      examples = self._cached_examples(client_id)
     return self._build(examples, *_seed_pair(seed))
+
+  def _cached_examples(self, client_id):
+    if client_id in self._examples:
+      self._examples.move_to_end(client_id)
+      return self._examples[client_id]
+    examples = self._stack(
+        self._train_data.create_tf_dataset_for_client(client_id))
+    self._examples[client_id] = examples
+    self._cached_bytes += _nbytes(examples)
+    while self._cached_bytes > self._max_cached_bytes and self._examples:
+      _, dropped = self._examples.popitem(last=False)
+      self._cached_bytes -= _nbytes(dropped)
+    return examples
 
   def datasets(self, cohort: Sequence[Any],
                round_num: int) -> list[tf.data.Dataset]:
