@@ -16,9 +16,11 @@ import tensorflow_federated as tff
 import tasks
 from tff_clip import client_data
 
-# Tasks whose data pipeline repeats another's (same data and preprocessing,
-# another model) run in the slow suite.
-_SAME_PIPELINE = ('emnist_mlp', 'emnist_logreg', 'cifar10_resnet18')
+# Tasks whose data pipeline repeats another's (the same preprocessing of
+# images of one shape; another model or another source) run in the slow
+# suite.
+_SAME_PIPELINE = ('emnist_mlp', 'emnist_logreg', 'cifar10_resnet18',
+                  'cifar100_resnet18')
 _ALL_TASKS = [pytest.param(name, marks=pytest.mark.slow)
               if name in _SAME_PIPELINE else name for name in tasks.TASK_NAMES]
 _TINY = {'shakespeare': {'sequence_length': 8},
