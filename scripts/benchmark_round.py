@@ -109,7 +109,7 @@ class _PlainTF:
           loss = self._model.forward_pass(batch, training=True).loss
         grads = tape.gradient(loss, self._model.trainable_variables)
         for var, grad in zip(self._model.trainable_variables, grads):
-          var.assign_sub(learning_rate * grad)
+          var.assign_sub(learning_rate * tf.convert_to_tensor(grad))
       for total, var, start in zip(self._sum, self._model.trainable_variables,
                                    self._global):
         total.assign_add(var - start)
@@ -157,7 +157,7 @@ class _Floor:
           loss = self._model.forward_pass(batch, training=True).loss
         grads = tape.gradient(loss, model_vars)
         for var, grad in zip(model_vars, grads):
-          var.assign_sub(learning_rate * grad)
+          var.assign_sub(learning_rate * tf.convert_to_tensor(grad))
         begin = end
       update = [var - start for var, start in zip(model_vars, self._global)]
       scale = clip_norm / tf.maximum(tf.linalg.global_norm(update), 1e-12)
