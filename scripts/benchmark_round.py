@@ -8,6 +8,8 @@ cohorts:
   plain_tf   the same local SGD steps in a `tf.function` per client over the
              client's `tf.data` pipeline, a Python loop over clients, then
              the mean of the updates; no federation, bounding or noise.
+  audited    `inprocess` with 100 audit canaries in the DP query
+             (`tff_clip.audit`, what `--audit_canaries=100` runs; DP on only)
   floor      the plain-TF floor: each client's batches built into tensors
              once for the whole benchmark, one `tf.function` per client's
              local training (no `tf.data`), a Python loop over clients, the
@@ -204,7 +206,7 @@ class _Floor:
 
 def _bench_task(task_name, dp_on, mechanism='independent'):
   """{runner: (first build s, [seconds per round])} for one configuration."""
-  from tff_clip import client_data, execution, simulation, training  # pylint: disable=g-import-not-at-top
+  from tff_clip import audit, client_data, execution, simulation, training  # pylint: disable=g-import-not-at-top
   config = _config(task_name, dp_on, mechanism)
   task = program.build_task(config)
   clients = client_data.ClientDatasets(task, config.seed, config.local_steps)
@@ -221,8 +223,13 @@ def _bench_task(task_name, dp_on, mechanism='independent'):
     elif name == 'floor':
       runners[name] = _Floor(task, config.client_learning_rate)
     else:
-      process = training.build_process(config, task, noise)
-      if name == 'inprocess':
+      auditor = None
+      if name == 'audited':  # 100 canaries in the DP query (tff_clip.audit).
+        auditor = audit.CanaryFactory(
+            training.build_aggregator(config, noise), 100,
+            config.clients_per_round / len(client_ids))
+      process = training.build_process(config, task, noise, auditor)
+      if name in ('inprocess', 'audited'):
         runners[name] = simulation.InProcessRunner(process)
       else:
         execution.set_local_cpp_context()
