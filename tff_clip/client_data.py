@@ -89,7 +89,6 @@ class ClientDatasets:
 
   def __init__(self, task, seed: int, local_steps: Optional[int] = None,
                max_cached_bytes: int = DEFAULT_MAX_CACHED_BYTES):
-    self._task = task
     self._seed = seed
     self._local_steps = local_steps
     self._max_cached_bytes = max_cached_bytes
@@ -99,16 +98,15 @@ class ClientDatasets:
     self._preprocess = task.datasets.train_preprocess_fn
     self._examples = collections.OrderedDict()  # Least recently used first.
     spec = self._train_data.element_type_structure
-    shapes = [s.shape for s in tf.nest.flatten(spec)]
-    self._cached = all(isinstance(s, tf.TensorSpec) for s in
-                       tf.nest.flatten(spec)) and all(
-                           s.is_fully_defined() for s in shapes)
+    self._cached = all(isinstance(s, tf.TensorSpec) and
+                       s.shape.is_fully_defined()
+                       for s in tf.nest.flatten(spec))
     if self._cached:
-      self._stacked_spec = tf.nest.map_structure(
+      stacked = tf.nest.map_structure(
           lambda s: tf.TensorSpec([None, *s.shape], s.dtype), spec)
       self._build = tf.function(
           self._pipeline,
-          input_signature=[self._stacked_spec, tf.TensorSpec([], tf.int64),
+          input_signature=[stacked, tf.TensorSpec([], tf.int64),
                            tf.TensorSpec([], tf.int64)])
 
   def _pipeline(self, examples, seed, seed2):
