@@ -825,8 +825,9 @@ def run(config: TrainConfig, task_builder: TaskBuilder) -> dict[str, Any]:
       drawn afresh every round) and `problem` (a synthetic objective). It is
       called only when the run trains and this process holds no session
       built from the same configuration and builder (`_session`); a
-      `ValueError` it raises is reported as a `ConfigError`. `scripts.train` passes `scripts.program.build_task`
-      (the `--task` names of this repository's `tasks`).
+      `ValueError` it raises is reported as a `ConfigError`. `scripts.train`
+      passes `scripts.program.build_task` (the `--task` names of this
+      repository's `tasks`).
   """
   validate(config)
   out = config.output_dir
