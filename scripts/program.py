@@ -74,6 +74,7 @@ def build_task(config: TrainConfig):
         partition_alpha=config.partition_alpha, seed=config.seed,
         train_batch_size=config.batch_size, local_epochs=config.local_epochs,
         shuffle_buffer_size=1, cache_dir=config.cache_dir,
+        validation_fraction=config.validation_fraction,
         **dict(config.task_options))
   except (TypeError, ValueError) as e:
     if not config.task_options:

@@ -96,8 +96,10 @@ def build_cifar10(args: task_lib.BuildArgs, *,
     train_x, test_x = np.split(images, [offline_train_examples])
     train_y, test_y = np.split(labels, [offline_train_examples])
     source = 'generated CIFAR-10-format images (not real CIFAR)'
+  train_arrays, validation_data = task_lib.hold_out_validation(
+      collections.OrderedDict(image=train_x, label=train_y), 'label', args)
   train_data, partition = task_lib.federate_arrays(
-      collections.OrderedDict(image=train_x, label=train_y), 'label', args,
+      train_arrays, 'label', args,
       default_num_clients=DEFAULT_CIFAR10_NUM_CLIENTS,
       default_partition='dirichlet', default_alpha=DEFAULT_CIFAR10_ALPHA)
   preprocessing = image_classification_preprocessing
@@ -105,6 +107,7 @@ def build_cifar10(args: task_lib.BuildArgs, *,
       train_data=train_data,
       test_data=task_lib.centralized_dataset(
           collections.OrderedDict(image=test_x, label=test_y)),
+      validation_data=validation_data,
       train_preprocess_fn=preprocessing.create_preprocess_fn(
           args.train_client_spec, crop_shape=crop_shape,
           distort_image=distort_train_images),

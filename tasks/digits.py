@@ -42,6 +42,8 @@ def build(args: task_lib.BuildArgs, *,
           hidden_units: int = HIDDEN_UNITS) -> task_lib.Task:
   """The `digits` task; `hidden_units` sizes the MLP's hidden layer."""
   train_arrays, test_arrays = load_arrays(args.seed)
+  train_arrays, validation_data = task_lib.hold_out_validation(
+      train_arrays, 'label', args)
   train_data, partition = task_lib.federate_arrays(
       train_arrays, 'label', args, default_num_clients=DEFAULT_NUM_CLIENTS,
       default_partition='iid')
@@ -49,6 +51,7 @@ def build(args: task_lib.BuildArgs, *,
   datasets = tff.simulation.baselines.BaselineTaskDatasets(
       train_data=train_data,
       test_data=task_lib.centralized_dataset(test_arrays),
+      validation_data=validation_data,
       train_preprocess_fn=task_lib.emnist_preprocess_fn(
           args.train_client_spec),
       eval_preprocess_fn=task_lib.emnist_preprocess_fn(eval_spec))

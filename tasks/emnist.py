@@ -95,17 +95,19 @@ def _offline_data(args: task_lib.BuildArgs, offline_data: str):
         label=arrays['label'], pixels=digits_as_emnist(arrays['pixels']))
     train_arrays, test_arrays = to_emnist(train_arrays), to_emnist(test_arrays)
     name = 'scikit-learn digits as 28x28 EMNIST'
+  train_arrays, validation_data = task_lib.hold_out_validation(
+      train_arrays, 'label', args)
   train_data, partition = task_lib.federate_arrays(
       train_arrays, 'label', args,
       default_num_clients=DEFAULT_OFFLINE_NUM_CLIENTS,
       default_partition='iid')
   return (train_data, task_lib.centralized_dataset(test_arrays),
-          f'{name}, {partition}')
+          validation_data, f'{name}, {partition}')
 
 
 def _load(args: task_lib.BuildArgs, only_digits: bool,
           offline_data: Optional[str]):
-  """(train ClientData, test data, description) for `args.data_source`."""
+  """(train ClientData, test data, validation data, description)."""
   if offline_data is not None:
     if offline_data not in OFFLINE_DATA:
       raise ValueError(f'Unknown `offline_data` {offline_data!r}; expected '
@@ -124,7 +126,7 @@ def _load(args: task_lib.BuildArgs, only_digits: bool,
     train = test = tff.simulation.datasets.emnist.get_synthetic()
     name = 'TFF synthetic EMNIST'
   train, partition = task_lib.refederate(train, 'label', args)
-  return train, test, f'{name}, {partition}'
+  return train, test, None, f'{name}, {partition}'
 
 
 def build(args: task_lib.BuildArgs, *, model: str,
@@ -150,13 +152,15 @@ def build(args: task_lib.BuildArgs, *, model: str,
                      f'{MODELS}.')
   if only_digits is None:
     only_digits = model != 'cnn'
-  train, test, description = _load(args, only_digits, offline_data)
+  train, test, validation, description = _load(args, only_digits,
+                                               offline_data)
   num_classes = 10 if only_digits else 62
   name = f'emnist_{model}'
   model_description = _MODEL_DESCRIPTIONS[model].format(classes=num_classes)
   datasets = tff.simulation.baselines.BaselineTaskDatasets(
       train_data=train,
       test_data=test,
+      validation_data=validation,
       train_preprocess_fn=task_lib.emnist_preprocess_fn(
           args.train_client_spec),
       eval_preprocess_fn=task_lib.emnist_preprocess_fn(

@@ -239,6 +239,7 @@ def get_task(name: str = DEFAULT_TASK,
              shuffle_buffer_size: Optional[int] = None,
              cache_dir: Optional[str] = None,
              download: bool = True,
+             validation_fraction: Optional[float] = None,
              **task_options) -> task_lib.Task:
   """Builds the task `name` (one of `TASK_NAMES`).
 
@@ -272,6 +273,11 @@ def get_task(name: str = DEFAULT_TASK,
       `~/tensorflow_datasets`).
     download: whether online data missing from the cache is downloaded
       (True) or reported at once as a `DataNotAvailableError` (False).
+    validation_fraction: in (0, 1): hold out this stratified share of the
+      training examples as `task.datasets.validation_data` before the rest is
+      split into clients (tasks whose data is held as arrays: digits, the
+      offline EMNIST and CIFAR-10 data). `None`: no holdout; the task keeps
+      its own validation data, if it has any.
     **task_options: options of the task (e.g. `sequence_length` for
       Shakespeare, `tail_index` for `fat_tailed_quadratic`); an unknown one
       is a `TypeError` that lists the task's options.
@@ -321,6 +327,12 @@ def get_task(name: str = DEFAULT_TASK,
                                                      'shuffle_buffer_size')
   if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
     raise TypeError(f'`seed` must be an int; got {type(seed).__name__}.')
+  if validation_fraction is not None:
+    if (isinstance(validation_fraction, bool) or
+        not isinstance(validation_fraction, numbers.Real) or
+        not 0.0 < validation_fraction < 1.0):
+      raise ValueError('`validation_fraction` must be in (0, 1); got '
+                       f'{validation_fraction!r}.')
   _check_options(spec, task_options)
   args = task_lib.BuildArgs(
       data_source=data_source,
@@ -339,8 +351,15 @@ def get_task(name: str = DEFAULT_TASK,
                             num_epochs=1, batch_size=eval_batch_size,
                             shuffle_buffer_size=1)),
       cache_dir=cache_dir,
-      download=bool(download))
-  return spec.builder(args, **task_options)
+      download=bool(download),
+      validation_fraction=validation_fraction)
+  task = spec.builder(args, **task_options)
+  if validation_fraction is not None and task.datasets.validation_data is None:
+    raise ValueError(
+        f'`validation_fraction`: task {name!r} with {data_source!r} data '
+        'cannot hold out validation examples (only data held as arrays can: '
+        'digits, the offline EMNIST and CIFAR-10 data).')
+  return task
 
 
 @attrs.frozen

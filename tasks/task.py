@@ -37,6 +37,7 @@ __all__ = [
     'count_parameters',
     'emnist_preprocess_fn',
     'federate_arrays',
+    'hold_out_validation',
     'pool_client_data',
     'refederate',
     'select_clients',
@@ -110,6 +111,7 @@ class BuildArgs:
   eval_client_spec: tff.simulation.baselines.ClientSpec
   cache_dir: Optional[str]
   download: bool
+  validation_fraction: Optional[float] = None
 
   def describe_partition(self, partition: str, alpha=None) -> str:
     if partition == 'dirichlet':
@@ -209,6 +211,25 @@ def select_clients(client_data: tff.simulation.datasets.ClientData,
                                               replace=False)
   return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
       sorted(ids[i] for i in chosen), client_data.serializable_dataset_fn)
+
+
+def hold_out_validation(arrays: Mapping[str, np.ndarray], label_key: str,
+                        args: BuildArgs):
+  """(training arrays, validation data): `args.validation_fraction` held out.
+
+  The validation examples are a stratified, seeded share of the training
+  examples, taken out before the rest is split into clients: no client ever
+  trains on them, and the test set stays untouched for the final report.
+  Without a fraction the arrays are returned whole and the validation data
+  is `None`.
+  """
+  if not args.validation_fraction:
+    return arrays, None
+  train_ix, validation_ix = stratified_split(
+      arrays[label_key], args.validation_fraction, args.seed)
+  pick = lambda ix: collections.OrderedDict(
+      (key, value[ix]) for key, value in arrays.items())
+  return pick(train_ix), centralized_dataset(pick(validation_ix))
 
 
 def federate_arrays(arrays: Mapping[str, np.ndarray],

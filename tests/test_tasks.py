@@ -251,6 +251,45 @@ def test_partition_alpha_alone_tunes_a_default_dirichlet_partition():
   assert 'dirichlet(alpha=0.3)' in task.data_description
 
 
+def _rows(dataset):
+  return [(int(e['label']), e['pixels'].numpy().tobytes())
+          for e in dataset]
+
+
+@pytest.mark.parametrize('name, options', [
+    ('digits', {}),
+    ('emnist_logreg', {'offline_data': 'mnist'}),
+])
+def test_validation_fraction_holds_out_training_examples_no_client_holds(
+    name, options):
+  whole = tasks.get_task(name, num_clients=10, **options)
+  held = tasks.get_task(name, num_clients=10, validation_fraction=0.1,
+                        **options)
+  assert whole.datasets.validation_data is None
+  train = _rows(whole.datasets.train_data.create_tf_dataset_from_all_clients())
+  clients = _rows(held.datasets.train_data.create_tf_dataset_from_all_clients())
+  validation = _rows(held.datasets.validation_data)
+  # Together exactly the training examples; 10% of each class held out.
+  assert sorted(clients + validation) == sorted(train)
+  for label in range(10):
+    in_class = sum(1 for l, _ in train if l == label)
+    assert sum(1 for l, _ in validation if l == label) == round(0.1 * in_class)
+  # The test set is untouched.
+  assert _rows(held.datasets.test_data) == _rows(whole.datasets.test_data)
+
+
+def test_validation_fraction_of_a_task_without_array_data_is_rejected():
+  with pytest.raises(ValueError, match="`validation_fraction`: task "
+                     "'shakespeare'"):
+    tasks.get_task('shakespeare', validation_fraction=0.1)
+
+
+@pytest.mark.parametrize('fraction', [0.0, 1.0, -0.1, True])
+def test_validation_fraction_outside_zero_one_is_rejected(fraction):
+  with pytest.raises(ValueError, match='`validation_fraction` must be in'):
+    tasks.get_task('digits', validation_fraction=fraction)
+
+
 def test_unknown_task_name_is_rejected_with_a_suggestion():
   with pytest.raises(ValueError,
                      match="Unknown task 'emnist_mlpp'. Did you mean "

@@ -72,6 +72,28 @@ def test_dirichlet_small_alpha_is_more_label_skewed_than_large_alpha():
   assert mean_top_class_share(100.0) < 0.25
 
 
+def test_dirichlet_serves_a_population_larger_than_any_draw_can_fill():
+  # 1,000 clients on 3,600 examples (MNIST's share at a 1,000-client
+  # population): every Dirichlet(0.1) draw leaves hundreds of clients empty.
+  # Each still gets an example, every example is dealt once, and the clients
+  # stay label-skewed: their most common class holds a far larger share of
+  # their examples than in an IID split.
+  labels = np.random.default_rng(7).permutation(np.repeat(np.arange(10), 360))
+  clients = partitions.dirichlet_partition(labels, 1000, 0.1, seed=0)
+  assert min(ix.size for ix in clients) == 1
+  assert np.array_equal(np.sort(np.concatenate(clients)),
+                        np.arange(labels.size))
+  again = partitions.dirichlet_partition(labels, 1000, 0.1, seed=0)
+  assert all(np.array_equal(a, b) for a, b in zip(clients, again))
+  iid = partitions.partition_labels(labels, 1000, 'iid', seed=0)
+
+  def top_class_share(parts):
+    return np.mean([np.bincount(labels[ix]).max() / ix.size
+                    for ix in parts if ix.size >= 3])
+
+  assert top_class_share(clients) > top_class_share(iid) + 0.2
+
+
 def test_classes_per_client_gives_each_client_exactly_p_classes():
   clients = partitions.classes_per_client_partition(_LABELS, 20, 3, seed=0)
   assert [len(c) for c in _classes_of(clients)] == [3] * 20

@@ -97,6 +97,8 @@ def _assert_same_metrics(rows_a, rows_b):
     (dict(client_learning_rate=1e-50), 'client_learning_rate'),
     (dict(noise_seed=2**70), 'noise_seed'),
     (dict(noise_seed=True), 'noise_seed'),
+    (dict(validation_fraction=1.0), 'validation_fraction'),
+    (dict(eval_split='train'), 'eval_split'),
 ])
 def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
   config = dataclasses.replace(training.TrainConfig(), **changes)
@@ -121,6 +123,9 @@ def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
     (['--clip_norm=1e39'], '--clip_norm'),
     (['--noise_multiplier=1e39'], '--noise_multiplier'),
     (['--noise_seed=1180591620717411303424'], '--noise_seed'),
+    (['--eval_split=validation'], '--validation_fraction'),
+    (['--task=shakespeare', '--validation_fraction=0.1'],
+     'validation_fraction'),
 ])
 def test_cli_bad_flag_is_one_line_exit_2_and_writes_nothing(tmp_path, args,
                                                             flag):
@@ -538,3 +543,11 @@ def test_a_run_prints_no_tensorflow_log_lines(uninterrupted):
       r'(\d{4}-\d\d-\d\d [\d:.]+: [EWF] |[EWF]\d{4} |WARNING:tensorflow)',
       line)]
   assert not tf_lines, output
+
+
+def test_a_run_ends_without_a_traceback(uninterrupted):
+  # Traced functions freed during interpreter shutdown print TensorFlow's
+  # "Exception ignored in: AtomicFunction.__del__" tracebacks.
+  _, output = uninterrupted
+  assert 'Traceback' not in output and 'Exception ignored' not in output, (
+      output[-3000:])

@@ -39,6 +39,7 @@ CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
 EXECUTORS = ('inprocess', 'local', 'gpu', 'remote')
 DATA_SOURCES = ('offline', 'online', 'synthetic')
+EVAL_SPLITS = ('test', 'validation')
 
 # How a run is executed, not what it computes: these may change on resume.
 EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'workers',
@@ -121,6 +122,13 @@ class TrainConfig:
       None, 'Partition for image tasks (iid, dirichlet, classes_per_client, '
       'shards, small_large).')
   partition_alpha: Optional[float] = _field(None, 'Dirichlet alpha (> 0).')
+  validation_fraction: Optional[float] = _field(
+      None, 'Hold out this share of the training examples (stratified, '
+      'before the split into clients) as validation data, in (0, 1).')
+  eval_split: str = _field(
+      'test', 'What centralized evaluation measures: test, or validation '
+      "(the task's validation data; see --validation_fraction).",
+      EVAL_SPLITS)
   # Bounding (tff_clip.bounding / aggregators / dp).
   # Adaptive normalization: the most accurate at equal epsilon in
   # `scripts.benchmark_utility` (README, "Accuracy at equal privacy").
@@ -387,6 +395,11 @@ def _check_training(config):
   _positive(config.batch_size, 'batch_size', int)
   _positive(config.num_clients, 'num_clients', int, allow_none=True)
   _positive(config.partition_alpha, 'partition_alpha', allow_none=True)
+  _positive(config.validation_fraction, 'validation_fraction',
+            allow_none=True)
+  if config.validation_fraction is not None and config.validation_fraction >= 1:
+    raise ConfigError('--validation_fraction must be in (0, 1); got '
+                      f'{config.validation_fraction!r}.')
   blur_clip_norm = config.blur_clip_norm
   if (blur_clip_norm is None and config.blur_strength is not None and
       not isinstance(config.clip_norm, str)):

@@ -42,6 +42,7 @@ References:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import dataclasses
 import glob
@@ -354,9 +355,15 @@ def initial_model_weights(task, seed: int):
   return tf.nest.map_structure(lambda v: v.numpy(), weights)
 
 
-def _test_dataset(task):
+def _eval_dataset(task, split: str):
+  """The centralized data evaluation measures: 'test' or 'validation'."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  test = task.datasets.test_data
+  test = (task.datasets.validation_data if split == 'validation'
+          else task.datasets.test_data)
+  if test is None:
+    raise ConfigError(
+        f'--eval_split=validation: task {task.name!r} has no validation '
+        'data; hold some out with --validation_fraction.')
   if isinstance(test, tff.simulation.datasets.ClientData):
     test = test.create_tf_dataset_from_all_clients()
   preprocess = task.datasets.eval_preprocess_fn
@@ -631,7 +638,7 @@ class _Session:
         self.task.model_fn)
     self.process, self.evaluation = runners(config, self.process,
                                             self.evaluation)
-    self.test_data = _test_dataset(self.task)
+    self.test_data = _eval_dataset(self.task, config.eval_split)
     from tff_clip import client_data  # pylint: disable=g-import-not-at-top
     self.client_datasets = client_data.ClientDatasets(
         self.task, config.seed, config.local_steps)
@@ -779,6 +786,9 @@ _NOT_BUILT_FROM = ('root_output_dir', 'experiment_name', 'rounds', 'eval_every',
                    'release_uncovered_metrics')
 _SESSIONS_KEPT = 3
 _sessions = collections.OrderedDict()
+# Dropped before the interpreter tears its modules down: a traced function
+# freed after that prints a TypeError traceback from TensorFlow's finalizer.
+atexit.register(_sessions.clear)
 
 
 def _session(config: TrainConfig, task_builder) -> _Session:

@@ -1,0 +1,383 @@
+r"""The privacy-utility frontier: every method tuned alike, then run on fresh seeds.
+
+  .venv/bin/python -m scripts.benchmark_frontier                  # MNIST, 1,000 clients
+  .venv/bin/python -m scripts.benchmark_frontier --setting=digits1000
+  .venv/bin/python -m scripts.benchmark_frontier --quick          # CI-sized
+
+The protocol (McMahan et al. 2018; Andrew et al. 2021: compare methods after
+tuning each with the same budget):
+
+1. **Tune.** Every method runs every cell of the same grid (`GRIDS`: the
+   server learning rate, and the method's own knob: the target quantile of
+   an adaptive norm or the value of a fixed one) at each tuning epsilon, on
+   `--tuning_seeds` seeds that are never reported, evaluated on a validation
+   split held out from the training examples (`--validation_fraction`; no
+   client trains on it). The cell with the best mean validation accuracy
+   wins, per method and epsilon.
+2. **Report.** The winning cell runs on `--final_seeds` fresh seeds at every
+   epsilon and is evaluated on the test set. The noise multiplier of every
+   run is calibrated by the accountant to the target epsilon
+   (`--target_epsilon`), with Poisson sampling from the whole population and
+   delta at most 1 / population.
+
+A non-private run of the same model, tuned on the same server learning
+rates, gives the ceiling. Every run is an ordinary run directory under
+`--root_output_dir/<setting>/` (`tune/` and `final/`): a rerun skips finished
+runs and resumes interrupted ones, so the command can be stopped and started
+again. `--jobs` runs that many trainings side by side (one process each).
+
+Writes, next to the runs: `tuning.csv` (every cell's validation accuracy),
+`chosen.md` (the grid and the chosen cell per method and epsilon),
+`frontier.csv`, `frontier.md` (test accuracy, mean +- std over seeds, and the
+lead of each method over tuned TFF `dp_aggregator`) and `frontier.png`
+(accuracy against epsilon with error bars and the non-private ceiling).
+"""
+
+import collections
+import concurrent.futures
+import csv
+import itertools
+import multiprocessing
+import os
+import statistics
+
+from absl import flags
+
+from scripts import cli
+from scripts import program
+from tff_clip import config as config_lib
+
+_SETTING = flags.DEFINE_enum('setting', 'mnist1000', ['mnist1000',
+                                                      'digits1000'],
+                             'The population and model (SETTINGS).')
+_EPSILONS = flags.DEFINE_list('epsilons', ['2', '4', '8'],
+                              'Target epsilons of the final runs.')
+_TUNE_EPSILONS = flags.DEFINE_list(
+    'tune_epsilons', [], 'Epsilons the grid is tuned at (default: every '
+    '--epsilons value); a final epsilon without its own tuning uses the '
+    'nearest tuned one.')
+_METHODS = flags.DEFINE_list('methods', [], 'Methods (default all).')
+_TUNING_SEEDS = flags.DEFINE_integer('tuning_seeds', 2,
+                                     'Seeds per grid cell (never reported).')
+_FINAL_SEEDS = flags.DEFINE_integer('final_seeds', 5,
+                                    'Fresh seeds of each chosen setting.')
+_JOBS = flags.DEFINE_integer('jobs', 1, 'Trainings run side by side.')
+_QUICK = flags.DEFINE_bool('quick', False, 'CI size: 2 rounds, 1 seed, one '
+                           'epsilon, two methods, two grid cells.')
+_ROOT = flags.DEFINE_string('root_output_dir', 'runs/frontier', 'Output root.')
+
+# Seeds of the tuning runs: disjoint from the final runs' 0, 1, 2, ...
+TUNING_SEED_BASE = 1000
+
+# The population, model and training shared by every method. The model is
+# as small as learns the task: the Gaussian noise on the average update has
+# norm about z C sqrt(d) / n, so at a cohort of n = 50 and z near 1 it is
+# 1.8 C for logistic regression on MNIST (d = 7,850), against 8 C for the
+# 784-200-10 MLP and 22 C for the EMNIST CNN (1.2M parameters).
+# A client holds 1 to 12 examples (1,000 clients share MNIST's 3,600
+# training examples after the holdout), so it takes one local step of batch
+# 8: the client learning rate then only rescales the update, which a fixed
+# norm's grid and an adaptive norm's tracking already cover, so it is fixed
+# and the grid tunes the server learning rate instead.
+SETTINGS = {
+    'mnist1000': dict(
+        task='emnist_logreg', task_options=(('offline_data', 'mnist'),),
+        num_clients=1000, partition='dirichlet', partition_alpha=0.1,
+        validation_fraction=0.1, rounds=100, clients_per_round=50,
+        batch_size=8, client_learning_rate=0.1, server_optimizer='sgdm',
+        server_momentum=0.9, delta=1e-4),
+    'digits1000': dict(
+        task='digits', num_clients=1000, partition='dirichlet',
+        partition_alpha=0.1, validation_fraction=0.1, rounds=100,
+        clients_per_round=50, batch_size=8, client_learning_rate=0.1,
+        server_optimizer='sgdm', server_momentum=0.9, delta=1e-4),
+}
+
+# name -> the TrainConfig fields that make the method.
+METHODS = collections.OrderedDict([
+    ('tff_fixed', dict(bounding='tff_gaussian')),
+    ('tff_adaptive', dict(bounding='tff_gaussian', clip_norm='adaptive')),
+    ('clip_fixed', dict(bounding='clip')),
+    ('clip_adaptive', dict(bounding='clip', clip_norm='adaptive')),
+    ('normalize_fixed', dict(bounding='normalize')),
+    ('normalize_adaptive', dict(bounding='normalize', clip_norm='adaptive')),
+    ('per_layer_clip_fixed', dict(bounding='per_layer_clip')),
+    ('per_layer_clip_adaptive', dict(bounding='per_layer_clip',
+                                     clip_norm='adaptive')),
+    ('per_layer_normalize_fixed', dict(bounding='per_layer_normalize')),
+    ('per_layer_normalize_adaptive', dict(bounding='per_layer_normalize',
+                                          clip_norm='adaptive')),
+])
+BASELINE = 'tff_adaptive'  # What `tff.learning.dp_aggregator` builds.
+CEILING = 'no_dp'
+
+# The same grid for every method: server learning rates x the method's knob.
+SERVER_LEARNING_RATES = (0.5, 2.0)
+TARGET_QUANTILES = (0.3, 0.7)  # Adaptive norms.
+FIXED_NORMS = (0.1, 1.0)  # Fixed norms.
+QUICK_METHODS = ('tff_adaptive', 'normalize_adaptive')
+
+
+def grid(method: str) -> list:
+  """The grid cells of `method`, each a dict of TrainConfig fields."""
+  if method == CEILING:
+    knobs = [{}]
+  elif METHODS[method].get('clip_norm') == 'adaptive':
+    knobs = [dict(target_quantile=q) for q in TARGET_QUANTILES]
+  else:
+    knobs = [dict(clip_norm=c) for c in FIXED_NORMS]
+  return [dict(knob, server_learning_rate=lr)
+          for lr, knob in itertools.product(SERVER_LEARNING_RATES, knobs)]
+
+
+def cell_name(cell: dict) -> str:
+  return '_'.join(f'{key}{value:g}' for key, value in sorted(cell.items()))
+
+
+def make_config(setting, method, cell, epsilon, seed, phase, root, quick):
+  """The TrainConfig of one run, validated."""
+  fields = dict(SETTINGS[setting], eval_every=10**6, progress=False,
+                seed=seed, root_output_dir=os.path.join(root, phase),
+                eval_split='validation' if phase == 'tune' else 'test')
+  if method == CEILING:
+    fields.update(bounding='none', noise_multiplier=None)
+    name = f'{method}_{cell_name(cell)}_seed{seed}'
+  else:
+    fields.update(METHODS[method], target_epsilon=epsilon,
+                  noise_multiplier=None)
+    name = f'{method}_eps{epsilon:g}_{cell_name(cell)}_seed{seed}'
+  fields.update(cell)
+  if quick:
+    fields['rounds'] = 2
+  config = config_lib.TrainConfig(experiment_name=name, **fields)
+  program.validate(config)
+  return config
+
+
+def tuning_plan(setting, methods, cells, tune_epsilons, tuning_seeds, root,
+                quick):
+  """(method, epsilon, cell index, TrainConfig) of every tuning run."""
+  plan = [(m, e, i, make_config(setting, m, cell, e, seed, 'tune', root,
+                                quick))
+          for m in methods for e in tune_epsilons
+          for i, cell in enumerate(cells[m]) for seed in tuning_seeds]
+  return plan + [(CEILING, None, i, make_config(setting, CEILING, cell, None,
+                                                seed, 'tune', root, quick))
+                 for i, cell in enumerate(cells[CEILING])
+                 for seed in tuning_seeds]
+
+
+def choose(tune_plan, accuracies, cells):
+  """The best cell per (method, epsilon), by mean validation accuracy.
+
+  Returns ({(method, epsilon): (cell index, mean)}, rows of every cell's
+  mean). A tie keeps the earlier cell of the grid.
+  """
+  scores = collections.defaultdict(list)
+  for (method, epsilon, i, _), accuracy in zip(tune_plan, accuracies):
+    scores[method, epsilon, i].append(accuracy)
+  rows, chosen = [], {}
+  for (method, epsilon, i), values in scores.items():
+    mean = statistics.fmean(values)
+    rows.append(collections.OrderedDict(
+        method=method, epsilon='' if epsilon is None else epsilon,
+        cell=cell_name(cells[method][i]), validation_accuracy=mean,
+        seeds=len(values)))
+    best = chosen.get((method, epsilon))
+    if best is None or mean > best[1]:
+      chosen[method, epsilon] = (i, mean)
+  return chosen, rows
+
+
+def _train(config):
+  """One run in a worker process: (final accuracy, epsilon)."""
+  summary = program.run(config)
+  return summary['final_eval_accuracy'], summary['epsilon']
+
+
+def run_all(configs, jobs: int, label: str) -> list:
+  """Runs `configs` (`jobs` at a time); returns (accuracy, epsilon) each."""
+  if jobs == 1:
+    results = []
+    for i, config in enumerate(configs, 1):
+      results.append(_train(config))
+      print(f'[{label} {i}/{len(configs)}] {config.experiment_name}: '
+            f'{results[-1][0]:.4f}', flush=True)
+    return results
+  context = multiprocessing.get_context('spawn')
+  with concurrent.futures.ProcessPoolExecutor(jobs,
+                                              mp_context=context) as pool:
+    futures = [pool.submit(_train, config) for config in configs]
+    for i, (config, future) in enumerate(zip(configs, futures), 1):
+      print(f'[{label} {i}/{len(configs)}] {config.experiment_name}: '
+            f'{future.result()[0]:.4f}', flush=True)
+    return [future.result() for future in futures]
+
+
+def nearest(value, choices):
+  return min(choices, key=lambda c: (abs(c - value), c))
+
+
+def _mean_std(values):
+  return (statistics.fmean(values),
+          statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def format_frontier(rows, epsilons):
+  head = ('| method | ' + ' | '.join(f'ε = {e:g}' for e in epsilons) +
+          ' | lead over tuned TFF (points) |')
+  lines = [head, '|---|' + '---:|' * (len(epsilons) + 1)]
+  for row in rows:
+    cells = [f'{row[f"eps{e:g}_mean"]:.4f} ± {row[f"eps{e:g}_std"]:.4f}'
+             for e in epsilons]
+    lead = ', '.join(f'{row[f"eps{e:g}_lead"]:+.1f}' for e in epsilons)
+    lines.append(f'| {row["method"]} | ' + ' | '.join(cells) + f' | {lead} |')
+  return '\n'.join(lines)
+
+
+def plot(rows, epsilons, ceiling, path, title):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(8, 5))
+  for row in rows:
+    style = dict(linestyle='--') if row['method'].startswith('tff') else {}
+    ax.errorbar(epsilons, [row[f'eps{e:g}_mean'] for e in epsilons],
+                yerr=[row[f'eps{e:g}_std'] for e in epsilons], marker='o',
+                capsize=3, label=row['method'], **style)
+  if ceiling is not None:
+    ax.axhline(ceiling[0], color='grey', linestyle=':',
+               label=f'no DP ({ceiling[0]:.3f})')
+  ax.set_xscale('log', base=2)
+  ax.set_xticks(epsilons)
+  ax.set_xticklabels([f'{e:g}' for e in epsilons])
+  ax.set_xlabel('epsilon (calibrated by the accountant)')
+  ax.set_ylabel('test accuracy (mean ± std over seeds)')
+  ax.set_title(title)
+  ax.grid(True, alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def _write_csv(path, rows):
+  with open(path, 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def _floats(values, name):
+  try:
+    out = [float(v) for v in values]
+  except ValueError:
+    raise ValueError(f'--{name} must be numbers; got {values}.') from None
+  if not out or min(out) <= 0:
+    raise ValueError(f'--{name} must be positive numbers; got {values}.')
+  return out
+
+
+def main(argv):
+  if len(argv) > 1:
+    return cli.fail(f'unexpected arguments: {argv[1:]}')
+  epsilons = _floats(_EPSILONS.value, 'epsilons')
+  tune_epsilons = (_floats(_TUNE_EPSILONS.value, 'tune_epsilons')
+                   if _TUNE_EPSILONS.value else list(epsilons))
+  methods = list(_METHODS.value) or list(METHODS)
+  unknown = [m for m in methods if m not in METHODS]
+  if unknown:
+    return cli.fail(f'--methods: unknown {unknown}; choose from '
+                    f'{", ".join(METHODS)}.')
+  for name in ('tuning_seeds', 'final_seeds', 'jobs'):
+    if flags.FLAGS[name].value <= 0:
+      return cli.fail(f'--{name} must be positive.')
+  tuning_seeds = [TUNING_SEED_BASE + s for s in range(_TUNING_SEEDS.value)]
+  final_seeds = list(range(_FINAL_SEEDS.value))
+  quick = _QUICK.value
+  if quick:
+    methods = list(_METHODS.value) or list(QUICK_METHODS)
+    epsilons = tune_epsilons = epsilons[-1:]
+    tuning_seeds, final_seeds = tuning_seeds[:1], final_seeds[:1]
+  setting = _SETTING.value
+  root = os.path.join(_ROOT.value, setting)
+  cells = {m: grid(m)[:2] if quick else grid(m) for m in methods + [CEILING]}
+
+  # 1. Tune: every cell, every tuning epsilon, every tuning seed.
+  try:
+    tune_plan = tuning_plan(setting, methods, cells, tune_epsilons,
+                            tuning_seeds, root, quick)
+  except config_lib.ConfigError as e:
+    return cli.fail(e)
+  tuned = run_all([plan[3] for plan in tune_plan], _JOBS.value, 'tune')
+  chosen, tuning_rows = choose(tune_plan, [acc for acc, _ in tuned], cells)
+  _write_csv(os.path.join(root, 'tuning.csv'), tuning_rows)
+
+  # 2. Report: each method's chosen cell on fresh seeds, on the test set.
+  try:
+    final_plan = []
+    for method in methods:
+      for epsilon in epsilons:
+        i = chosen[method, nearest(epsilon, tune_epsilons)][0]
+        final_plan += [(method, epsilon, make_config(
+            setting, method, cells[method][i], epsilon, seed, 'final', root,
+            quick)) for seed in final_seeds]
+    final_plan += [(CEILING, None, make_config(
+        setting, CEILING, cells[CEILING][chosen[CEILING, None][0]], None,
+        seed, 'final', root, quick)) for seed in final_seeds]
+  except config_lib.ConfigError as e:
+    return cli.fail(e)
+  finals = run_all([plan[2] for plan in final_plan], _JOBS.value, 'final')
+  accuracy = collections.defaultdict(list)
+  for (method, epsilon, _), (acc, measured) in zip(final_plan, finals):
+    if epsilon is not None and abs(measured - epsilon) > 1e-3 * epsilon:
+      return cli.fail(f'{method} at epsilon {epsilon:g} spent {measured}.')
+    accuracy[method, epsilon].append(acc)
+  rows = []
+  for method in methods:
+    row = collections.OrderedDict(method=method)
+    for epsilon in epsilons:
+      mean, std = _mean_std(accuracy[method, epsilon])
+      row[f'eps{epsilon:g}_mean'], row[f'eps{epsilon:g}_std'] = mean, std
+    rows.append(row)
+  for row in rows:
+    for epsilon in epsilons:
+      base = (statistics.fmean(accuracy[BASELINE, epsilon])
+              if BASELINE in methods else float('nan'))
+      row[f'eps{epsilon:g}_lead'] = 100 * (row[f'eps{epsilon:g}_mean'] - base)
+  ceiling = _mean_std(accuracy[CEILING, None])
+  _write_csv(os.path.join(root, 'frontier.csv'), rows)
+  table = format_frontier(rows, epsilons)
+  ceiling_line = (f'Non-private ceiling (same model and rounds, tuned server '
+                  f'learning rate): {ceiling[0]:.4f} ± {ceiling[1]:.4f}.')
+  with open(os.path.join(root, 'frontier.md'), 'w') as f:
+    f.write(table + '\n\n' + ceiling_line + '\n')
+  chosen_lines = [
+      f'Grid (every method): server learning rate {SERVER_LEARNING_RATES}; '
+      f'target quantile {TARGET_QUANTILES} (adaptive norms) or clip norm '
+      f'{FIXED_NORMS} (fixed norms). Tuned at epsilon {tune_epsilons} on '
+      f'seeds {tuning_seeds} (validation split); reported on seeds '
+      f'{final_seeds} (test set).', '',
+      '| method | tuned at ε | chosen | validation accuracy |',
+      '|---|---:|---|---:|']
+  for (method, epsilon), (i, mean) in sorted(
+      chosen.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+    chosen_lines.append(f'| {method} | {"-" if epsilon is None else f"{epsilon:g}"} '
+                        f'| {cell_name(cells[method][i])} | {mean:.4f} |')
+  with open(os.path.join(root, 'chosen.md'), 'w') as f:
+    f.write('\n'.join(chosen_lines) + '\n')
+  first = final_plan[0][2]
+  plot(rows, epsilons, ceiling, os.path.join(root, 'frontier.png'),
+       f'{setting}: {first.num_clients} clients, {first.rounds} rounds x '
+       f'{first.clients_per_round} (Poisson), δ = {first.delta:g}, '
+       f'{len(final_seeds)} seeds')
+  print('\n'.join(chosen_lines))
+  print(table)
+  print(ceiling_line)
+  print(f'outputs: {root}/tuning.csv, chosen.md, frontier.csv, frontier.md, '
+        'frontier.png')
+  return 0
+
+
+if __name__ == '__main__':
+  cli.run(main)

@@ -1,0 +1,119 @@
+"""Specification of the privacy-utility frontier (`scripts.benchmark_frontier`)."""
+
+import csv
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _python(code, cwd=REPO):
+  # In a fresh interpreter: scripts define flags in absl's global registry.
+  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
+  env['PYTHONPATH'] = str(REPO)
+  result = subprocess.run([sys.executable, '-c', code], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300,
+                          check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result.stdout
+
+
+@pytest.mark.parametrize('setting', ['mnist1000', 'digits1000'])
+def test_every_method_is_tuned_on_the_same_grid_on_validation_data(
+    tmp_path, setting):
+  _python(f'''
+from scripts import benchmark_frontier as b
+cells = {{m: b.grid(m) for m in list(b.METHODS) + [b.CEILING]}}
+plan = b.tuning_plan({setting!r}, list(b.METHODS), cells, [2.0, 8.0],
+                     [1000, 1001], {str(tmp_path)!r}, False)
+sizes = {{len(cells[m]) for m in b.METHODS}}
+assert sizes == {{4}}, sizes
+for m in b.METHODS:
+  assert sorted({{c['server_learning_rate'] for c in cells[m]}}) == sorted(
+      b.SERVER_LEARNING_RATES)
+assert len(plan) == len(b.METHODS) * 2 * 4 * 2 + len(cells[b.CEILING]) * 2
+for method, epsilon, i, config in plan:
+  assert config.eval_split == 'validation'
+  assert config.validation_fraction > 0
+  assert config.seed >= b.TUNING_SEED_BASE
+  assert config.num_clients >= 1000
+  assert config.sampling == 'poisson'
+  if method == b.CEILING:
+    assert not config.private
+  else:
+    assert config.target_epsilon == epsilon and config.noise_multiplier is None
+    assert config.delta <= 1 / config.num_clients
+final = b.make_config({setting!r}, 'tff_adaptive', cells['tff_adaptive'][0],
+                      4.0, 0, 'final', {str(tmp_path)!r}, False)
+assert final.eval_split == 'test' and final.seed < b.TUNING_SEED_BASE
+assert final.validation_fraction == plan[0][3].validation_fraction
+''')
+  assert not os.listdir(tmp_path)  # Planning writes nothing.
+
+
+def test_the_chosen_cell_has_the_best_mean_over_tuning_seeds():
+  out = _python('''
+from scripts import benchmark_frontier as b
+cells = {'clip_fixed': [dict(clip_norm=0.1), dict(clip_norm=1.0),
+                        dict(clip_norm=3.0)]}
+plan = [('clip_fixed', 4.0, i, None) for i in (0, 0, 1, 1, 2, 2)]
+# Cell 1 holds the best single run (0.9), cell 2 the best mean (0.7).
+chosen, rows = b.choose(plan, [0.5, 0.5, 0.9, 0.3, 0.7, 0.7], cells)
+print(chosen[('clip_fixed', 4.0)][0], len(rows))
+# A tie keeps the earlier cell.
+chosen, _ = b.choose(plan, [0.6, 0.6, 0.6, 0.6, 0.1, 0.1], cells)
+print(chosen[('clip_fixed', 4.0)][0])
+''')
+  assert out.split() == ['2', '3', '0']
+
+
+@pytest.mark.slow
+def test_quick_run_tunes_reports_and_resumes(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
+  command = [sys.executable, '-m', 'scripts.benchmark_frontier', '--quick',
+             f'--root_output_dir={tmp_path}']
+  first = subprocess.run(command, cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=900, check=False)
+  assert first.returncode == 0, first.stderr[-3000:]
+  root = tmp_path / 'mnist1000'
+  for name in ('tuning.csv', 'chosen.md', 'frontier.csv', 'frontier.md',
+               'frontier.png'):
+    assert (root / name).exists(), name
+  with open(root / 'frontier.csv', newline='') as f:
+    rows = list(csv.DictReader(f))
+  assert [r['method'] for r in rows] == ['tff_adaptive', 'normalize_adaptive']
+  assert float(rows[0]['eps8_lead']) == 0.0  # The baseline leads itself by 0.
+  # Two runs per method and the ceiling's two tuning runs, then one final
+  # run each: every one is a run directory.
+  assert len(os.listdir(root / 'tune')) == 6
+  assert len(os.listdir(root / 'final')) == 3
+  # A rerun trains nothing again and prints the same table.
+  stamps = {p: p.stat().st_mtime for p in root.glob('*/*/summary.json')}
+  again = subprocess.run(command, cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=900, check=False)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert {p: p.stat().st_mtime for p in root.glob('*/*/summary.json')} == (
+      stamps)
+  table = lambda out: out[out.index('| method | ε = 8'):]
+  assert table(again.stdout) == table(first.stdout)
+
+
+@pytest.mark.parametrize('flag, message', [
+    ('--methods=tff_magic', '--methods: unknown'),
+    ('--epsilons=2,x', '--epsilons must be numbers'),
+    ('--epsilons=0', '--epsilons must be positive'),
+    ('--final_seeds=0', '--final_seeds must be positive'),
+])
+def test_bad_flag_is_one_line_exit_2(tmp_path, flag, message):
+  result = subprocess.run(
+      [sys.executable, '-m', 'scripts.benchmark_frontier', flag,
+       f'--root_output_dir={tmp_path}'], cwd=REPO, capture_output=True,
+      text=True, timeout=120, check=False)
+  assert result.returncode == 2
+  assert result.stderr.count('\n') == 1 and message in result.stderr, (
+      result.stderr)
+  assert not os.listdir(tmp_path)
