@@ -112,9 +112,9 @@ BASELINE = 'tff_adaptive'  # What `tff.learning.dp_aggregator` builds.
 CEILING = 'no_dp'
 
 # The same grid for every method: server learning rates x the method's knob.
-SERVER_LEARNING_RATES = (0.5, 2.0)
-TARGET_QUANTILES = (0.3, 0.7)  # Adaptive norms.
-FIXED_NORMS = (0.1, 1.0)  # Fixed norms.
+SERVER_LEARNING_RATES = (0.25, 0.5, 2.0)
+TARGET_QUANTILES = (0.1, 0.3, 0.7)  # Adaptive norms.
+FIXED_NORMS = (0.03, 0.1, 1.0)  # Fixed norms.
 QUICK_METHODS = ('tff_adaptive', 'normalize_adaptive')
 
 

@@ -31,11 +31,11 @@ cells = {{m: b.grid(m) for m in list(b.METHODS) + [b.CEILING]}}
 plan = b.tuning_plan({setting!r}, list(b.METHODS), cells, [2.0, 8.0],
                      [1000, 1001], {str(tmp_path)!r}, False)
 sizes = {{len(cells[m]) for m in b.METHODS}}
-assert sizes == {{4}}, sizes
+assert sizes == {{9}}, sizes
 for m in b.METHODS:
   assert sorted({{c['server_learning_rate'] for c in cells[m]}}) == sorted(
       b.SERVER_LEARNING_RATES)
-assert len(plan) == len(b.METHODS) * 2 * 4 * 2 + len(cells[b.CEILING]) * 2
+assert len(plan) == len(b.METHODS) * 2 * 9 * 2 + len(cells[b.CEILING]) * 2
 for method, epsilon, i, config in plan:
   assert config.eval_split == 'validation'
   assert config.validation_fraction > 0

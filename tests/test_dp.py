@@ -288,6 +288,25 @@ def test_per_layer_adaptive_norms_reach_each_layers_quantile(z):
         norms, 0.5, z)
 
 
+@pytest.mark.parametrize('split', ['dim', 'uniform', (1.0, 100.0, 0.01)])
+def test_per_layer_quantile_estimates_all_start_at_c0_over_sqrt_h(split):
+  # Three layers of 1, 400 and 10,000 scalars. Whatever the split, every
+  # layer's estimate starts at C0 / sqrt(3), and the released noise std is
+  # z times sqrt(sum C_h^2) = C0.
+  structure = collections.OrderedDict(
+      a=np.zeros([1], np.float32), b=np.zeros([20, 20], np.float32),
+      c=np.zeros([100, 100], np.float32))
+  factory = dp.dp_factory('per_layer_clip', noise_multiplier=1.0,
+                          clients_per_round=10.0, clip_norm='adaptive',
+                          split=split, initial_clip_norm=0.6,
+                          per_layer_quantiles=True)
+  query = _adaptive_query(factory, structure)
+  state = query.initial_global_state()
+  np.testing.assert_allclose(
+      state.numerator_state.sum_state.clip_norm.numpy(),
+      np.full([3], 0.6 / math.sqrt(3)), rtol=1e-6)
+
+
 def test_adaptive_normalize_scale_tracks_the_quantile():
   clients = _lognormal_clients(100, {'a': 3.0, 'b': 3.0})
   factory = dp.dp_factory('normalize', noise_multiplier=0.0, clients_per_round=100.0, clip_norm='adaptive',

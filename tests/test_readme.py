@@ -44,6 +44,8 @@ SMOKE_OVERRIDES = {
                                 '--cohort_sizes=2,5'],
     'scripts.benchmark_utility': ['--quick'],
     'scripts.benchmark_correlated': ['--quick', '--bands=2'],
+    'scripts.benchmark_frontier': ['--quick', '--jobs=1'],
+    'scripts.diagnose_per_layer': ['--setting=digits', '--rounds=2'],
     'scripts.audit_table': ['--noise_multipliers=1'],
     'scripts.reproduce': ['--quick'],
 }
@@ -189,9 +191,10 @@ def test_every_readme_command_runs_at_smoke_size(command, tmp_path):
   args[0] = sys.executable
   overrides = list(SMOKE_OVERRIDES.get(module, []))
   if module in ('scripts.train', 'scripts.sweep', 'scripts.audit_table',
-                'scripts.benchmark_utility', 'scripts.benchmark_correlated'):
+                'scripts.benchmark_utility', 'scripts.benchmark_correlated',
+                'scripts.benchmark_frontier'):
     overrides.append(f'--root_output_dir={tmp_path}')
-  if module == 'scripts.reproduce':
+  if module in ('scripts.reproduce', 'scripts.diagnose_per_layer'):
     overrides.append(f'--output_dir={tmp_path}')
   if '--' in args:  # sweep, audit_table: their flags, then train's.
     split = args.index('--')

@@ -560,7 +560,13 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
       value_z = adaptive_noise_multipliers(z, count_stddev, num_counts)
       initial = spec.initial_clip_norm
       if per_layer_quantiles:
-        initial = (initial * fractions).astype(np.float32)
+        # Every layer starts at C0 / sqrt(H) (sqrt(sum C_h^2) = C0), not at
+        # the `split` fractions: a layer's norm is unknown until estimated,
+        # and the 'dim' start (C0 sqrt(d_h / d)) clipped the EMNIST CNN's
+        # small layers to 1-9% of their update norms for a whole run
+        # (docs/frontier.md, "Per-layer bounding on the CNN").
+        initial = np.full([num_layers], spec.initial_clip_norm /
+                          np.sqrt(num_layers), np.float32)
       sum_query = BoundedGaussianSumQuery(
           method, initial, value_z, fractions, spec.noise_seed,
           spec.noise_placement, n, spec.noise_mechanism, spec.bands)
@@ -645,8 +651,9 @@ def dp_factory(
       `default_clipped_count_stddev`: n/20, raised where needed so the value
       noise grows by at most 10%; unused when z = 0).
     per_layer_quantiles: per-layer adaptive boundings: True gives every layer
-      its own norm C_h tracking its own quantile; False moves one C split by
-      the static `split` fractions.
+      its own norm C_h, starting at `initial_clip_norm` / sqrt(H) and
+      tracking its own quantile (`split` then plays no part); False moves
+      one C split by the static `split` fractions.
     noise_placement: 'central' (the server adds N(0, (zS)^2) to the sum) or
       'client' (each client adds N(0, (zS)^2/n); the sum carries the same
       noise when n clients take part, less when fewer do -- Zhang et al. 2022, Pelikan et al. 2025).
