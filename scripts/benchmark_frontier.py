@@ -36,9 +36,11 @@ lead of each method over tuned TFF `dp_aggregator`) and `frontier.png`
 import collections
 import concurrent.futures
 import csv
+import ctypes
 import itertools
 import multiprocessing
 import os
+import signal
 import statistics
 
 from absl import flags
@@ -195,6 +197,18 @@ def _train(config):
   return summary['final_eval_accuracy'], summary['epsilon']
 
 
+def _die_with_parent():
+  """Pool workers stop when this process dies (PR_SET_PDEATHSIG).
+
+  Without it a killed benchmark leaves its workers training on, and a rerun
+  starts the same runs beside them (which the run lock then refuses).
+  """
+  try:
+    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)
+  except OSError:
+    pass
+
+
 def run_all(configs, jobs: int, label: str) -> list:
   """Runs `configs` (`jobs` at a time); returns (accuracy, epsilon) each."""
   if jobs == 1:
@@ -205,8 +219,8 @@ def run_all(configs, jobs: int, label: str) -> list:
             f'{results[-1][0]:.4f}', flush=True)
     return results
   context = multiprocessing.get_context('spawn')
-  with concurrent.futures.ProcessPoolExecutor(jobs,
-                                              mp_context=context) as pool:
+  with concurrent.futures.ProcessPoolExecutor(
+      jobs, mp_context=context, initializer=_die_with_parent) as pool:
     futures = [pool.submit(_train, config) for config in configs]
     for i, (config, future) in enumerate(zip(configs, futures), 1):
       print(f'[{label} {i}/{len(configs)}] {config.experiment_name}: '

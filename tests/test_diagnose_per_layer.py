@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+MODULE = 'scripts.diagnose_per_layer'
 
 
 def test_each_layer_gets_its_budget_and_the_noise_of_its_scalars():
@@ -13,8 +14,8 @@ def test_each_layer_gets_its_budget_and_the_noise_of_its_scalars():
   # (total 5), noise std 0.1 per scalar: the noise norms are 0.2 and 1.0.
   # Global C = 2.5 scales every layer by C / m = 0.5: budgets 1.5 and 2.0.
   # Per-layer budgets (1, 10) carry min(C_h, m_h) = 1 and 4.
-  code = '''
-from scripts import diagnose_per_layer as d
+  code = f'''
+import {MODULE} as d
 for budgets in (2.5, [1.0, 10.0]):
   for r in d.layer_rows('b', 1, [4, 100], [3.0, 4.0], budgets, 0.1):
     print(r['size'], round(r['budget'], 6), round(r['signal'], 6),

@@ -421,6 +421,36 @@ def test_runs_in_one_process_share_their_build_never_their_noise(
   assert 'clients' in b[0] and 'clients' not in a[0]
 
 
+def test_a_run_another_process_is_training_is_refused_untouched(tmp_path):
+  # Two processes training one run directory would interleave releases and
+  # checkpoints. A second process holds the run's lock: this one refuses in
+  # one line naming it and writes nothing; once it is gone the run trains.
+  config = training.TrainConfig(root_output_dir=str(tmp_path),
+                                experiment_name='run', progress=False,
+                                clients_per_round=6, eval_every=1, seed=3,
+                                rounds=1)
+  training.prepare_output_dir(config)
+  holder = subprocess.Popen(
+      [sys.executable, '-c',
+       'import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | '
+       'os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b"4242"); '
+       'print("locked", flush=True); sys.stdin.read()',
+       str(tmp_path / 'run' / '.lock')],
+      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == 'locked'
+    before = {p.name: p.read_bytes() for p in (tmp_path / 'run').iterdir()}
+    with pytest.raises(training.run_records.RunRecordError,
+                       match=r'another process \(pid 4242\) is training'):
+      program.run(config)
+    assert {p.name: p.read_bytes()
+            for p in (tmp_path / 'run').iterdir()} == before
+  finally:
+    holder.communicate('', timeout=60)
+  summary = program.run(config)
+  assert summary['rounds'] == 1 and (tmp_path / 'run' / 'summary.json').exists()
+
+
 def test_a_calibrated_run_never_shares_a_build_of_other_rounds(monkeypatch):
   # Its noise multiplier is calibrated for its rounds when it is built.
   monkeypatch.setattr(training, '_sessions', collections.OrderedDict())

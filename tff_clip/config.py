@@ -137,8 +137,9 @@ class TrainConfig:
   clip_norm: Union[float, str] = _field(
       'adaptive', "Clip norm C (a number) or 'adaptive' (quantile tracking "
       'from --initial_clip_norm).')
-  split: str = _field('dim', 'Per-layer budget split: C/sqrt(H) or '
-                      'C sqrt(d_h/sum d).', names.SPLITS)
+  split: str = _field('dim', 'Per-layer budget split of a fixed C (or of '
+                      'one adaptive C): C/sqrt(H) or C sqrt(d_h/sum d).',
+                      names.SPLITS)
   initial_clip_norm: float = _field(0.1, 'Adaptive clipping: starting C.')
   target_quantile: float = _field(
       0.3, 'Adaptive clipping: fraction of clients left unclipped (0.3: '
@@ -149,8 +150,9 @@ class TrainConfig:
       None, 'Adaptive clipping: std of the noise on the clipped count '
       '(default: n/20, raised so the value noise grows by at most 10%).')
   per_layer_quantiles: bool = _field(
-      True, 'Per-layer adaptive clipping: one quantile estimate per layer '
-      '(else one C split by --split).')
+      True, 'Per-layer adaptive clipping: one quantile estimate per layer, '
+      'each starting at --initial_clip_norm/sqrt(H) (else one C split by '
+      '--split).')
   # Privacy.
   noise_multiplier: Optional[float] = _field(
       0.5, "Gaussian noise multiplier z ('none': no DP). Excludes "

@@ -26,8 +26,10 @@ None of this imports TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
+import fcntl
 import hashlib
 import io
 import json
@@ -49,6 +51,42 @@ _GENESIS = '0' * 64
 
 class RunRecordError(Exception):
   """A run-directory file cannot be read, trusted or written (one line)."""
+
+
+# ----------------------------------------------------------------------------
+# One writer per run directory.
+
+LOCK = '.lock'
+
+
+@contextlib.contextmanager
+def exclusive(directory: str):
+  """Holds `directory`'s run lock, or refuses: one process trains a run.
+
+  Two processes training one run directory would interleave their releases
+  and checkpoints (and compute released rounds again under a second noise
+  draw); the records notice afterwards, this refuses before. The lock is an
+  advisory `flock` on `directory/.lock`, released by the kernel however the
+  holder ends, so a killed run never leaves a stale lock.
+  """
+  path = os.path.join(directory, LOCK)
+  try:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  except OSError as e:
+    raise _write_error(path, e) from None
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = os.pread(fd, 32, 0).decode(errors='replace').strip()
+      raise RunRecordError(
+          f'{directory}: another process (pid {holder or "unknown"}) is '
+          'training this run; nothing was changed.') from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    yield
+  finally:
+    os.close(fd)  # Releases the lock.
 
 
 # ----------------------------------------------------------------------------

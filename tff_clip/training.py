@@ -860,17 +860,24 @@ def run(config: TrainConfig, task_builder: TaskBuilder) -> dict[str, Any]:
           'reproducible and predictable; this run is NOT private.',
           file=sys.stderr, flush=True)
   # Read-only checks of the records, then the session: all before a write.
-  log = run_records.ReleaseLog(out) if status == 'resume' else None
+  if status == 'resume':
+    run_records.ReleaseLog(out)  # Damaged records are refused here.
   set_execution_context(config)
   session = _session(config, task_builder)
   prepare_output_dir(config)  # The first write: everything is checked.
-  log = log or run_records.ReleaseLog(out)
+  with run_records.exclusive(out):  # One process trains a run at a time.
+    # Read again under the lock: another process may have run rounds since.
+    return _train(config, session, run_records.ReleaseLog(out),
+                  status == 'resume')
 
+
+def _train(config, session, log, resuming):
+  """The rounds of `config` from where its records stop; the summary."""
+  out = config.output_dir
   checkpoints = run_records.Checkpoints(os.path.join(out, 'checkpoints'))
   state, start_round, pending = _restore(config, session, log, checkpoints)
   ledger = _ledger_of(log)
-  writers = _MetricsWriters(out, log, status == 'resume', config,
-                            session.private)
+  writers = _MetricsWriters(out, log, resuming, config, session.private)
   if pending is not None:
     # Killed between the checkpoint and the release: release the saved row
     # (the round is never computed again).
