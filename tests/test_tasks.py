@@ -258,7 +258,8 @@ def _rows(dataset):
 
 @pytest.mark.parametrize('name, options', [
     ('digits', {}),
-    ('emnist_logreg', {'offline_data': 'mnist'}),
+    pytest.param('emnist_logreg', {'offline_data': 'mnist'},
+                 marks=pytest.mark.slow),
 ])
 def test_validation_fraction_holds_out_training_examples_no_client_holds(
     name, options):
