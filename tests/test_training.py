@@ -124,8 +124,6 @@ def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
     (['--noise_multiplier=1e39'], '--noise_multiplier'),
     (['--noise_seed=1180591620717411303424'], '--noise_seed'),
     (['--eval_split=validation'], '--validation_fraction'),
-    (['--task=shakespeare', '--validation_fraction=0.1'],
-     'validation_fraction'),
 ])
 def test_cli_bad_flag_is_one_line_exit_2_and_writes_nothing(tmp_path, args,
                                                             flag):

@@ -360,10 +360,6 @@ def _eval_dataset(task, split: str):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   test = (task.datasets.validation_data if split == 'validation'
           else task.datasets.test_data)
-  if test is None:
-    raise ConfigError(
-        f'--eval_split=validation: task {task.name!r} has no validation '
-        'data; hold some out with --validation_fraction.')
   if isinstance(test, tff.simulation.datasets.ClientData):
     test = test.create_tf_dataset_from_all_clients()
   preprocess = task.datasets.eval_preprocess_fn
@@ -615,6 +611,11 @@ class _Session:
       self.task = task_builder(config)
     except ValueError as e:
       raise ConfigError(str(e).splitlines()[0]) from e
+    if (config.eval_split == 'validation' and
+        self.task.datasets.validation_data is None):
+      raise ConfigError(
+          f'--eval_split=validation: task {self.task.name!r} has no '
+          'validation data; hold some out with --validation_fraction.')
     self.client_ids = list(self.task.datasets.train_data.client_ids)
     self.population = len(self.client_ids)
     self.noise_multiplier = resolve_noise_multiplier(config, self.population)
