@@ -18,6 +18,10 @@ d_h scalars gets, per round:
   * the noise on it, sigma sqrt(d_h);
   * their ratio, noise / signal.
 
+Its output is NOT differentially private: the probe reads the clients' raw
+update norms, which no DP run releases. A diagnostic for data you may
+inspect.
+
 Prints a table per bounding (each layer's ratio, averaged over rounds, and
 the final accuracy) and writes `layers.csv` (every round and layer) and
 `layers.png` under `--output_dir`.

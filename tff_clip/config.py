@@ -397,11 +397,11 @@ def _check_training(config):
   _positive(config.batch_size, 'batch_size', int)
   _positive(config.num_clients, 'num_clients', int, allow_none=True)
   _positive(config.partition_alpha, 'partition_alpha', allow_none=True)
-  _positive(config.validation_fraction, 'validation_fraction',
-            allow_none=True)
-  if config.validation_fraction is not None and config.validation_fraction >= 1:
-    raise ConfigError('--validation_fraction must be in (0, 1); got '
-                      f'{config.validation_fraction!r}.')
+  if config.validation_fraction is not None:
+    try:
+      checks.probability(config.validation_fraction, 'validation_fraction')
+    except (TypeError, ValueError) as e:
+      raise _flag_message(e) from None
   blur_clip_norm = config.blur_clip_norm
   if (blur_clip_norm is None and config.blur_strength is not None and
       not isinstance(config.clip_norm, str)):
