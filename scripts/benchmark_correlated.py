@@ -1,12 +1,16 @@
 r"""Accuracy against epsilon: correlated noise against independent noise.
 
   .venv/bin/python -m scripts.benchmark_correlated              # digits
+  .venv/bin/python -m scripts.benchmark_correlated --setting=mnist1000
   .venv/bin/python -m scripts.benchmark_correlated --setting=mnist28
   .venv/bin/python -m scripts.benchmark_correlated --quick      # CI-sized
 
 At each target epsilon every variant calibrates its own noise multiplier
 with its own accountant (`--target_epsilon`), with the same rounds, cohort
-size and seeds (the settings of `scripts.benchmark_utility`):
+size and seeds (`SETTINGS`: the settings of `scripts.benchmark_utility`,
+and `mnist1000`, the population of `scripts.benchmark_frontier` at the
+server learning rate and target quantile its tuning chose for both tff_clip's
+default and TFF's adaptive clipping):
 
 * `independent`: today's default, fresh noise each round with Poisson
   sampling (amplified by sampling).
@@ -15,6 +19,8 @@ size and seeds (the settings of `scripts.benchmark_utility`):
   separation b (b groups, round t trains group t mod b; not amplified).
 * `tff_tree_b`: TFF's `DifferentiallyPrivateFactory.tree_adaptive`,
   restarted every b rounds, under the same participation: the baseline.
+* `banded_{b/4}` (b >= 8 only): banded noise with b/4 bands under the same
+  separation b.
 
 Runs are ordinary run directories under `--root_output_dir` (a rerun skips
 finished ones). Prints a table of the final eval accuracy (mean +- std over
@@ -34,12 +40,29 @@ from scripts import cli
 from scripts import program
 from tff_clip import config as config_lib
 
-_SETTING = flags.DEFINE_enum('setting', 'digits', ['digits', 'mnist28'],
-                             'As in scripts.benchmark_utility.')
+# name -> (TrainConfig fields, default b). Digits and MNIST-28 fix the
+# partition at Dirichlet(0.5) and run scripts.train's default bounding. On
+# mnist1000 (1,000 clients, 50 per round) b = 20 makes a group the size of a
+# cohort: every client takes part 5 times in 100 rounds, as many as Poisson
+# sampling's expectation; the server learning rate 0.5 and target quantile
+# 0.1 are the cells docs/frontier.md's tuning chose at epsilon 4 for both
+# normalize_adaptive and tff_adaptive.
+SETTINGS = {
+    'digits': (dict(benchmark_settings.SETTINGS['digits'],
+                    partition_alpha=0.5, target_quantile=None), 5),
+    'mnist28': (dict(benchmark_settings.SETTINGS['mnist28'],
+                     partition_alpha=0.5, target_quantile=None), 5),
+    'mnist1000': (dict(benchmark_settings.FRONTIER['mnist1000'],
+                       server_learning_rate=0.5, target_quantile=0.1), 20),
+}
+
+_SETTING = flags.DEFINE_enum('setting', 'digits', list(SETTINGS),
+                             'The population, model and training (SETTINGS).')
 _EPSILONS = flags.DEFINE_list('epsilons', ['2', '4', '8'], 'Target epsilons.')
 _SEEDS = flags.DEFINE_integer('seeds', 5, 'Seeds per variant and epsilon.')
-_BANDS = flags.DEFINE_integer('bands', 5, 'b: bands, tree restart period and '
-                              'participation separation.')
+_BANDS = flags.DEFINE_integer('bands', None, 'b: bands, tree restart period '
+                              'and participation separation (default: the '
+                              "setting's).")
 _VARIANTS = flags.DEFINE_list('variants', [], 'Variants (default all).')
 _QUICK = flags.DEFINE_bool('quick', False, 'CI size: 2 rounds, 1 seed, one '
                            'epsilon.')
@@ -50,7 +73,7 @@ _ROOT = flags.DEFINE_string('root_output_dir', 'runs/correlated',
 def variants(bands: int) -> dict:
   """name -> the TrainConfig fields that make the variant."""
   separated = dict(sampling='min_separation', bands=bands)
-  return collections.OrderedDict([
+  table = collections.OrderedDict([
       ('independent', dict(sampling='poisson')),
       (f'banded_{bands}', dict(separated, noise_mechanism='banded')),
       (f'tree_{bands}', dict(separated, noise_mechanism='tree')),
@@ -58,6 +81,12 @@ def variants(bands: int) -> dict:
                                  bounding='tff_tree_adaptive',
                                  clip_norm='adaptive')),
   ])
+  if bands >= 8:
+    # Fewer bands than the separation: a smaller sensitivity (column norm),
+    # less noise cancelled.
+    table[f'banded_{bands // 4}'] = dict(separated, noise_mechanism='banded',
+                                        bands=bands // 4, min_separation=bands)
+  return table
 
 
 def configs(setting, names, table, epsilons, seeds, rounds, root):
@@ -66,15 +95,15 @@ def configs(setting, names, table, epsilons, seeds, rounds, root):
   for seed in seeds:
     for epsilon in epsilons:
       for name in names:
-        fields = dict(benchmark_settings.SETTINGS[setting],
-                      partition_alpha=0.5, noise_multiplier=None,
+        fields = dict(SETTINGS[setting][0], noise_multiplier=None,
                       target_epsilon=epsilon,
                       eval_every=10**6, progress=False, root_output_dir=root,
                       experiment_name=f'{name}_eps{epsilon:g}_seed{seed}',
                       seed=seed)
-        # The default bounding of scripts.train, not the utility tables'
-        # fixed quantile.
-        fields.pop('target_quantile', None)
+        if fields['target_quantile'] is None:
+          # The default bounding of scripts.train, not the utility tables'
+          # fixed quantile.
+          del fields['target_quantile']
         if rounds:
           fields['rounds'] = rounds
         fields.update(table[name])
@@ -115,7 +144,7 @@ def format_table(rows, epsilons):
   return '\n'.join(lines)
 
 
-def plot(rows, epsilons, path, title):
+def plot(rows, epsilons, path, title, delta=1e-5):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -127,7 +156,7 @@ def plot(rows, epsilons, path, title):
       xs, ys, errs = zip(*points)
       ax.errorbar(xs, ys, yerr=errs, marker='o', capsize=3,
                   label=row['variant'])
-  ax.set_xlabel('epsilon (δ = 1e-5, each mechanism its own accountant)')
+  ax.set_xlabel(f'epsilon (δ = {delta:g}, each mechanism its own accountant)')
   ax.set_ylabel('final eval accuracy (mean ± std)')
   ax.set_title(title)
   ax.grid(True, alpha=0.3)
@@ -148,9 +177,10 @@ def main(argv):
     return cli.fail('--epsilons must be positive numbers.')
   if _SEEDS.value <= 0:
     return cli.fail('--seeds must be positive.')
-  if _BANDS.value <= 0:
+  bands = SETTINGS[_SETTING.value][1] if _BANDS.value is None else _BANDS.value
+  if bands <= 0:
     return cli.fail('--bands must be positive.')
-  table = variants(_BANDS.value)
+  table = variants(bands)
   names = list(_VARIANTS.value) or list(table)
   unknown = [v for v in names if v not in table]
   if unknown:
@@ -158,7 +188,7 @@ def main(argv):
                     f'{", ".join(table)}.')
   seeds, rounds = list(range(_SEEDS.value)), None
   if _QUICK.value:
-    seeds, rounds, epsilons = seeds[:1], 2 * _BANDS.value, epsilons[-1:]
+    seeds, rounds, epsilons = seeds[:1], 2 * bands, epsilons[-1:]
   root = os.path.join(_ROOT.value, _SETTING.value)
   try:
     plan = configs(_SETTING.value, names, table, epsilons, seeds, rounds,
@@ -185,8 +215,8 @@ def main(argv):
   first = plan[0][3]
   plot(rows, epsilons, os.path.join(root, 'correlated.png'),
        f'{_SETTING.value}: {first.rounds} rounds x '
-       f'{first.clients_per_round} clients, b = {_BANDS.value}, '
-       f'{len(seeds)} seeds')
+       f'{first.clients_per_round} clients, b = {bands}, '
+       f'{len(seeds)} seeds', first.delta)
   print(text)
   print(f'outputs: {root}/correlated.csv, correlated.md, correlated.png')
   return 0

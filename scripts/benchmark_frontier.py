@@ -45,6 +45,7 @@ import statistics
 
 from absl import flags
 
+from scripts import benchmark_settings
 from scripts import cli
 from scripts import program
 from tff_clip import config as config_lib
@@ -71,29 +72,9 @@ _ROOT = flags.DEFINE_string('root_output_dir', 'runs/frontier', 'Output root.')
 # Seeds of the tuning runs: disjoint from the final runs' 0, 1, 2, ...
 TUNING_SEED_BASE = 1000
 
-# The population, model and training shared by every method. The model is
-# as small as learns the task: the Gaussian noise on the average update has
-# norm about z C sqrt(d) / n, so at a cohort of n = 50 and z near 1 it is
-# 1.8 C for logistic regression on MNIST (d = 7,850), against 8 C for the
-# 784-200-10 MLP and 22 C for the EMNIST CNN (1.2M parameters).
-# A client holds 1 to 12 examples (1,000 clients share MNIST's 3,600
-# training examples after the holdout), so it takes one local step of batch
-# 8: the client learning rate then only rescales the update, which a fixed
-# norm's grid and an adaptive norm's tracking already cover, so it is fixed
-# and the grid tunes the server learning rate instead.
-SETTINGS = {
-    'mnist1000': dict(
-        task='emnist_logreg', task_options=(('offline_data', 'mnist'),),
-        num_clients=1000, partition='dirichlet', partition_alpha=0.1,
-        validation_fraction=0.1, rounds=100, clients_per_round=50,
-        batch_size=8, client_learning_rate=0.1, server_optimizer='sgdm',
-        server_momentum=0.9, delta=1e-4),
-    'digits1000': dict(
-        task='digits', num_clients=1000, partition='dirichlet',
-        partition_alpha=0.1, validation_fraction=0.1, rounds=100,
-        clients_per_round=50, batch_size=8, client_learning_rate=0.1,
-        server_optimizer='sgdm', server_momentum=0.9, delta=1e-4),
-}
+# The population, model and training shared by every method
+# (`scripts.benchmark_settings.FRONTIER`, where the choice is explained).
+SETTINGS = benchmark_settings.FRONTIER
 
 # name -> the TrainConfig fields that make the method.
 METHODS = collections.OrderedDict([

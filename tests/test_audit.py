@@ -151,14 +151,20 @@ def _simulate(inner, *, rounds, clients_per_round, population, canaries,
   q = clients_per_round / population
   query = audit.CanaryQuery(inner, specs, 2 * canaries, q, per_layer=False,
                             seed=seed)
+  rng = np.random.default_rng(seed)
+  return _run_rounds(query, rounds, specs, rng,
+                     lambda: rng.binomial(population, q))
+
+
+def _run_rounds(query, rounds, specs, rng, cohort_size):
+  """`rounds` rounds of `query` with `cohort_size()` random clients each."""
   state = query.initial_global_state()
   noised = tf.function(query.get_noised_result)
-  rng = np.random.default_rng(seed)
   total = [np.zeros(s.shape, np.float32) for s in specs]
   for _ in range(rounds):
     params = query.derive_sample_params(state)
     sample = query.initial_sample_state(specs)
-    for _ in range(rng.binomial(population, q)):
+    for _ in range(cohort_size()):
       update = [rng.normal(0.0, 0.1, s.shape).astype(np.float32)
                 for s in specs]
       sample = query.accumulate_preprocessed_record(
@@ -361,3 +367,151 @@ def test_estimate_range_brackets_the_estimate_and_narrows_with_more_canaries():
     assert low <= estimate <= high
     widths.append(high - low)
   assert widths[1] < widths[0] / 3  # ~ 1/sqrt(n): 4x narrower.
+
+
+# ----------------------------------------------------------------------------
+# Correlated noise under participation with minimum separation.
+
+
+@pytest.mark.parametrize('mechanism,bands', [('banded', 4), ('tree', 4),
+                                             ('tree', 5)])
+def test_whitened_correlated_noise_is_independent_across_rounds(mechanism,
+                                                                bands):
+  # The mechanism's own noise, released with no client: its raw rounds are
+  # correlated; the whitened ones have the covariance of i.i.d. N(0, (zC)^2).
+  rounds, d, z = 12, 40000, 1.0
+  query = dp.BoundedGaussianSumQuery('clip', 1.0, z, noise_seed=0,
+                                     noise_mechanism=mechanism, bands=bands)
+  specs = [tf.TensorSpec([d], tf.float32)]
+  query.set_template(specs)
+  state, raw = query.initial_global_state(), []
+  noised = tf.function(query.get_noised_result)
+  for _ in range(rounds):
+    result, state, _ = noised(query.initial_sample_state(specs), state)
+    raw.append(result[0].numpy().astype(np.float64))
+  raw = np.stack(raw)
+  white = np.stack([
+      sum(a * raw[t - j] for j, a in enumerate(
+          audit.whitening_weights(mechanism, bands, t).numpy()) if t - j >= 0)
+      for t in range(rounds)])
+  tolerance = 5 / math.sqrt(d)
+  np.testing.assert_allclose(white @ white.T / d, np.eye(rounds),
+                             atol=tolerance)
+  off_diagonal = raw @ raw.T / d - np.diag(np.diag(raw @ raw.T / d))
+  assert np.abs(off_diagonal).max() > 10 * tolerance  # Raw: correlated.
+
+
+def test_canaries_take_part_with_minimum_separation():
+  # No noise, no client: in a round, a candidate's cosine with the release is
+  # clearly positive iff it took part. Rounds are run one at a time from the
+  # initial state so each round's cosines are read alone.
+  separation, rounds, m = 3, 7, 90
+  specs = [tf.TensorSpec([2000], tf.float32)]
+  inner = tfp.NormalizedQuery(dp.BoundedGaussianSumQuery('clip', 1.0, 0.0), 1.)
+  query = audit.CanaryQuery(inner, specs, m, 1.0, per_layer=False, seed=2,
+                            separation=separation)
+  initial = query.initial_global_state()
+  noised = tf.function(query.get_noised_result)
+  present = np.stack([
+      noised(query.initial_sample_state(specs),
+             initial._replace(round=tf.constant(t, tf.int64)))[1]
+      .max_cosine.numpy() > 0.1 for t in range(rounds)], axis=1)
+  inserted = initial.inserted.numpy() > 0.5
+  assert not present[~inserted].any()
+  first_rounds = set()
+  for row in present[inserted]:
+    taken = np.flatnonzero(row)
+    assert taken.size == len(range(taken[0], rounds, separation))
+    np.testing.assert_array_equal(np.diff(taken), separation)
+    first_rounds.add(int(taken[0]))
+  assert first_rounds == set(range(separation))  # Every group is used.
+
+
+def _simulate_separated(inner, *, rounds, separation, mechanism, bands,
+                        canaries, seed, clients=5, specs=SPECS):
+  """Canary rounds with minimum separation: every inserted canary takes part
+  in each round of its group; `clients` real clients every round."""
+  query = audit.CanaryQuery(inner, specs, 2 * canaries, 1.0, per_layer=False,
+                            seed=seed, separation=separation,
+                            noise_mechanism=mechanism, bands=bands)
+  return _run_rounds(query, rounds, specs, np.random.default_rng(seed),
+                     lambda: clients)
+
+
+# Six rounds with separation 3: each canary takes part k = 2 times.
+SEPARATED = dict(rounds=6, separation=3, canaries=300)
+SEPARATED_Z = 4.0
+
+
+def _separated_ledger_epsilon(mechanism, bands, z=SEPARATED_Z):
+  """k compositions of one Gaussian per participation: sensitivity of a
+  participation sqrt(sum_j c_j^2) for banded C (Choquette-Choo et al. 2023,
+  Thm. 2), sqrt(tree levels) for a restarted tree (Kairouz et al. 2021)."""
+  if mechanism == 'banded':
+    c = [math.comb(2 * j, j) / 4**j for j in range(bands)]
+    sensitivity = math.sqrt(sum(x * x for x in c))
+  else:
+    sensitivity = math.sqrt(math.floor(math.log2(bands)) + 1)
+  k = -(-SEPARATED['rounds'] // SEPARATED['separation'])
+  accountant = dp_accounting.rdp.RdpAccountant()
+  accountant.compose(dp_accounting.GaussianDpEvent(z / sensitivity), k)
+  return accountant.get_epsilon(DELTA)
+
+
+def _separated_mechanism(kind, mechanism, bands, seed):
+  query_class = {'correct': dp.BoundedGaussianSumQuery,
+                 'clipping_skipped': _ClippingSkipped}[kind]
+  query = query_class('clip', 1.0, SEPARATED_Z, noise_seed=seed,
+                      noise_mechanism=mechanism, bands=bands)
+  query.set_template(SPECS)
+  return tfp.NormalizedQuery(query, 5.0)
+
+
+@pytest.mark.parametrize('mechanism,bands', [('banded', 3), ('tree', 3)])
+def test_correlated_mechanism_lower_bound_stays_under_the_ledger(mechanism,
+                                                                 bands):
+  ledger = _separated_ledger_epsilon(mechanism, bands)
+  report = _simulate_separated(
+      _separated_mechanism('correct', mechanism, bands, 1), seed=1,
+      mechanism=mechanism, bands=bands, **SEPARATED)
+  for threat in ('final_model', 'all_iterates'):
+    assert report[threat]['lower_bound'] < ledger
+  # Three all-iterates statistics (raw, step, whitened) x 4 guess counts.
+  assert report['all_iterates']['lower_bound_tests'] == 12
+
+
+@pytest.mark.parametrize('mechanism', ['banded', 'tree'])
+def test_correlated_mechanism_that_skips_clipping_is_detected(mechanism):
+  ledger = _separated_ledger_epsilon(mechanism, 3)
+  report = _simulate_separated(
+      _separated_mechanism('clipping_skipped', mechanism, 3, 2), seed=2,
+      mechanism=mechanism, bands=3, **SEPARATED)
+  assert report['all_iterates']['lower_bound'] > ledger
+  assert report['final_model']['lower_bound'] > ledger
+
+
+def test_correlated_noise_audit_needs_its_separation():
+  inner = tfp.NormalizedQuery(dp.BoundedGaussianSumQuery(
+      'clip', 1.0, 1.0, noise_mechanism='banded', bands=3), 1.)
+  for separation in (None, 2):
+    with pytest.raises(ValueError, match='separation'):
+      audit.CanaryQuery(inner, SPECS, 10, 1.0, False, noise_mechanism='banded',
+                        bands=3, separation=separation)
+  with pytest.raises(ValueError, match='separation'):
+    audit.CanaryQuery(inner, SPECS, 10, 1.0, False, separation=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('mechanism', ['banded', 'tree'])
+def test_training_run_with_correlated_noise_reports_its_audit(tmp_path,
+                                                              mechanism):
+  config = training.TrainConfig(
+      rounds=6, clients_per_round=10, sampling='min_separation',
+      noise_mechanism=mechanism, bands=3, audit_canaries=10,
+      root_output_dir=str(tmp_path), experiment_name='audit', progress=False)
+  summary = program.run(config)
+  empirical = summary['empirical_epsilon']
+  assert empirical['rounds'] == 6
+  assert empirical['all_iterates']['lower_bound_tests'] == 12
+  for threat in ('final_model', 'all_iterates'):
+    assert 0.0 <= empirical[threat]['lower_bound'] < summary['epsilon']

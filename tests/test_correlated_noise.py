@@ -381,8 +381,6 @@ def _config(**overrides):
           min_separation=3), '--min_separation'),
     (dict(sampling='min_separation', bands=0), '--bands'),
     (dict(sampling='min_separation', min_separation=0), '--min_separation'),
-    (dict(noise_mechanism='banded', bands=2, sampling='min_separation',
-          audit_canaries=10), '--audit_canaries'),
 ])
 def test_bad_correlated_flags_name_the_flag(overrides, flag):
   from tff_clip import config as config_lib  # pylint: disable=g-import-not-at-top
@@ -396,3 +394,6 @@ def test_good_correlated_flags_pass():
                    sampling='min_separation')
   config_lib.validate(config)
   assert config.separation == 5
+  # Audited: canaries take part under the same separation (tests/test_audit.py).
+  config_lib.validate(_config(noise_mechanism='banded', bands=3,
+                              sampling='min_separation', audit_canaries=10))

@@ -41,6 +41,18 @@ the model, how distinguishable a client's participation actually is:
    round (so they survive checkpoint/resume); the final-model one is
    computed at the end from the model weights.
 
+   Correlated noise (banded matrix factorization, tree aggregation:
+   `tff_clip.correlated_noise`) is audited under its own participation:
+   canaries take part with minimum separation b, each inserted canary in
+   every round of its group (the k = ceil(T / b) participations the ledger
+   allows a client), and a third all-iterates statistic undoes the noise's
+   correlation before the cosine: w_j = max_t cos(c_j, sum_i a_i
+   Delta_{t-i}), with `whitening_weights` a (the bands of C for banded noise,
+   the node sums of the tree), whose noise is independent across rounds. With
+   adaptive norms the noise scale changes from round to round and the
+   whitening is approximate: that can only weaken the attack, never the
+   validity of the lower bound, which holds for any statistic.
+
 3. The estimate (Andrew et al. Alg. 2, last line): fit N(mu_0, s^2) to the
    statistics of the never-inserted candidates and N(mu_1, s^2) to the
    inserted ones (pooled s: see `estimate_epsilon`), and report the epsilon
@@ -106,6 +118,7 @@ __all__ = [
     'audit_report',
     'canary_state',
     'estimate_epsilon',
+    'whitening_weights',
     'gaussian_pair_epsilon',
     'one_run_lower_bound',
     'one_run_p_value',
@@ -335,7 +348,36 @@ def one_run_lower_bound(scores: Sequence[Sequence[float]],
 CanaryGlobalState = collections.namedtuple(
     'CanaryGlobalState',
     ['inner', 'seed', 'round', 'inserted', 'max_cosine', 'max_step_cosine',
-     'previous_result'])
+     'previous_result', 'max_whitened_cosine', 'past_results'])
+
+
+def whitening_weights(noise_mechanism: str, bands: int, round_num):
+  """a_0..a_{b-1} such that sum_j a_j Delta_{t-j} carries independent noise.
+
+  The released aggregates Delta_t = x_t + s (C^{-1} z)_t of correlated noise
+  (`tff_clip.correlated_noise`) are correlated across rounds; an adversary
+  who knows C undoes it:
+    * 'banded': a_j = c_j, the bands of C, so sum_j c_j Delta_{t-j} =
+      (C x)_t + s z_t (a released aggregate before round 0 counts as 0, as
+      the mechanism's history does);
+    * 'tree': with step k = t mod b + 1 of the restarted tree, a_j = 1 for
+      j < lowbit(k) (the largest power of two dividing k): the sum of the
+      last lowbit(k) aggregates is the value of the tree node that ends at
+      step k, whose noise is that node's own draw (Kairouz et al. 2021,
+      Sec. 3: every node is released once, at its last leaf);
+    * 'independent': a = [1].
+  `round_num` may be a tensor; returns a float32 [b] tensor (b = 1 for
+  independent noise).
+  """
+  from tff_clip import correlated_noise  # pylint: disable=g-import-not-at-top
+  bands = correlated_noise.check_mechanism(noise_mechanism, bands)
+  if noise_mechanism == correlated_noise.BANDED:
+    return tf.constant(correlated_noise.banded_coefficients(bands), tf.float32)
+  if noise_mechanism == correlated_noise.TREE:
+    step = tf.cast(round_num, tf.int64) % bands + 1
+    lowbit = tf.bitwise.bitwise_and(step, -step)
+    return tf.cast(tf.range(bands, dtype=tf.int64) < lowbit, tf.float32)
+  return tf.ones([1], tf.float32)
 
 
 def _fold(seed, *data):
@@ -367,6 +409,16 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
   candidate's bounded direction with the released aggregate (and with its
   change since the previous round) updates the running maxima in the state.
 
+  Participation with minimum separation (`separation=b`, for runs sampled
+  with `sampling='min_separation'`): candidate j belongs to one of b groups
+  (a draw from the audit seed) and an inserted candidate takes part in round
+  t iff t mod b is its group, and then with probability q: with q = 1 every
+  canary takes part the k = ceil(T / b) times, b rounds apart, that the
+  ledger's accounting allows a client. Correlated noise
+  (`noise_mechanism`, `bands`: the inner query's) adds a third statistic,
+  the cosine with the whitened aggregate (`whitening_weights`); it keeps the
+  last b - 1 aggregates in the state.
+
   The inner query's preprocessed record must start (in `tf.nest.flatten`
   order) with the value's leaves: true of every query in `tff_clip.dp`.
   """
@@ -374,7 +426,10 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
   def __init__(self, inner_query: tfp.SumAggregationDPQuery, record_specs,
                num_candidates: int, sampling_probability: float,
                per_layer: bool, seed: Optional[int] = None,
-               canary_raw_norm: float = CANARY_RAW_NORM):
+               canary_raw_norm: float = CANARY_RAW_NORM, *,
+               separation: Optional[int] = None,
+               noise_mechanism: str = 'independent', bands: int = 1):
+    from tff_clip import correlated_noise  # pylint: disable=g-import-not-at-top
     if not isinstance(inner_query, tfp.SumAggregationDPQuery):
       raise TypeError('`inner_query` must be a tfp.SumAggregationDPQuery; got '
                       f'{inner_query!r}.')
@@ -402,6 +457,22 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
     else:
       raise TypeError(f'`seed` must be an int or None; got {seed!r}.')
     self._seed = np.asarray(seed, np.int64)
+    self._bands = correlated_noise.check_mechanism(noise_mechanism, bands)
+    self._mechanism = noise_mechanism
+    if separation is not None and (
+        isinstance(separation, bool) or
+        not isinstance(separation, (int, np.integer)) or separation < 1):
+      raise ValueError('`separation` must be a positive int or None; got '
+                       f'{separation!r}.')
+    correlated = noise_mechanism != correlated_noise.INDEPENDENT
+    if correlated and (separation is None or separation < self._bands):
+      raise ValueError(
+          f'`separation` ({separation}) must be at least `bands` '
+          f'({self._bands}) for {noise_mechanism!r} noise: correlated noise '
+          'is private only under participation with minimum separation.')
+    self._separation = None if separation is None else int(separation)
+    # Aggregates kept for the whitened statistic.
+    self._depth = self._bands - 1 if correlated else 0
 
   @property
   def num_candidates(self) -> int:
@@ -410,6 +481,31 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
   @property
   def inner_query(self):
     return self._inner
+
+  @property
+  def whitens(self) -> bool:
+    """Whether the aggregates are whitened (correlated noise)."""
+    return self._depth > 0
+
+  def groups(self, seed):
+    """Candidate j's participation group (0..separation-1), or None."""
+    if self._separation is None:
+      return None
+    return tf.random.stateless_uniform(
+        [self._m], _fold(seed, 4), maxval=self._separation, dtype=tf.int64)
+
+  def takes_part(self, global_state):
+    """1.0 for every candidate that takes part in this round, else 0.0."""
+    seed = global_state.seed
+    present = global_state.inserted * tf.cast(
+        tf.random.stateless_uniform(
+            [self._m], _fold(seed, 2, global_state.round)) < self._q,
+        tf.float32)
+    if self._separation is not None:
+      present *= tf.cast(tf.equal(self.groups(seed),
+                                  global_state.round % self._separation),
+                         tf.float32)
+    return present
 
   # -- canaries --
 
@@ -456,7 +552,10 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
         round=tf.constant(0, tf.int64), inserted=self.inserted(seed),
         max_cosine=tf.fill([self._m], -2.0),
         max_step_cosine=tf.fill([self._m], -2.0),
-        previous_result=zeros)
+        previous_result=zeros,
+        max_whitened_cosine=tf.fill([self._m], -2.0),
+        past_results=[tf.zeros([self._depth] + s.shape.as_list(), tf.float32)
+                      for s in self._flat_specs])
 
   def derive_sample_params(self, global_state):
     return self._inner.derive_sample_params(global_state.inner)
@@ -474,10 +573,7 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
   def get_noised_result(self, sample_state, global_state):
     seed = global_state.seed
     params = self._inner.derive_sample_params(global_state.inner)
-    takes_part = global_state.inserted * tf.cast(
-        tf.random.stateless_uniform(
-            [self._m], _fold(seed, 2, global_state.round)) < self._q,
-        tf.float32)
+    takes_part = self.takes_part(global_state)
 
     def add_canary(j, state):
       record, _ = self.bounded_canary(params, seed, j)
@@ -495,16 +591,28 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
     flat_result = tf.nest.flatten(result)
     step = [r - tf.cast(p, r.dtype)
             for r, p in zip(flat_result, global_state.previous_result)]
+    past_results = global_state.past_results
+    whitened = flat_result
+    if self._depth:
+      weights = whitening_weights(self._mechanism, self._bands,
+                                  global_state.round)
+      whitened, past_results = [], []
+      for r, past in zip(flat_result, global_state.past_results):
+        r = tf.cast(r, tf.float32)
+        whitened.append(weights[0] * r + tf.tensordot(weights[1:], past, 1))
+        past_results.append(tf.concat([r[tf.newaxis], past[:-1]], 0))
 
-    def cosines(j, cos, step_cos):
+    def cosines(j, cos, step_cos, white_cos):
       _, value = self.bounded_canary(params, seed, j)
       cos = cos.write(j, _cosine(value, flat_result))
       step_cos = step_cos.write(j, _cosine(value, step))
-      return j + 1, cos, step_cos
+      white_cos = white_cos.write(j, _cosine(value, whitened))
+      return j + 1, cos, step_cos, white_cos
 
-    _, cos, step_cos = tf.while_loop(
+    _, cos, step_cos, white_cos = tf.while_loop(
         lambda j, *_: j < self._m, cosines,
         (tf.constant(0), tf.TensorArray(tf.float32, self._m),
+         tf.TensorArray(tf.float32, self._m),
          tf.TensorArray(tf.float32, self._m)))
     new_state = CanaryGlobalState(
         inner=inner_state, seed=seed, round=global_state.round + 1,
@@ -513,7 +621,10 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
         max_step_cosine=tf.maximum(global_state.max_step_cosine,
                                    step_cos.stack()),
         previous_result=[tf.cast(r, s.dtype)
-                         for r, s in zip(flat_result, self._flat_specs)])
+                         for r, s in zip(flat_result, self._flat_specs)],
+        max_whitened_cosine=tf.maximum(global_state.max_whitened_cosine,
+                                       white_cos.stack()),
+        past_results=past_results)
     return result, new_state, event
 
   # -- after training --
@@ -568,7 +679,8 @@ class CanaryFactory(tff.aggregators.UnweightedAggregationFactory,
 
   def __init__(self, dp_factory, num_canaries: int,
                sampling_probability: float, seed: Optional[int] = None,
-               canary_raw_norm: float = CANARY_RAW_NORM):
+               canary_raw_norm: float = CANARY_RAW_NORM, *,
+               separation: Optional[int] = None):
     from tff_clip import dp  # pylint: disable=g-import-not-at-top
     if not isinstance(dp_factory, dp.DPBoundingFactory):
       raise TypeError('`dp_factory` must come from `tff_clip.dp.dp_factory`; '
@@ -587,6 +699,7 @@ class CanaryFactory(tff.aggregators.UnweightedAggregationFactory,
     self._q = float(sampling_probability)
     self._seed = seed
     self._raw_norm = canary_raw_norm
+    self._separation = separation
     self.query = None
 
   def create(self, value_type, weight_type=None):
@@ -597,7 +710,10 @@ class CanaryFactory(tff.aggregators.UnweightedAggregationFactory,
         inner, tff.types.type_to_tf_tensor_specs(value_type),
         2 * self._num_canaries, self._q,
         per_layer=self._dp_factory.spec.per_layer,
-        seed=self._seed, canary_raw_norm=self._raw_norm)
+        seed=self._seed, canary_raw_norm=self._raw_norm,
+        separation=self._separation,
+        noise_mechanism=self._dp_factory.spec.noise_mechanism,
+        bands=self._dp_factory.spec.bands)
     factory = tff.aggregators.DifferentiallyPrivateFactory(
         self.query, self._dp_factory.record_aggregation_factory)
     if weight_type is None:
@@ -679,15 +795,18 @@ def audit_report(query: CanaryQuery, aggregator_state, model_delta,
     out['lower_bound'] = bound['epsilon']
     out.update((k, v) for k, v in best.items() if k != 'epsilon')
     out['lower_bound_guesses'] = bound['guesses']
+    out['lower_bound_tests'] = bound['tests']
     out['lower_bound_correct'] = bound['correct']
     return out
 
   if model_delta is not None:
     report['final_model'] = threat(
         [query.final_model_cosines(state, model_delta)])
-  report['all_iterates'] = threat(
-      [np.asarray(state.max_cosine, np.float64),
-       np.asarray(state.max_step_cosine, np.float64)])
+  iterates = [np.asarray(state.max_cosine, np.float64),
+               np.asarray(state.max_step_cosine, np.float64)]
+  if query.whitens:
+    iterates.append(np.asarray(state.max_whitened_cosine, np.float64))
+  report['all_iterates'] = threat(iterates)
   return report
 
 

@@ -487,12 +487,6 @@ def _check_correlated(config):
     if config.separation < config.bands:
       raise ConfigError(f'--min_separation ({config.separation}) must be at '
                         f'least --bands ({config.bands}).')
-    if config.audit_canaries:
-      raise ConfigError(
-          '--audit_canaries needs --sampling=poisson or fixed_size: its '
-          'canaries are sampled independently each round and its test '
-          'treats rounds as independent releases, which correlated noise '
-          'and cyclic participation are not.')
 
 
 def validate(config: TrainConfig) -> None:

@@ -627,9 +627,14 @@ class _Session:
     try:
       if config.audit_canaries:  # Canaries inside the DP query.
         from tff_clip import audit  # pylint: disable=g-import-not-at-top
+        separated = config.sampling == sampling_lib.MIN_SEPARATION
+        # Under minimum separation a canary takes part in every round of its
+        # group: the most participations the ledger allows a client.
         self.auditor = audit.CanaryFactory(
             build_aggregator(config, self.noise_multiplier),
-            config.audit_canaries, self.sampler.sampling_probability)
+            config.audit_canaries,
+            1.0 if separated else self.sampler.sampling_probability,
+            separation=config.separation if separated else None)
       self.process = build_process(config, self.task, self.noise_multiplier,
                                    self.auditor)
     except ValueError as e:  # E.g. explicit count noise too small.
