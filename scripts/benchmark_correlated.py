@@ -29,7 +29,6 @@ and `correlated.png` (accuracy against epsilon).
 """
 
 import collections
-import csv
 import os
 import statistics
 
@@ -37,6 +36,7 @@ from absl import flags
 
 from scripts import benchmark_settings
 from scripts import cli
+from scripts import outputs
 from scripts import program
 from tff_clip import config as config_lib
 
@@ -145,25 +145,19 @@ def format_table(rows, epsilons):
 
 
 def plot(rows, epsilons, path, title, delta=1e-5):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for row in rows:
-    points = [(e, row[f'eps{e:g}_mean'], row[f'eps{e:g}_std'])
-              for e in epsilons if row[f'eps{e:g}_mean'] is not None]
-    if points:
-      xs, ys, errs = zip(*points)
-      ax.errorbar(xs, ys, yerr=errs, marker='o', capsize=3,
-                  label=row['variant'])
-  ax.set_xlabel(f'epsilon (δ = {delta:g}, each mechanism its own accountant)')
-  ax.set_ylabel('final eval accuracy (mean ± std)')
-  ax.set_title(title)
-  ax.grid(True, alpha=0.3)
-  ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  with outputs.figure(path, figsize=(7, 4.5)) as (fig, ax):
+    for row in rows:
+      points = [(e, row[f'eps{e:g}_mean'], row[f'eps{e:g}_std'])
+                for e in epsilons if row[f'eps{e:g}_mean'] is not None]
+      if points:
+        xs, ys, errs = zip(*points)
+        ax.errorbar(xs, ys, yerr=errs, marker='o', capsize=3,
+                    label=row['variant'])
+    ax.set_xlabel(f'epsilon (δ = {delta:g}, each mechanism its own accountant)')
+    ax.set_ylabel('final eval accuracy (mean ± std)')
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
 
 
 def main(argv):
@@ -206,10 +200,7 @@ def main(argv):
           f'{summary["epsilon"]:.4g})', flush=True)
   rows = summarise(results, names, epsilons)
   text = format_table(rows, epsilons)
-  with open(os.path.join(root, 'correlated.csv'), 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
+  outputs.write_csv(os.path.join(root, 'correlated.csv'), rows)
   with open(os.path.join(root, 'correlated.md'), 'w') as f:
     f.write(text + '\n')
   first = plan[0][3]

@@ -35,7 +35,6 @@ lead of each method over tuned TFF `dp_aggregator`) and `frontier.png`
 
 import collections
 import concurrent.futures
-import csv
 import ctypes
 import itertools
 import multiprocessing
@@ -47,6 +46,7 @@ from absl import flags
 
 from scripts import benchmark_settings
 from scripts import cli
+from scripts import outputs
 from scripts import program
 from tff_clip import config as config_lib
 
@@ -231,36 +231,23 @@ def format_frontier(rows, epsilons):
 
 
 def plot(rows, epsilons, ceiling, path, title):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(8, 5))
-  for row in rows:
-    style = dict(linestyle='--') if row['method'].startswith('tff') else {}
-    ax.errorbar(epsilons, [row[f'eps{e:g}_mean'] for e in epsilons],
-                yerr=[row[f'eps{e:g}_std'] for e in epsilons], marker='o',
-                capsize=3, label=row['method'], **style)
-  if ceiling is not None:
-    ax.axhline(ceiling[0], color='grey', linestyle=':',
-               label=f'no DP ({ceiling[0]:.3f})')
-  ax.set_xscale('log', base=2)
-  ax.set_xticks(epsilons)
-  ax.set_xticklabels([f'{e:g}' for e in epsilons])
-  ax.set_xlabel('epsilon (calibrated by the accountant)')
-  ax.set_ylabel('test accuracy (mean ± std over seeds)')
-  ax.set_title(title)
-  ax.grid(True, alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-
-
-def _write_csv(path, rows):
-  with open(path, 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
+  with outputs.figure(path, figsize=(8, 5)) as (_, ax):
+    for row in rows:
+      style = dict(linestyle='--') if row['method'].startswith('tff') else {}
+      ax.errorbar(epsilons, [row[f'eps{e:g}_mean'] for e in epsilons],
+                  yerr=[row[f'eps{e:g}_std'] for e in epsilons], marker='o',
+                  capsize=3, label=row['method'], **style)
+    if ceiling is not None:
+      ax.axhline(ceiling[0], color='grey', linestyle=':',
+                 label=f'no DP ({ceiling[0]:.3f})')
+    ax.set_xscale('log', base=2)
+    ax.set_xticks(epsilons)
+    ax.set_xticklabels([f'{e:g}' for e in epsilons])
+    ax.set_xlabel('epsilon (calibrated by the accountant)')
+    ax.set_ylabel('test accuracy (mean ± std over seeds)')
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def _floats(values, name):
@@ -306,7 +293,7 @@ def main(argv):
     return cli.fail(e)
   tuned = run_all([plan[3] for plan in tune_plan], _JOBS.value, 'tune')
   chosen, tuning_rows = choose(tune_plan, [acc for acc, _ in tuned], cells)
-  _write_csv(os.path.join(root, 'tuning.csv'), tuning_rows)
+  outputs.write_csv(os.path.join(root, 'tuning.csv'), tuning_rows)
 
   # 2. Report: each method's chosen cell on fresh seeds, on the test set.
   try:
@@ -341,7 +328,7 @@ def main(argv):
               if BASELINE in methods else float('nan'))
       row[f'eps{epsilon:g}_lead'] = 100 * (row[f'eps{epsilon:g}_mean'] - base)
   ceiling = _mean_std(accuracy[CEILING, None])
-  _write_csv(os.path.join(root, 'frontier.csv'), rows)
+  outputs.write_csv(os.path.join(root, 'frontier.csv'), rows)
   table = format_frontier(rows, epsilons)
   ceiling_line = (f'Non-private ceiling (same model and rounds, tuned server '
                   f'learning rate): {ceiling[0]:.4f} ± {ceiling[1]:.4f}.')

@@ -332,20 +332,28 @@ def _cohort_rows(sizes, population, rounds):
   return rows
 
 
-def _train_seconds_per_round(executor, short=4, long=16):
+def _wall(args) -> float:
+  """Seconds of `python args...` run in the repository, output discarded."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  walls = []
-  for rounds in (short, long):
-    with tempfile.TemporaryDirectory() as out:
-      started = time.perf_counter()
-      subprocess.run(
-          [sys.executable, '-m', 'scripts.train', f'--rounds={rounds}',
-           f'--executor={executor}', '--progress=false',
-           f'--root_output_dir={out}'],
-          cwd=repo, check=True, stdout=subprocess.DEVNULL,
-          stderr=subprocess.DEVNULL)
-      walls.append(time.perf_counter() - started)
-  return (walls[1] - walls[0]) / (long - short)
+  started = time.perf_counter()
+  subprocess.run([sys.executable] + list(args), cwd=repo, check=True,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  return time.perf_counter() - started
+
+
+def _train_wall(rounds=None, executor='inprocess') -> float:
+  with tempfile.TemporaryDirectory() as out:
+    args = ['-m', 'scripts.train', f'--executor={executor}',
+            '--progress=false', f'--root_output_dir={out}']
+    return _wall(args + ([f'--rounds={rounds}'] if rounds else []))
+
+
+def _train_seconds(executor, short=4, long=16):
+  """(s/round, fixed seconds) of scripts.train: the slope and intercept of
+  the wall time of a `short` and a `long` run."""
+  walls = [_train_wall(rounds, executor) for rounds in (short, long)]
+  per_round = (walls[1] - walls[0]) / (long - short)
+  return per_round, walls[0] - short * per_round
 
 
 def _print_runner_table(rows):
@@ -411,11 +419,16 @@ def main(argv):
           f'{first:.2f} | {last:.2f} |', flush=True)
   if _TRAIN.value:
     print()
-    print('| scripts.train, digits, DP on | s/round, all included |')
-    print('|---|---|')
+    print('| scripts.train, digits, DP on | s/round, all included | fixed '
+          's (start-up and end) | default command (30 rounds) s | import '
+          'TF + TFF s |')
+    print('|---|---|---|---|---|')
+    imports = _wall(['-c', 'import tensorflow_federated'])
     for executor in ('inprocess', 'local'):
-      print(f'| --executor={executor} | '
-            f'{_train_seconds_per_round(executor):.3f} |', flush=True)
+      per_round, fixed = _train_seconds(executor)
+      default = _train_wall(executor=executor)
+      print(f'| --executor={executor} | {per_round:.3f} | {fixed:.1f} | '
+            f'{default:.1f} | {imports:.1f} |', flush=True)
 
 
 if __name__ == '__main__':

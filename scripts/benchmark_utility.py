@@ -18,7 +18,6 @@ seeds, epsilon, seconds per run) and saves `utility.csv`, `utility.md` and
 """
 
 import collections
-import csv
 import json
 import math
 import os
@@ -29,6 +28,7 @@ from absl import flags
 
 from scripts import benchmark_settings
 from scripts import cli
+from scripts import outputs
 from scripts import program
 from tff_clip import config as config_lib
 
@@ -143,23 +143,17 @@ def format_table(rows):
 
 
 def plot(rows, path, title):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(10, 4.5))
-  names = [r['variant'] for r in rows]
-  colors = ['grey' if n == 'no_dp' else 'tab:orange' if n.startswith('tff')
-            else 'tab:blue' for n in names]
-  ax.bar(range(len(rows)), [r['accuracy_mean'] for r in rows],
-         yerr=[r['accuracy_std'] for r in rows], color=colors, capsize=3)
-  ax.set_xticks(range(len(rows)))
-  ax.set_xticklabels(names, rotation=35, ha='right')
-  ax.set_ylabel('final eval accuracy (mean ± std)')
-  ax.set_title(title)
-  ax.grid(True, axis='y', alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  with outputs.figure(path, figsize=(10, 4.5)) as (fig, ax):
+    names = [r['variant'] for r in rows]
+    colors = ['grey' if n == 'no_dp' else 'tab:orange' if n.startswith('tff')
+              else 'tab:blue' for n in names]
+    ax.bar(range(len(rows)), [r['accuracy_mean'] for r in rows],
+           yerr=[r['accuracy_std'] for r in rows], color=colors, capsize=3)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(names, rotation=35, ha='right')
+    ax.set_ylabel('final eval accuracy (mean ± std)')
+    ax.set_title(title)
+    ax.grid(True, axis='y', alpha=0.3)
 
 
 def main(argv):
@@ -212,10 +206,7 @@ def main(argv):
   if dp_epsilons and max(dp_epsilons) > min(dp_epsilons) * (1 + 1e-5):
     return cli.fail(f'DP variants differ in epsilon: {dp_epsilons}')
   table = format_table(rows)
-  with open(os.path.join(root, 'utility.csv'), 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
+  outputs.write_csv(os.path.join(root, 'utility.csv'), rows)
   with open(os.path.join(root, 'utility.md'), 'w') as f:
     f.write(table + '\n')
   first = plan[0][2]

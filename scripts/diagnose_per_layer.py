@@ -28,7 +28,6 @@ the final accuracy) and writes `layers.csv` (every round and layer) and
 """
 
 import collections
-import csv
 import dataclasses
 import math
 import os
@@ -38,6 +37,7 @@ import numpy as np
 
 from scripts import benchmark_settings
 from scripts import cli
+from scripts import outputs
 from scripts import program
 from tff_clip import config as config_lib
 
@@ -146,29 +146,24 @@ def summary_table(rows, accuracies):
 
 
 def plot(rows, path, title):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   boundings = list(dict.fromkeys(r['bounding'] for r in rows))
-  fig, axes = plt.subplots(1, len(boundings), figsize=(6 * len(boundings), 4),
-                           sharey=True, squeeze=False)
-  for ax, bounding in zip(axes[0], boundings):
-    mine = [r for r in rows if r['bounding'] == bounding]
-    for layer in sorted({r['layer'] for r in mine}):
-      points = [(r['round'], r['noise_to_signal']) for r in mine
-                if r['layer'] == layer]
-      ax.plot(*zip(*points), label=f'layer {layer} '
-              f'({mine[layer]["size"]:,})')
-    ax.set_yscale('log')
-    ax.set_xlabel('round')
-    ax.set_title(bounding)
-    ax.grid(True, alpha=0.3)
-  axes[0][0].set_ylabel('noise / signal per layer')
-  axes[0][-1].legend(fontsize=7)
-  fig.suptitle(title)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  with outputs.figure(path, 1, len(boundings),
+                      figsize=(6 * len(boundings), 4), sharey=True,
+                      squeeze=False) as (fig, axes):
+    for ax, bounding in zip(axes[0], boundings):
+      mine = [r for r in rows if r['bounding'] == bounding]
+      for layer in sorted({r['layer'] for r in mine}):
+        points = [(r['round'], r['noise_to_signal']) for r in mine
+                  if r['layer'] == layer]
+        ax.plot(*zip(*points), label=f'layer {layer} '
+                f'({mine[layer]["size"]:,})')
+      ax.set_yscale('log')
+      ax.set_xlabel('round')
+      ax.set_title(bounding)
+      ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel('noise / signal per layer')
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(title)
 
 
 def main(argv):
@@ -197,10 +192,7 @@ def main(argv):
   for bounding in _BOUNDINGS.value:
     mine, accuracies[bounding] = diagnose(base, bounding)
     rows += mine
-  with open(os.path.join(_OUTPUT.value, 'layers.csv'), 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
+  outputs.write_csv(os.path.join(_OUTPUT.value, 'layers.csv'), rows)
   plot(rows, os.path.join(_OUTPUT.value, 'layers.png'),
        f'{_SETTING.value}: z = {base.noise_multiplier}, target quantile '
        f'{base.target_quantile}, {base.rounds} rounds, seed {base.seed}')

@@ -33,6 +33,7 @@ from absl import app
 from absl import flags
 
 from scripts import cli
+from scripts import outputs
 
 _GRID = flags.DEFINE_multi_string(
     'grid', [], 'name=v1,v2,...: a train flag and its values (repeatable).')
@@ -126,10 +127,7 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
     rows.append(row)
   if not rows:
     return rows
-  with open(os.path.join(sweep_dir, 'summary.csv'), 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
+  outputs.write_csv(os.path.join(sweep_dir, 'summary.csv'), rows)
   fmt = lambda v: ('n/a' if isinstance(v, float) and math.isnan(v) else
                    f'{v:.4g}' if isinstance(v, float) else str(v))
   lines = ['| ' + ' | '.join(list(grid) + [
