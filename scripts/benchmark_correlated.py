@@ -191,7 +191,7 @@ def main(argv):
     return cli.fail(e)
   results = []
   for i, (name, epsilon, seed, config) in enumerate(plan, 1):
-    summary = program.run(config)
+    summary = program.run(config, quiet=True)
     results.append(dict(variant=name, epsilon=epsilon, seed=seed,
                         accuracy=summary['final_eval_accuracy']))
     print(f'[{i}/{len(plan)}] {name} epsilon {epsilon:g} seed {seed}: '

@@ -174,7 +174,7 @@ def choose(tune_plan, accuracies, cells):
 
 def _train(config):
   """One run in a worker process: (final accuracy, epsilon)."""
-  summary = program.run(config)
+  summary = program.run(config, quiet=True)
   return summary['final_eval_accuracy'], summary['epsilon']
 
 

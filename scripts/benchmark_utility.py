@@ -190,7 +190,7 @@ def main(argv):
   results = []
   for i, (name, seed, config) in enumerate(plan, 1):
     started = time.perf_counter()
-    summary = program.run(config)
+    summary = program.run(config, quiet=True)
     seconds = timings.setdefault(config.experiment_name,
                                  time.perf_counter() - started)
     training.write_json(timings_path, timings)

@@ -8,7 +8,9 @@ benchmarks and reproductions call. The library (`tff_clip`) never imports
 `tasks` or `scripts`.
 """
 
+import contextlib
 import math
+import os
 
 from tff_clip import config as config_lib
 from tff_clip import training
@@ -82,10 +84,17 @@ def build_task(config: TrainConfig):
     raise ConfigError(f'--task_option (task {config.task!r}): {e}') from e
 
 
-def run(config: TrainConfig):
-  """Trains (or resumes, or reports) `config`'s run on its named task."""
+def run(config: TrainConfig, quiet: bool = False):
+  """Trains (or resumes, or reports) `config`'s run on its named task.
+
+  `quiet`: nothing on stdout (the benchmarks run hundreds of trainings and
+  print one line each); errors still raise.
+  """
   validate(config)
-  return training.run(config, build_task)
+  if not quiet:
+    return training.run(config, build_task)
+  with open(os.devnull, 'w') as devnull, contextlib.redirect_stdout(devnull):
+    return training.run(config, build_task)
 
 
 def format_epsilon(epsilon) -> str:

@@ -76,4 +76,6 @@ def test_quick_run_prints_the_table(tmp_path):
       capture_output=True, text=True, timeout=900, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   assert '| tff_tree_2 |' in result.stdout
+  # One line per training, not the trainings' own per-round lines.
+  assert 'round 1/' not in result.stdout
   assert (tmp_path / 'digits' / 'correlated.png').exists()

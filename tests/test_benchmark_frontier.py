@@ -79,6 +79,7 @@ def test_quick_run_tunes_reports_and_resumes(tmp_path):
   first = subprocess.run(command, cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=900, check=False)
   assert first.returncode == 0, first.stderr[-3000:]
+  assert 'round 1/' not in first.stdout  # The trainings run quietly.
   root = tmp_path / 'mnist1000'
   for name in ('tuning.csv', 'chosen.md', 'frontier.csv', 'frontier.md',
                'frontier.png'):

@@ -237,7 +237,8 @@ class TrainConfig:
       'up to that many seconds. '
       'Runs without DP only.')
   cache_dir: Optional[str] = _field(None, 'Online data cache directory.')
-  progress: bool = _field(True, 'Show a progress bar.')
+  progress: bool = _field(True, 'Show a progress bar (off: one line per '
+                           'round, for logs).')
   # Empirical privacy audit (`tff_clip.audit`, docs/audit.md).
   audit_canaries: int = _field(
       0, 'Empirical privacy audit: about this many canary clients (0: none, '
