@@ -9,7 +9,12 @@ analytic Gaussian mechanism, numerical integration, the ledger's epsilon
 """
 
 import collections
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
 
 import dp_accounting
 import numpy as np
@@ -515,3 +520,33 @@ def test_training_run_with_correlated_noise_reports_its_audit(tmp_path,
   assert empirical['all_iterates']['lower_bound_tests'] == 12
   for threat in ('final_model', 'all_iterates'):
     assert 0.0 <= empirical[threat]['lower_bound'] < summary['epsilon']
+
+
+@pytest.mark.slow
+def test_killed_audited_correlated_run_resumes_its_canaries(tmp_path):
+  # The canaries' seed, statistics and kept aggregates are aggregator state:
+  # checkpointed before each release, so a killed run resumes the audit.
+  args = [sys.executable, '-m', 'scripts.train', '--rounds=6',
+          '--clients_per_round=10', '--sampling=min_separation',
+          '--noise_mechanism=banded', '--bands=3', '--audit_canaries=10',
+          '--progress=false', f'--root_output_dir={tmp_path}',
+          '--experiment_name=run']
+  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
+  env['PYTHONUNBUFFERED'] = '1'
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  for line in proc.stdout:  # Blocks on the child's output; no timed sleep.
+    if line.startswith('round 3/6'):
+      break
+  proc.send_signal(signal.SIGKILL)
+  proc.wait(timeout=60)
+  assert proc.returncode == -signal.SIGKILL
+  resumed = subprocess.run(args, cwd=repo, env=env, capture_output=True,
+                           text=True, timeout=600, check=False)
+  assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr
+  assert 'Resuming' in resumed.stdout and 'round 1/6' not in resumed.stdout
+  summary = json.loads((tmp_path / 'run' / 'summary.json').read_text())
+  empirical = summary['empirical_epsilon']
+  assert empirical['rounds'] == 6 and empirical['candidates'] == 20
+  assert empirical['all_iterates']['lower_bound'] < summary['epsilon']
