@@ -172,6 +172,52 @@ def choose(tune_plan, accuracies, cells):
   return chosen, rows
 
 
+def counterpart(method: str) -> str:
+  """The TFF method with the same grid as `method` (same kind of norm)."""
+  return ('tff_adaptive' if METHODS[method].get('clip_norm') == 'adaptive'
+          else 'tff_fixed')
+
+
+def same_cell_leads(tuning_rows) -> list:
+  """Each method against its TFF counterpart cell by cell, before choosing.
+
+  For every (method, tuning epsilon) with a TFF counterpart in
+  `tuning_rows` (`choose`'s rows), the lead in points at every grid cell both
+  ran: how a method fares when both get the same, untuned, setting.
+  Returns rows of method, epsilon, counterpart, cells, cells led, and the
+  median, smallest and largest lead.
+  """
+  score = {(r['method'], r['epsilon'], r['cell']): r['validation_accuracy']
+           for r in tuning_rows}
+  out = []
+  for method, epsilon in dict.fromkeys(
+      (r['method'], r['epsilon']) for r in tuning_rows):
+    if method == CEILING or method.startswith('tff'):
+      continue
+    other = counterpart(method)
+    leads = [100 * (value - score[other, e, cell])
+             for (m, e, cell), value in score.items()
+             if m == method and e == epsilon and (other, e, cell) in score]
+    if leads:
+      out.append(collections.OrderedDict(
+          method=method, epsilon=epsilon, counterpart=other,
+          cells=len(leads), cells_led=sum(lead > 0 for lead in leads),
+          median_lead=statistics.median(leads), min_lead=min(leads),
+          max_lead=max(leads)))
+  return out
+
+
+def format_same_cell(rows) -> str:
+  lines = ['| method | tuned at ε | against | cells led | median lead | '
+           'range (points) |', '|---|---:|---|---:|---:|---:|']
+  for r in rows:
+    lines.append(f'| {r["method"]} | {r["epsilon"]:g} | {r["counterpart"]} | '
+                 f'{r["cells_led"]} of {r["cells"]} | '
+                 f'{r["median_lead"]:+.1f} | {r["min_lead"]:+.1f} to '
+                 f'{r["max_lead"]:+.1f} |')
+  return '\n'.join(lines)
+
+
 def _train(config):
   """One run in a worker process: (final accuracy, epsilon)."""
   summary = program.run(config, quiet=True)
@@ -346,6 +392,10 @@ def main(argv):
       chosen.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
     chosen_lines.append(f'| {method} | {"-" if epsilon is None else f"{epsilon:g}"} '
                         f'| {cell_name(cells[method][i])} | {mean:.4f} |')
+  same_cell = format_same_cell(same_cell_leads(tuning_rows))
+  chosen_lines += ['', 'Untuned: each method against its TFF counterpart at '
+                   'the same grid cell (validation accuracy, points).', '',
+                   same_cell]
   with open(os.path.join(root, 'chosen.md'), 'w') as f:
     f.write('\n'.join(chosen_lines) + '\n')
   first = final_plan[0][2]

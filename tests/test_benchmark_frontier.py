@@ -71,6 +71,30 @@ print(chosen[('clip_fixed', 4.0)][0])
   assert out.split() == ['2', '3', '0']
 
 
+def test_same_cell_leads_compare_each_method_with_its_tff_counterpart():
+  out = _python('''
+from scripts import benchmark_frontier as b
+row = lambda m, e, cell, acc: dict(method=m, epsilon=e, cell=cell,
+                                   validation_accuracy=acc, seeds=2)
+rows = [row('tff_adaptive', 4.0, 'q0.1', 0.60), row('tff_adaptive', 4.0, 'q0.3', 0.50),
+        row('tff_adaptive', 4.0, 'q0.7', 0.40),
+        row('normalize_adaptive', 4.0, 'q0.1', 0.55),
+        row('normalize_adaptive', 4.0, 'q0.3', 0.60),
+        row('normalize_adaptive', 4.0, 'q0.7', 0.70),
+        row('tff_fixed', 4.0, 'c1', 0.5), row('normalize_fixed', 4.0, 'c1', 0.5),
+        row('no_dp', '', 'lr1', 0.9)]
+for r in b.same_cell_leads(rows):
+  print(r['method'], r['counterpart'], r['cells'], r['cells_led'],
+        round(r['median_lead'], 6), round(r['min_lead'], 6),
+        round(r['max_lead'], 6))
+''')
+  # Leads: -5, +10, +30 points against tff_adaptive; a tie (not a lead)
+  # against tff_fixed; TFF methods and the ceiling are not compared.
+  assert out.splitlines() == [
+      'normalize_adaptive tff_adaptive 3 2 10.0 -5.0 30.0',
+      'normalize_fixed tff_fixed 1 0 0.0 0.0 0.0']
+
+
 @pytest.mark.slow
 def test_quick_run_tunes_reports_and_resumes(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
