@@ -348,7 +348,7 @@ def _train_wall(rounds=None, executor='inprocess') -> float:
     return _wall(args + ([f'--rounds={rounds}'] if rounds else []))
 
 
-def _train_seconds(executor, short=4, long=16):
+def _train_seconds(executor, short=4, long=44):
   """(s/round, fixed seconds) of scripts.train: the slope and intercept of
   the wall time of a `short` and a `long` run."""
   walls = [_train_wall(rounds, executor) for rounds in (short, long)]
