@@ -55,6 +55,7 @@ import tensorflow_federated as tff
 
 from tasks import models
 from tasks import task as task_lib
+from tff_clip import client_data
 
 __all__ = [
     'LeastSquaresProblem',
@@ -194,18 +195,8 @@ class NoisyQuadraticProblem:
 
 
 def _preprocess_fn(spec: tff.simulation.baselines.ClientSpec, to_xy):
-  """TFF's order: shuffle, repeat, take, batch, then map to (x, y)."""
-
-  def preprocess(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    if spec.shuffle_buffer_size is not None and spec.shuffle_buffer_size > 1:
-      dataset = dataset.shuffle(spec.shuffle_buffer_size)
-    if spec.num_epochs > 1:
-      dataset = dataset.repeat(spec.num_epochs)
-    if spec.max_elements is not None:
-      dataset = dataset.take(spec.max_elements)
-    return dataset.batch(spec.batch_size).map(to_xy)
-
-  return preprocess
+  """TFF's order: shuffle, repeat, take, batch; `to_xy` maps each example."""
+  return client_data.ExamplewisePreprocess(to_xy, spec)
 
 
 def _least_squares_xy(element):
@@ -349,7 +340,7 @@ def sample_noise(noise: str, tail_index: Optional[float], size, rng,
 
 def _noise_xy(element):
   noise = element['noise']
-  return noise, tf.zeros((tf.shape(noise)[0], 1), dtype=noise.dtype)
+  return noise, tf.zeros([1], dtype=noise.dtype)
 
 
 def build_fat_tailed_quadratic(args: task_lib.BuildArgs, *,

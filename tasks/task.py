@@ -26,6 +26,7 @@ from tensorflow_federated.python.simulation.baselines.emnist import emnist_prepr
 import tensorflow_federated as tff
 
 from tasks import partitions
+from tff_clip import client_data
 
 __all__ = [
     'BuildArgs',
@@ -138,17 +139,24 @@ def classification_model_fn(keras_model_fn, input_spec):
   return model_fn
 
 
+def _emnist_example(element):
+  """TFF's EMNIST character-recognition map, on one example."""
+  return tf.expand_dims(element['pixels'], axis=-1), element['label']
+
+
 def emnist_preprocess_fn(spec: tff.simulation.baselines.ClientSpec):
   """TFF's EMNIST preprocessing (shuffle, repeat, take, batch, reshape).
 
-  TFF maps the batches with `deterministic=False` (unless given a debug
-  seed): with several map calls in flight, a client's batches leave in the
-  order the calls finish, so the same client trained twice takes its SGD
-  steps in different orders (the digits model differed by up to 3e-3 after
-  one round, on either executor). One call in flight keeps the batches in
-  order; the map only reshapes a batch.
+  The same batches as `emnist_preprocessing.create_preprocess_fn(spec)`
+  (`tests/test_tasks.py` compares them), with its per-batch reshape done on
+  each example first (`tff_clip.client_data.ExamplewisePreprocess`), so that
+  a client's examples are reshaped once per run. TFF maps the batches with
+  `deterministic=False`: with several map calls in flight a client's batches
+  leave in the order the calls finish; mapped examples stay in order.
   """
-  return emnist_preprocessing.create_preprocess_fn(spec, num_parallel_calls=1)
+  return client_data.ExamplewisePreprocess(
+      _emnist_example, spec,
+      default_shuffle_buffer=emnist_preprocessing.MAX_CLIENT_DATASET_SIZE)
 
 
 def stratified_split(labels: np.ndarray, test_fraction: float, seed: int):

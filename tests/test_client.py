@@ -397,6 +397,19 @@ def test_lus_client_weight_is_its_number_of_examples(lus_output):
   assert [r.update_weight for r in lus_output.result] == [8.0, 6.0]
 
 
+def test_tffs_reduce_loop_trains_the_same_steps_as_the_default_iterator():
+  # LUS runs both loops (training, then the gradient pass); the default is
+  # DATASET_ITERATOR, TFF's own default DATASET_REDUCE.
+  assert client.DEFAULT_LOOP == tff.learning.LoopImplementation.DATASET_ITERATOR
+  process = client.build_client_work(
+      _model_fn, tff.learning.optimizers.build_sgdm(CLIENT_LEARNING_RATE),
+      lus_sparsity=LUS_SPARSITY,
+      loop_implementation=tff.learning.LoopImplementation.DATASET_REDUCE)
+  output = _run_client_work(process, CLIENT_EXAMPLES)
+  for index, result in enumerate(output.result):
+    _assert_update(result, *_expected_lus_update(*CLIENT_EXAMPLES[index]))
+
+
 @pytest.mark.parametrize('index', [0, 1])
 def test_model_clipping_client_reports_received_minus_clipped_local_model(
     model_clipping_output, index):
@@ -459,6 +472,12 @@ def _sgd(learning_rate=CLIENT_LEARNING_RATE):
 def test_build_client_work_rejects_bad_arguments_by_name(kwargs, error, name):
   with pytest.raises(error, match=name):
     client.build_client_work(_model_fn, _sgd(), **kwargs)
+
+
+def test_build_client_work_rejects_a_loop_that_is_not_tffs_enum():
+  with pytest.raises(TypeError, match='loop_implementation'):
+    client.build_client_work(_model_fn, _sgd(), lus_sparsity=0.5,
+                             loop_implementation='iterator')
 
 
 def test_build_client_work_rejects_an_optimizer_that_is_not_tff():

@@ -231,6 +231,28 @@ def test_client_batches_keep_the_client_data_order_on_every_pass(name):
     np.testing.assert_array_equal(labels(), expected)
 
 
+@pytest.mark.parametrize('epochs, max_elements', [(1, None), (3, 40)])
+def test_emnist_preprocessing_gives_tffs_own_batches(epochs, max_elements):
+  # Oracle: TFF's EMNIST preprocessing (maps each batch; tff_clip's tasks map
+  # each example first, so clients are reshaped once per run).
+  from tensorflow_federated.python.simulation.baselines.emnist import emnist_preprocessing  # pylint: disable=g-import-not-at-top
+  spec = tff.simulation.baselines.ClientSpec(
+      num_epochs=epochs, batch_size=7, max_elements=max_elements,
+      shuffle_buffer_size=1)
+  task = tasks.get_task('digits', train_batch_size=7, local_epochs=epochs,
+                        max_elements_per_client=max_elements,
+                        shuffle_buffer_size=1)
+  client = task.datasets.train_data.create_tf_dataset_for_client('00')
+  ours = list(task.datasets.train_preprocess_fn(client))
+  tffs = list(emnist_preprocessing.create_preprocess_fn(
+      spec, num_parallel_calls=1)(client))
+  assert len(ours) == len(tffs) > 1
+  for (x, y), (tx, ty) in zip(ours, tffs):
+    assert x.shape == tx.shape and x.dtype == tx.dtype
+    np.testing.assert_array_equal(x, tx)
+    np.testing.assert_array_equal(y, ty)
+
+
 def test_max_elements_per_client_caps_each_client():
   task = tasks.get_task('digits', max_elements_per_client=5,
                         train_batch_size=2)

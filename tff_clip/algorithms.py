@@ -106,6 +106,8 @@ def build_fedavg(
     model_aggregator: Optional[ModelAggregator] = None,
     client_weighting: Optional[_ClientWeighting] = None,
     metrics_aggregator: Optional[Any] = None,
+    loop_implementation: tff.learning.LoopImplementation = (
+        client.DEFAULT_LOOP),
 ) -> tff.learning.templates.LearningProcess:
   """FedAvg with two-sided learning rates and this library's client algorithms.
 
@@ -171,6 +173,9 @@ def build_fedavg(
       no other).
     metrics_aggregator: as in TFF (default
       `tff.learning.metrics.sum_then_finalize`).
+    loop_implementation: the clients' training loop, a
+      `tff.learning.LoopImplementation` (default DATASET_ITERATOR, see
+      `tff_clip.client.build_client_work`).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -216,7 +221,8 @@ def build_fedavg(
       blur_clip_norm=blur_clip_norm,
       lus_sparsity=lus_sparsity,
       model_clip_norm=model_clip_norm,
-      metrics_aggregator=metrics_aggregator)
+      metrics_aggregator=metrics_aggregator,
+      loop_implementation=loop_implementation)
 
   @tff.tensorflow.computation
   def initial_model_weights_fn():

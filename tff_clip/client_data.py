@@ -18,7 +18,12 @@ the pipeline pays tf.data's static graph rewrites once per iterator. Here:
   `tf.function` with the tensors and the seed as arguments, traced once for
   the run, so building a client's dataset runs a graph and traces nothing;
 * tf.data's default static optimizations are off for these small pipelines
-  (they change how fast a pipeline runs, never what it yields).
+  (they change how fast a pipeline runs, never what it yields);
+* a task whose preprocessing maps each example on its own
+  (`ExamplewisePreprocess`: TFF's EMNIST reshape, the synthetic tasks'
+  feature selection) has its examples mapped once, when they become tensors,
+  and each round's pipeline has no `map` (tf.data instantiates a map's
+  function for every iterator, which was most of a small client's cost).
 
 The batches are those of the naive pipeline for the same seed, element for
 element (`tests/test_client_data.py` compares the two on every task). Tasks
@@ -40,7 +45,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.util import random_seed as data_random_seed  # pylint: disable=g-direct-tensorflow-import
 
-__all__ = ['ClientDatasets', 'round_seed']
+__all__ = ['ClientDatasets', 'ExamplewisePreprocess', 'round_seed']
 
 # The shuffle buffer of a client's examples (a full shuffle up to this many).
 SHUFFLE_BUFFER = 1000
@@ -60,6 +65,11 @@ def _nbytes(examples) -> int:
   return sum(t.dtype.size * int(tf.size(t)) for t in tf.nest.flatten(examples))
 
 
+def _fully_defined(spec) -> bool:
+  return all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined()
+             for s in tf.nest.flatten(spec))
+
+
 def _plain_options() -> tf.data.Options:
   options = tf.data.Options()
   options.experimental_optimization.apply_default_optimizations = False
@@ -73,6 +83,53 @@ def _seed_pair(seed: int):
   TF's own derivation (with the global seed, as `tf.random.set_seed` says).
   """
   return data_random_seed.get_seed(seed)
+
+
+class ExamplewisePreprocess:
+  """A client preprocessing in TFF's order whose map acts on each example.
+
+  TFF's baseline preprocessing (e.g. `emnist_preprocessing.
+  create_preprocess_fn`) shuffles, repeats, takes and batches a client's
+  dataset, then maps each batch. When the map acts on every example alone (a
+  reshape, a choice of features), mapping first yields the same batches, and
+  `ClientDatasets` then maps a client's examples once per run instead of once
+  per batch per round.
+
+  Called on a dataset it is an ordinary `preprocess_fn`: `example_fn` on each
+  example, then (as `tff.simulation.baselines.ClientSpec` says) a shuffle if
+  its buffer is above 1, `num_epochs` repeats, at most `max_elements`
+  examples, batches of `batch_size`.
+
+  Args:
+    example_fn: one element of the client's dataset -> one model input.
+    spec: a `tff.simulation.baselines.ClientSpec`.
+    default_shuffle_buffer: the shuffle buffer when `spec` gives none
+      (TFF's EMNIST preprocessing shuffles the whole client then).
+  """
+
+  def __init__(self, example_fn, spec, default_shuffle_buffer: Optional[int] = None):
+    if not callable(example_fn):
+      raise TypeError(f'`example_fn` must be callable; got {example_fn!r}.')
+    self.example_fn = example_fn
+    self.spec = spec
+    buffer = spec.shuffle_buffer_size
+    self._shuffle_buffer = default_shuffle_buffer if buffer is None else buffer
+
+  def map_examples(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+    return dataset.map(self.example_fn)
+
+  def batch(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """The spec's steps on already mapped examples."""
+    if self._shuffle_buffer is not None and self._shuffle_buffer > 1:
+      dataset = dataset.shuffle(self._shuffle_buffer)
+    if self.spec.num_epochs > 1:
+      dataset = dataset.repeat(self.spec.num_epochs)
+    if self.spec.max_elements is not None:
+      dataset = dataset.take(self.spec.max_elements)
+    return dataset.batch(self.spec.batch_size)
+
+  def __call__(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+    return self.batch(self.map_examples(dataset))
 
 
 class ClientDatasets:
@@ -96,11 +153,15 @@ class ClientDatasets:
     self._fresh = getattr(task, 'round_train_data', None)
     self._train_data = task.datasets.train_data
     self._preprocess = task.datasets.train_preprocess_fn
+    # Examplewise: the examples are kept mapped, each round only batches.
+    self._examplewise = isinstance(self._preprocess, ExamplewisePreprocess)
     self._examples = collections.OrderedDict()  # Least recently used first.
     spec = self._train_data.element_type_structure
-    self._cached = all(isinstance(s, tf.TensorSpec) and
-                       s.shape.is_fully_defined()
-                       for s in tf.nest.flatten(spec))
+    if self._examplewise and _fully_defined(spec):
+      spec = self._map_examples(tf.data.Dataset.from_tensors(
+          tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype),
+                                spec))).element_spec
+    self._cached = _fully_defined(spec)
     if self._cached:
       stacked = tf.nest.map_structure(
           lambda s: tf.TensorSpec([None, *s.shape], s.dtype), spec)
@@ -128,8 +189,14 @@ class ClientDatasets:
     return self._after_shuffle(dataset.shuffle(
         SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=True))
 
+  def _map_examples(self, dataset):
+    return (self._preprocess.map_examples(dataset) if self._examplewise else
+            dataset)
+
   def _after_shuffle(self, dataset):
-    if self._preprocess is not None:
+    if self._examplewise and self._cached:  # Mapped when stacked.
+      dataset = self._preprocess.batch(dataset)
+    elif self._preprocess is not None:
       dataset = self._preprocess(dataset)
     if self._local_steps is not None:
       dataset = dataset.repeat().take(self._local_steps)
@@ -137,7 +204,9 @@ class ClientDatasets:
 
   def _stack(self, dataset) -> Any:
     """All examples of `dataset` as tensors with a leading example axis."""
-    for batch in dataset.batch(2**31 - 1):
+    # No static optimizations: a fused map-and-batch would allocate the whole
+    # (2^31 - 1)-example batch up front.
+    for batch in dataset.batch(2**31 - 1).with_options(_plain_options()):
       return batch
     return tf.nest.map_structure(  # No examples.
         lambda s: tf.zeros([0, *s.shape], s.dtype), dataset.element_spec)
@@ -150,7 +219,7 @@ class ClientDatasets:
              self._train_data.create_tf_dataset_for_client(client_id))
       return self._finish(raw, seed)
     if self._fresh is not None:
-      examples = self._stack(self._fresh(client_id, seed))
+      examples = self._stack(self._map_examples(self._fresh(client_id, seed)))
     else:
       examples = self._cached_examples(client_id)
     return self._build(examples, *_seed_pair(seed))
@@ -159,8 +228,8 @@ class ClientDatasets:
     if client_id in self._examples:
       self._examples.move_to_end(client_id)
       return self._examples[client_id]
-    examples = self._stack(
-        self._train_data.create_tf_dataset_for_client(client_id))
+    examples = self._stack(self._map_examples(
+        self._train_data.create_tf_dataset_for_client(client_id)))
     self._examples[client_id] = examples
     self._cached_bytes += _nbytes(examples)
     while self._cached_bytes > self._max_cached_bytes and self._examples:

@@ -640,8 +640,9 @@ class _Session:
     except ValueError as e:  # E.g. explicit count noise too small.
       raise ConfigError(str(e).splitlines()[0]) from e
     self.initial_weights = initial_model_weights(self.task, config.seed)
+    from tff_clip import client  # pylint: disable=g-import-not-at-top
     self.evaluation = tff.learning.algorithms.build_fed_eval(
-        self.task.model_fn)
+        self.task.model_fn, loop_implementation=client.DEFAULT_LOOP)
     self.process, self.evaluation = runners(config, self.process,
                                             self.evaluation)
     self.test_data = _eval_dataset(self.task, config.eval_split)
