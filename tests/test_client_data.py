@@ -162,3 +162,35 @@ def test_a_client_with_no_examples_has_no_batches():
   clients = client_data.ClientDatasets(task, seed=0)
   assert [len(_elements(d)) for d in clients.datasets(['empty', 'full'], 1)
          ] == [0, 2]
+
+
+def test_examplewise_preprocessing_maps_each_client_once_and_keeps_empty_ones():
+  arrays = collections.OrderedDict(x=np.arange(10, dtype=np.float32).reshape(
+      5, 2))
+  train = tff.simulation.datasets.TestClientData({
+      'full': arrays,
+      'empty': collections.OrderedDict(x=np.zeros((0, 2), np.float32))})
+  calls = []
+
+  def example_fn(element):
+    calls.append(1)  # Runs when traced: once per trace, not per client.
+    return element['x'] * 2.0, tf.reduce_sum(element['x'], keepdims=True)
+
+  preprocess = client_data.ExamplewisePreprocess(
+      example_fn, tff.simulation.baselines.ClientSpec(
+          num_epochs=1, batch_size=2, shuffle_buffer_size=1))
+  task = types.SimpleNamespace(datasets=types.SimpleNamespace(
+      train_data=train, train_preprocess_fn=preprocess))
+  clients = client_data.ClientDatasets(task, seed=0)
+  traces = len(calls)
+  batches = [_elements(d) for d in clients.datasets(['empty', 'full'], 1)]
+  for round_num in (2, 3):
+    clients.datasets(['empty', 'full'], round_num)
+  assert len(calls) - traces <= 1  # The stacked map, traced once.
+  assert [len(b) for b in batches] == [0, 3]
+  x = np.concatenate([b[0] for b in batches[1]])
+  y = np.concatenate([b[1] for b in batches[1]])
+  # Oracle: the map written out on the arrays, in the shuffled order.
+  order = np.argsort(x[:, 0])
+  np.testing.assert_array_equal(x[order], 2.0 * arrays['x'])
+  np.testing.assert_array_equal(y[order], arrays['x'].sum(1, keepdims=True))

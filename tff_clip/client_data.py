@@ -158,7 +158,13 @@ class ClientDatasets:
     self._examples = collections.OrderedDict()  # Least recently used first.
     spec = self._train_data.element_type_structure
     if self._examplewise and _fully_defined(spec):
-      spec = self._map_examples(tf.data.Dataset.from_tensors(
+      # The map on a client's stacked examples, traced once (`Dataset.map`
+      # called eagerly traces its function anew on every call).
+      self._map_stacked = tf.function(
+          self._map_stacked_examples,
+          input_signature=[tf.nest.map_structure(
+              lambda s: tf.TensorSpec([None, *s.shape], s.dtype), spec)])
+      spec = self._preprocess.map_examples(tf.data.Dataset.from_tensors(
           tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype),
                                 spec))).element_spec
     self._cached = _fully_defined(spec)
@@ -189,9 +195,22 @@ class ClientDatasets:
     return self._after_shuffle(dataset.shuffle(
         SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=True))
 
-  def _map_examples(self, dataset):
-    return (self._preprocess.map_examples(dataset) if self._examplewise else
-            dataset)
+  def _map_stacked_examples(self, examples):
+    mapped = self._preprocess.map_examples(
+        tf.data.Dataset.from_tensor_slices(examples))
+    return tf.data.experimental.get_single_element(
+        mapped.batch(2**31 - 1).with_options(_plain_options()))
+
+  def _stack_mapped(self, dataset) -> Any:
+    """`_stack`, then the examplewise map (if any) on every example."""
+    examples = self._stack(dataset)
+    if not self._examplewise:
+      return examples
+    if int(tf.shape(tf.nest.flatten(examples)[0])[0]) == 0:
+      return tf.nest.map_structure(  # No examples.
+          lambda s: tf.zeros([0, *s.shape[1:]], s.dtype),
+          self._map_stacked.get_concrete_function().structured_outputs)
+    return self._map_stacked(examples)
 
   def _after_shuffle(self, dataset):
     if self._examplewise and self._cached:  # Mapped when stacked.
@@ -219,7 +238,7 @@ class ClientDatasets:
              self._train_data.create_tf_dataset_for_client(client_id))
       return self._finish(raw, seed)
     if self._fresh is not None:
-      examples = self._stack(self._map_examples(self._fresh(client_id, seed)))
+      examples = self._stack_mapped(self._fresh(client_id, seed))
     else:
       examples = self._cached_examples(client_id)
     return self._build(examples, *_seed_pair(seed))
@@ -228,8 +247,8 @@ class ClientDatasets:
     if client_id in self._examples:
       self._examples.move_to_end(client_id)
       return self._examples[client_id]
-    examples = self._stack(self._map_examples(
-        self._train_data.create_tf_dataset_for_client(client_id)))
+    examples = self._stack_mapped(
+        self._train_data.create_tf_dataset_for_client(client_id))
     self._examples[client_id] = examples
     self._cached_bytes += _nbytes(examples)
     while self._cached_bytes > self._max_cached_bytes and self._examples:
