@@ -41,7 +41,16 @@ for method, epsilon, i, config in plan:
   assert config.validation_fraction > 0
   assert config.seed >= b.TUNING_SEED_BASE
   assert config.num_clients >= 1000
-  assert config.sampling == 'poisson'
+  if b.correlated(method):
+    # Correlated noise: every client takes part at most every b rounds, as
+    # often as Poisson sampling would take it, with as many bands.
+    assert config.sampling == 'min_separation'
+    assert config.separation == config.bands == (
+        config.num_clients // config.clients_per_round)
+    assert config.noise_mechanism in ('banded', 'tree')
+  else:
+    assert config.sampling == 'poisson'
+    assert config.noise_mechanism == 'independent'
   if method == b.CEILING:
     assert not config.private
   else:
@@ -82,6 +91,8 @@ rows = [row('tff_adaptive', 4.0, 'q0.1', 0.60), row('tff_adaptive', 4.0, 'q0.3',
         row('normalize_adaptive', 4.0, 'q0.3', 0.60),
         row('normalize_adaptive', 4.0, 'q0.7', 0.70),
         row('tff_fixed', 4.0, 'c1', 0.5), row('normalize_fixed', 4.0, 'c1', 0.5),
+        row('tff_tree_adaptive', 4.0, 'q0.1', 0.3),
+        row('banded_normalize_adaptive', 4.0, 'q0.1', 0.5),
         row('no_dp', '', 'lr1', 0.9)]
 for r in b.same_cell_leads(rows):
   print(r['method'], r['counterpart'], r['cells'], r['cells_led'],
@@ -89,10 +100,13 @@ for r in b.same_cell_leads(rows):
         round(r['max_lead'], 6))
 ''')
   # Leads: -5, +10, +30 points against tff_adaptive; a tie (not a lead)
-  # against tff_fixed; TFF methods and the ceiling are not compared.
+  # against tff_fixed; banded noise against TFF's tree aggregation (the same
+  # participation), not against independent noise; TFF methods and the
+  # ceiling are not compared.
   assert out.splitlines() == [
       'normalize_adaptive tff_adaptive 3 2 10.0 -5.0 30.0',
-      'normalize_fixed tff_fixed 1 0 0.0 0.0 0.0']
+      'normalize_fixed tff_fixed 1 0 0.0 0.0 0.0',
+      'banded_normalize_adaptive tff_tree_adaptive 1 1 20.0 20.0 20.0']
 
 
 @pytest.mark.slow
