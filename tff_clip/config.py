@@ -224,7 +224,9 @@ class TrainConfig:
       'runtime; gpu: the same, refusing to run without a visible GPU; '
       'remote: TFF workers (--workers).', EXECUTORS)
   max_concurrent_clients: Optional[int] = _field(
-      None, 'Local executor: at most this many clients at once.')
+      None, 'Clients trained at once: the in-process executor\'s threads '
+      '(default: one per CPU core, at most 4), the local worker\'s limit '
+      '(default: none).')
   workers: tuple = _field((), 'Remote executor: host:port of each TFF '
                           'worker_binary, comma-separated.')
   worker_timeout_s: float = _field(

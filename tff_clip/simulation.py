@@ -17,10 +17,13 @@ which is what TFF's own runtime computes: one accumulator suffices on one
 machine (`merge` combines partial accumulators of several workers), the
 random ops live only in `update` (fresh noise every round), and the secure
 sums of the form are plain sums here, as in TFF's native simulation runtime
-(`secure_modular_sum` reduced modulo its modulus). Clients run one after the
-other: the pieces hold variables. A round with no clients runs `update` on the
-empty aggregate (`zero`, `report`), as TFF's definition of `federated_sum`
-over no clients would.
+(`secure_modular_sum` reduced modulo its modulus). `work` runs on
+`client_threads` threads at once, each with its own import of the graph (the
+pieces hold variables; each import has its own), and `accumulate` takes the
+clients' updates in the order given, on the calling thread: the same sums,
+bit for bit, whatever the number of threads. A round with no clients runs
+`update` on the empty aggregate (`zero`, `report`), as TFF's definition of
+`federated_sum` over no clients would.
 
 Client datasets are iterated as TensorFlow iterates them: a dataset object
 that reshuffles on every pass (`shuffle(..., seed=N)`, by default) given to
@@ -35,7 +38,11 @@ the one to use.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import collections
+import concurrent.futures
+import os
+import queue
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -43,7 +50,21 @@ import tensorflow_federated as tff
 
 from tff_clip import tf_graphs
 
-__all__ = ['InProcessRunner', 'map_reduce_form']
+__all__ = ['InProcessRunner', 'default_client_threads', 'map_reduce_form']
+
+
+# Threads beyond a few cores gain little: every client's `work` holds
+# Python's lock while its arguments are flattened and its results wrapped.
+MAX_DEFAULT_CLIENT_THREADS = 4
+
+
+def default_client_threads() -> int:
+  """One client thread per CPU this process may use, at most 4."""
+  try:
+    cores = len(os.sched_getaffinity(0))
+  except AttributeError:  # Not on Linux.
+    cores = os.cpu_count() or 1
+  return max(1, min(cores, MAX_DEFAULT_CLIENT_THREADS))
 
 
 def map_reduce_form(process) -> Any:
@@ -77,9 +98,21 @@ class InProcessRunner:
   and `set_model_weights(state, weights)` take and return what the process's
   own computations do under TFF's runtime (numpy leaves in TFF's Python
   containers: `LearningProcessOutput`, `LearningAlgorithmState`, ...).
+
+  `client_threads`: how many clients' `work` run at once (default: one per
+  CPU core, at most `MAX_DEFAULT_CLIENT_THREADS`). The result does not depend
+  on it. The threads run under TensorFlow's default device placement: a
+  `tf.device` scope around `next` does not reach them (pass
+  `client_threads=1` to run every client on the calling thread).
   """
 
-  def __init__(self, process):
+  def __init__(self, process, client_threads: Optional[int] = None):
+    if client_threads is None:
+      client_threads = default_client_threads()
+    if (isinstance(client_threads, bool) or
+        not isinstance(client_threads, int) or client_threads < 1):
+      raise ValueError('`client_threads` must be a positive int; got '
+                       f'{client_threads!r}.')
     from tff_clip import execution  # pylint: disable=g-import-not-at-top
     # TFF's default context leaks its worker at exit; stop it in time.
     execution.close_tff_context_at_exit()
@@ -91,6 +124,9 @@ class InProcessRunner:
     self._result_type = next_type.result
     self._prepare = tf_graphs.TensorFlowFunction(form.prepare)
     self._work = tf_graphs.TensorFlowFunction(form.work)
+    self._client_threads = client_threads
+    self._pool = None  # Built on the first round with more than one client.
+    self._free_works = None
     self._zero = tf_graphs.TensorFlowFunction(form.zero)
     self._accumulate = tf_graphs.TensorFlowFunction(form.accumulate)
     self._report = tf_graphs.TensorFlowFunction(form.report)
@@ -129,10 +165,7 @@ class InProcessRunner:
     client_input = list(self._prepare(*state_leaves))
     accumulator = list(self._zero())
     secure_sums = [list(_zeros(t)) for t in self._secure_types]
-    data_type = self._work.type_signature.parameter[0]
-    for dataset in client_datasets:
-      data_leaves = tf_graphs.flatten_value(dataset, data_type, [])
-      outputs = list(self._work(*data_leaves, *client_input))
+    for outputs in self._client_outputs(client_datasets, client_input):
       update = outputs[:self._num_update_leaves]
       accumulator = list(self._accumulate(*accumulator, *update))
       secure = outputs[self._num_update_leaves:]
@@ -146,6 +179,50 @@ class InProcessRunner:
     flat_secure = [x for sums in secure_sums for x in sums]
     result = self._update(*state_leaves, *report, *flat_secure)
     return tf_graphs.pack_value(self._result_type, result)
+
+  def _work_on(self, dataset, client_input, work=None):
+    """`work` on one client's data, with a free import of the graph."""
+    data_type = self._work.type_signature.parameter[0]
+    data_leaves = tf_graphs.flatten_value(dataset, data_type, [])
+    if work is not None:
+      return list(work(*data_leaves, *client_input))
+    work = self._free_works.get()
+    try:
+      return list(work(*data_leaves, *client_input))
+    finally:
+      self._free_works.put(work)
+
+  def _client_outputs(self, client_datasets, client_input):
+    """`work`'s outputs, client by client in the order given.
+
+    With several threads, at most twice as many clients as threads are in
+    flight, so a large cohort holds a few updates in memory, not all.
+    """
+    client_datasets = list(client_datasets)
+    if self._client_threads == 1 or len(client_datasets) < 2:
+      for dataset in client_datasets:
+        yield self._work_on(dataset, client_input, self._work)
+      return
+    if self._pool is None:
+      self._free_works = queue.SimpleQueue()
+      self._free_works.put(self._work)
+      for _ in range(self._client_threads - 1):
+        self._free_works.put(tf_graphs.TensorFlowFunction(self._form.work))
+      self._pool = concurrent.futures.ThreadPoolExecutor(
+          self._client_threads, thread_name_prefix='tff_clip_client')
+    pending = collections.deque()
+    remaining = iter(client_datasets)
+    try:
+      for dataset in remaining:
+        pending.append(self._pool.submit(self._work_on, dataset, client_input))
+        if len(pending) >= 2 * self._client_threads:
+          yield pending.popleft().result()
+      while pending:
+        yield pending.popleft().result()
+    finally:
+      for future in pending:  # After an error: run nothing more.
+        future.cancel()
+      concurrent.futures.wait(pending)
 
   def get_model_weights(self, state):
     fn = self._get_weights

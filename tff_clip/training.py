@@ -202,7 +202,9 @@ def runners(config: TrainConfig, *processes):
   from tff_clip import simulation  # pylint: disable=g-import-not-at-top
   from tff_clip import split_execution  # pylint: disable=g-import-not-at-top
   if _in_process(config):
-    make = simulation.InProcessRunner
+    def make(process):
+      return simulation.InProcessRunner(
+          process, client_threads=config.max_concurrent_clients)
   else:
     targets = (execution.local_worker_targets
                if config.executor != 'remote' else lambda: config.workers)
