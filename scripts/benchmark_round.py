@@ -3,7 +3,9 @@ r"""Seconds per federated round: in-process executor, TFF's C++ runtime, plain T
 For each task and DP setting, the runners train the same model on the same
 cohorts:
 
-  inprocess  `tff_clip.simulation.InProcessRunner` (the default executor)
+  inprocess  `tff_clip.simulation.InProcessRunner` (the default executor;
+             clients on one thread per core, at most 4)
+  sequential `inprocess` with one client thread (clients one after another)
   local      TFF's C++ worker (`--executor=local`)
   plain_tf   the same local SGD steps in a `tf.function` per client over the
              client's `tf.data` pipeline, a Python loop over clients, then
@@ -52,9 +54,13 @@ from scripts import program
 
 _TASKS = flags.DEFINE_list('tasks', ['digits', 'emnist_cnn', 'shakespeare'],
                            'Tasks (tasks.TASK_NAMES), offline data.')
+RUNNERS = ('inprocess', 'sequential', 'local', 'plain_tf', 'audited', 'floor')
 _RUNNERS = flags.DEFINE_list('runners',
                              ['inprocess', 'local', 'plain_tf', 'floor'],
-                             'Which runners to time.')
+                             f'Which runners to time, of {", ".join(RUNNERS)}.')
+flags.register_validator(
+    'runners', lambda names: set(names) <= set(RUNNERS),
+    message=f'--runners: choose from {", ".join(RUNNERS)}.')
 _DP = flags.DEFINE_list('dp', ['on', 'off'], 'DP settings: on (adaptive '
                         'clipping, z=0.5 as scripts.train), off (no bounding).')
 _ROUNDS = flags.DEFINE_integer('rounds', 6, 'Rounds per runner (first one '
@@ -234,8 +240,9 @@ def _bench_task(task_name, dp_on, mechanism='independent'):
             training.build_aggregator(config, noise), 100,
             config.clients_per_round / len(client_ids))
       process = training.build_process(config, task, noise, auditor)
-      if name in ('inprocess', 'audited'):
-        runners[name] = simulation.InProcessRunner(process)
+      if name in ('inprocess', 'audited', 'sequential'):
+        runners[name] = simulation.InProcessRunner(
+            process, client_threads=1 if name == 'sequential' else None)
       else:
         execution.set_local_cpp_context()
         runners[name] = process
