@@ -1,6 +1,7 @@
 """Specification of the privacy-utility frontier (`scripts.benchmark_frontier`)."""
 
 import csv
+import json
 import os
 import pathlib
 import subprocess
@@ -139,6 +140,33 @@ def test_quick_run_tunes_reports_and_resumes(tmp_path):
       stamps)
   table = lambda out: out[out.index('| method | ε = 8'):]
   assert table(again.stdout) == table(first.stdout)
+
+
+@pytest.mark.slow
+def test_correlated_methods_run_under_the_same_protocol(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
+  result = subprocess.run(
+      [sys.executable, '-m', 'scripts.benchmark_frontier', '--quick',
+       '--methods=banded_normalize_adaptive,tff_tree_adaptive',
+       f'--root_output_dir={tmp_path}'], cwd=REPO, env=env,
+      capture_output=True, text=True, timeout=900, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  root = tmp_path / 'mnist1000'
+  with open(root / 'frontier.csv', newline='') as f:
+    rows = {r['method']: r for r in csv.DictReader(f)}
+  # Calibrated to epsilon 8 with the accountant's RDP bound: no run spends
+  # more; the banded run's ledger (PLD) reports less, and says so.
+  for row in rows.values():
+    assert 0 < float(row['eps8_spent']) <= 8 * (1 + 1e-3)
+  assert float(rows['banded_normalize_adaptive']['eps8_spent']) < 8
+  assert 'banded_normalize_adaptive: 7.' in (root / 'frontier.md').read_text()
+  # Untuned, banded noise is compared with TFF's tree aggregation.
+  assert '| banded_normalize_adaptive | 8 | tff_tree_adaptive |' in (
+      root / 'chosen.md').read_text()
+  [run] = (root / 'final').glob('banded_normalize_adaptive_*')
+  config = json.loads((run / 'config.json').read_text())
+  assert (config['sampling'], config['noise_mechanism'], config['bands']) == (
+      'min_separation', 'banded', 20)
 
 
 @pytest.mark.parametrize('flag, message', [
