@@ -140,7 +140,7 @@ def test_a_failing_client_fails_the_round_and_the_next_round_runs(
 
 @pytest.mark.parametrize('value', [0, -1, 1.5, True, '2'])
 def test_client_threads_must_be_a_positive_int(dp_adaptive_process, value):
-  with pytest.raises(ValueError, match='client_threads'):
+  with pytest.raises((TypeError, ValueError), match='client_threads'):
     simulation.InProcessRunner(dp_adaptive_process, client_threads=value)
 
 

@@ -48,6 +48,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_clip import checks
 from tff_clip import tf_graphs
 
 __all__ = ['InProcessRunner', 'default_client_threads', 'map_reduce_form']
@@ -107,12 +108,9 @@ class InProcessRunner:
   """
 
   def __init__(self, process, client_threads: Optional[int] = None):
-    if client_threads is None:
-      client_threads = default_client_threads()
-    if (isinstance(client_threads, bool) or
-        not isinstance(client_threads, int) or client_threads < 1):
-      raise ValueError('`client_threads` must be a positive int; got '
-                       f'{client_threads!r}.')
+    client_threads = (default_client_threads() if client_threads is None
+                      else checks.integer(client_threads, 'client_threads',
+                                          minimum=1))
     from tff_clip import execution  # pylint: disable=g-import-not-at-top
     # TFF's default context leaks its worker at exit; stop it in time.
     execution.close_tff_context_at_exit()
@@ -211,9 +209,8 @@ class InProcessRunner:
       self._pool = concurrent.futures.ThreadPoolExecutor(
           self._client_threads, thread_name_prefix='tff_clip_client')
     pending = collections.deque()
-    remaining = iter(client_datasets)
     try:
-      for dataset in remaining:
+      for dataset in client_datasets:
         pending.append(self._pool.submit(self._work_on, dataset, client_input))
         if len(pending) >= 2 * self._client_threads:
           yield pending.popleft().result()
