@@ -291,6 +291,35 @@ def test_only_inserted_canaries_take_part_each_with_probability_q():
   assert abs(rate - q) < 4 * math.sqrt(q * (1 - q) / inserted.sum())
 
 
+@pytest.mark.parametrize('store_bytes', [audit.CANARY_STORE_BYTES, 0],
+                         ids=['drawn once', 'drawn twice'])
+def test_round_cosines_are_each_candidates_cosine_with_the_release(
+    monkeypatch, store_bytes):
+  # Oracle: NumPy's cosine of each candidate's bounded direction (as the
+  # query bounds it) with the released aggregate, whether the candidates are
+  # kept between the two passes (small models) or drawn again (large ones).
+  monkeypatch.setattr(audit, 'CANARY_STORE_BYTES', store_bytes)
+  inner = tfp.NormalizedQuery(dp.BoundedGaussianSumQuery('clip', 1.0, 0.5),
+                              4.)
+  query = audit.CanaryQuery(inner, SPECS, 6, 1.0, per_layer=False, seed=3)
+  state = query.initial_global_state()
+  clients = [tf.random.stateless_normal(s.shape, [9, i])
+             for i, s in enumerate(SPECS)]
+  result, new_state, _ = tf.function(query.get_noised_result)(clients, state)
+  release = np.concatenate([np.ravel(x) for x in tf.nest.flatten(result)])
+  params = query.derive_sample_params(state)
+  expected = []
+  for j in range(6):
+    _, value = query.bounded_canary(params, state.seed, j)
+    c = np.concatenate([np.ravel(v) for v in value])
+    expected.append(c @ release / np.linalg.norm(c) / np.linalg.norm(release))
+  assert np.ptp(expected) > 0.01  # Canaries in and out: distinct cosines.
+  # First round: the step and the whitened release are the release itself.
+  for got in (new_state.max_cosine, new_state.max_step_cosine,
+              new_state.max_whitened_cosine):
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+
+
 def test_canaries_come_from_a_secret_seed_unless_fixed():
   inner = tfp.NormalizedQuery(dp.BoundedGaussianSumQuery('clip', 1.0, 1.0), 1.)
   make = lambda seed: audit.CanaryQuery(inner, SPECS, 10, 0.5, False,

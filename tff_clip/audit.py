@@ -125,6 +125,9 @@ __all__ = [
 ]
 
 CANARY_RAW_NORM = 1e6
+# The most memory a round's bounded candidates may take to be drawn once
+# (`CanaryQuery`); larger models draw each candidate twice instead.
+CANARY_STORE_BYTES = 64 * 2**20
 DEFAULT_CONFIDENCE = 0.95
 # Fractions of the m candidates guessed "inserted" (top scores): a fixed,
 # pre-declared grid, Bonferroni-corrected.
@@ -397,6 +400,16 @@ def _cosine(xs, ys):
       _dot(xs, ys), tf.sqrt(_dot(xs, xs)) * tf.sqrt(_dot(ys, ys)))
 
 
+def _cosines(candidates, ys):
+  """cos(c_j, y) for every row c_j of the [m, d_h] leaves `candidates`."""
+  flat_ys = [tf.reshape(tf.cast(y, tf.float32), [-1]) for y in ys]
+  dots = tf.add_n([tf.linalg.matvec(c, y)
+                   for c, y in zip(candidates, flat_ys)])
+  norms = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(c), 1)
+                            for c in candidates]))
+  return tf.math.divide_no_nan(dots, norms * tf.sqrt(_dot(ys, ys)))
+
+
 class CanaryQuery(tfp.SumAggregationDPQuery):
   """Wraps a DP sum query: adds the round's canaries to the sum before noise.
 
@@ -408,6 +421,8 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
   state; then the inner query adds its noise. Afterwards the cosine of every
   candidate's bounded direction with the released aggregate (and with its
   change since the previous round) updates the running maxima in the state.
+  The bounded candidates are kept between the two steps when they take at
+  most `CANARY_STORE_BYTES`, and drawn again otherwise.
 
   Participation with minimum separation (`separation=b`, for runs sampled
   with `sampling='min_separation'`): candidate j belongs to one of b groups
@@ -473,6 +488,11 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
     self._separation = None if separation is None else int(separation)
     # Aggregates kept for the whitened statistic.
     self._depth = self._bands - 1 if correlated else 0
+    # The bounded candidates kept between the two passes of a round (one
+    # draw each, cosines as matrix products) when they fit in
+    # CANARY_STORE_BYTES; otherwise drawn again for the cosines.
+    size = sum(int(np.prod(s.shape)) for s in self._flat_specs)
+    self._store = 4 * size * self._m <= CANARY_STORE_BYTES
 
   @property
   def num_candidates(self) -> int:
@@ -575,16 +595,21 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
     params = self._inner.derive_sample_params(global_state.inner)
     takes_part = self.takes_part(global_state)
 
-    def add_canary(j, state):
-      record, _ = self.bounded_canary(params, seed, j)
+    def add_canary(j, state, stored):
+      record, value = self.bounded_canary(params, seed, j)
       weight = takes_part[j]
       record = tf.nest.map_structure(lambda x: x * tf.cast(weight, x.dtype),
                                      record)
-      return j + 1, self._inner.accumulate_preprocessed_record(state, record)
+      stored = [a.write(j, tf.cast(v, tf.float32))
+                for a, v in zip(stored, value)]
+      return (j + 1, self._inner.accumulate_preprocessed_record(state, record),
+              stored)
 
-    _, sample_state = tf.while_loop(
-        lambda j, _: j < self._m, add_canary,
-        (tf.constant(0), sample_state))
+    stored = ([tf.TensorArray(tf.float32, self._m, element_shape=s.shape)
+               for s in self._flat_specs] if self._store else [])
+    _, sample_state, stored = tf.while_loop(
+        lambda j, *_: j < self._m, add_canary,
+        (tf.constant(0), sample_state, stored))
     result, inner_state, event = self._inner.get_noised_result(
         sample_state, global_state.inner)
 
@@ -602,28 +627,34 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
         whitened.append(weights[0] * r + tf.tensordot(weights[1:], past, 1))
         past_results.append(tf.concat([r[tf.newaxis], past[:-1]], 0))
 
-    def cosines(j, cos, step_cos, white_cos):
-      _, value = self.bounded_canary(params, seed, j)
-      cos = cos.write(j, _cosine(value, flat_result))
-      step_cos = step_cos.write(j, _cosine(value, step))
-      white_cos = white_cos.write(j, _cosine(value, whitened))
-      return j + 1, cos, step_cos, white_cos
+    if self._store:
+      candidates = [tf.reshape(a.stack(), [self._m, -1]) for a in stored]
+      cos, step_cos, white_cos = (
+          _cosines(candidates, target)
+          for target in (flat_result, step, whitened))
+    else:
+      def cosines(j, cos, step_cos, white_cos):
+        _, value = self.bounded_canary(params, seed, j)
+        cos = cos.write(j, _cosine(value, flat_result))
+        step_cos = step_cos.write(j, _cosine(value, step))
+        white_cos = white_cos.write(j, _cosine(value, whitened))
+        return j + 1, cos, step_cos, white_cos
 
-    _, cos, step_cos, white_cos = tf.while_loop(
-        lambda j, *_: j < self._m, cosines,
-        (tf.constant(0), tf.TensorArray(tf.float32, self._m),
-         tf.TensorArray(tf.float32, self._m),
-         tf.TensorArray(tf.float32, self._m)))
+      _, cos, step_cos, white_cos = tf.while_loop(
+          lambda j, *_: j < self._m, cosines,
+          (tf.constant(0), tf.TensorArray(tf.float32, self._m),
+           tf.TensorArray(tf.float32, self._m),
+           tf.TensorArray(tf.float32, self._m)))
+      cos, step_cos, white_cos = cos.stack(), step_cos.stack(), white_cos.stack()
     new_state = CanaryGlobalState(
         inner=inner_state, seed=seed, round=global_state.round + 1,
         inserted=global_state.inserted,
-        max_cosine=tf.maximum(global_state.max_cosine, cos.stack()),
-        max_step_cosine=tf.maximum(global_state.max_step_cosine,
-                                   step_cos.stack()),
+        max_cosine=tf.maximum(global_state.max_cosine, cos),
+        max_step_cosine=tf.maximum(global_state.max_step_cosine, step_cos),
         previous_result=[tf.cast(r, s.dtype)
                          for r, s in zip(flat_result, self._flat_specs)],
         max_whitened_cosine=tf.maximum(global_state.max_whitened_cosine,
-                                       white_cos.stack()),
+                                       white_cos),
         past_results=past_results)
     return result, new_state, event
 
