@@ -21,15 +21,22 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -c 'import tensorflow_federated, tensorflow_privacy, dp_accounting, sklearn, tensorflow_datasets, tff_clip; from tff_clip import execution; execution.close_tff_context_at_exit(); print("tff_clip environment ready")'
 	@touch $(STAMP)
 
+# Test files run in parallel, one process per core (at most 4; each holds its
+# own TensorFlow), a file's tests in one process so its module-scoped fixtures
+# (built processes, traced computations) are built once. PYTEST_WORKERS=0 runs
+# them in this process.
+PYTEST_WORKERS ?= auto
+XDIST  := -n $(PYTEST_WORKERS) --maxprocesses=4 --dist=loadfile
+
 # The default test run (what CI runs): everything not marked slow.
 test: setup
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest $(XDIST) -m "not slow"
 
 test-slow: setup
-	$(PY) -m pytest -m slow
+	$(PY) -m pytest $(XDIST) -m slow
 
 test-all: setup
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
 
 benchmark: setup
 	$(PY) -m scripts.benchmark_aggregators
