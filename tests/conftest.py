@@ -2,6 +2,8 @@
 
 The context is tff_clip's (`tff_clip.execution.set_local_cpp_context`), whose
 worker process dies with the test process, so no TFF worker outlives pytest.
+Under pytest-xdist (`make test`) each worker process has its own; the
+controlling process runs no test and never imports TensorFlow.
 """
 
 import os
@@ -10,10 +12,9 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import pytest  # pylint: disable=g-import-not-at-top
 
-from tff_clip import execution  # pylint: disable=g-import-not-at-top
-
 
 @pytest.fixture(scope='session', autouse=True)
 def tff_context():
+  from tff_clip import execution  # pylint: disable=g-import-not-at-top
   execution.set_local_cpp_context()
   yield

@@ -11,10 +11,6 @@ analytic Gaussian mechanism, numerical integration, the ledger's epsilon
 import collections
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 
 import dp_accounting
 import numpy as np
@@ -31,6 +27,7 @@ from tff_clip import audit
 from tff_clip import bounding
 from tff_clip import dp
 from tff_clip import training
+import as_a_user  # pylint: disable=g-bad-import-order
 
 DELTA = 1e-5
 SPECS = [tf.TensorSpec([1500], tf.float32), tf.TensorSpec([500], tf.float32)]
@@ -555,24 +552,13 @@ def test_training_run_with_correlated_noise_reports_its_audit(tmp_path,
 def test_killed_audited_correlated_run_resumes_its_canaries(tmp_path):
   # The canaries' seed, statistics and kept aggregates are aggregator state:
   # checkpointed before each release, so a killed run resumes the audit.
-  args = [sys.executable, '-m', 'scripts.train', '--rounds=6',
+  args = ['-m', 'scripts.train', '--rounds=6',
           '--clients_per_round=10', '--sampling=min_separation',
           '--noise_mechanism=banded', '--bands=3', '--audit_canaries=10',
           '--progress=false', f'--root_output_dir={tmp_path}',
           '--experiment_name=run']
-  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
-  env['PYTHONUNBUFFERED'] = '1'
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  proc = subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-  for line in proc.stdout:  # Blocks on the child's output; no timed sleep.
-    if line.startswith('round 3/6'):
-      break
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=60)
-  assert proc.returncode == -signal.SIGKILL
-  resumed = subprocess.run(args, cwd=repo, env=env, capture_output=True,
-                           text=True, timeout=600, check=False)
+  as_a_user.kill_at(as_a_user.start(args), 'round 3/6')
+  resumed = as_a_user.run(args, timeout=600)
   assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr
   assert 'Resuming' in resumed.stdout and 'round 1/6' not in resumed.stdout
   summary = json.loads((tmp_path / 'run' / 'summary.json').read_text())

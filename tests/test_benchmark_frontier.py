@@ -3,22 +3,14 @@
 import csv
 import json
 import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import as_a_user  # pylint: disable=g-bad-import-order
 
 
-def _python(code, cwd=REPO):
-  # In a fresh interpreter: scripts define flags in absl's global registry.
-  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
-  env['PYTHONPATH'] = str(REPO)
-  result = subprocess.run([sys.executable, '-c', code], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300,
-                          check=False)
+def _python(code):
+  result = as_a_user.python(code)
   assert result.returncode == 0, result.stderr[-3000:]
   return result.stdout
 
@@ -112,11 +104,9 @@ for r in b.same_cell_leads(rows):
 
 @pytest.mark.slow
 def test_quick_run_tunes_reports_and_resumes(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
-  command = [sys.executable, '-m', 'scripts.benchmark_frontier', '--quick',
+  command = ['-m', 'scripts.benchmark_frontier', '--quick',
              f'--root_output_dir={tmp_path}']
-  first = subprocess.run(command, cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=900, check=False)
+  first = as_a_user.run(command)
   assert first.returncode == 0, first.stderr[-3000:]
   assert 'round 1/' not in first.stdout  # The trainings run quietly.
   root = tmp_path / 'mnist1000'
@@ -133,8 +123,7 @@ def test_quick_run_tunes_reports_and_resumes(tmp_path):
   assert len(os.listdir(root / 'final')) == 3
   # A rerun trains nothing again and prints the same table.
   stamps = {p: p.stat().st_mtime for p in root.glob('*/*/summary.json')}
-  again = subprocess.run(command, cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=900, check=False)
+  again = as_a_user.run(command)
   assert again.returncode == 0, again.stderr[-3000:]
   assert {p: p.stat().st_mtime for p in root.glob('*/*/summary.json')} == (
       stamps)
@@ -144,12 +133,10 @@ def test_quick_run_tunes_reports_and_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_correlated_methods_run_under_the_same_protocol(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
-  result = subprocess.run(
-      [sys.executable, '-m', 'scripts.benchmark_frontier', '--quick',
+  result = as_a_user.run(
+      ['-m', 'scripts.benchmark_frontier', '--quick',
        '--methods=banded_normalize_adaptive,tff_tree_adaptive',
-       f'--root_output_dir={tmp_path}'], cwd=REPO, env=env,
-      capture_output=True, text=True, timeout=900, check=False)
+       f'--root_output_dir={tmp_path}'])
   assert result.returncode == 0, result.stderr[-3000:]
   root = tmp_path / 'mnist1000'
   with open(root / 'frontier.csv', newline='') as f:
@@ -176,10 +163,8 @@ def test_correlated_methods_run_under_the_same_protocol(tmp_path):
     ('--final_seeds=0', '--final_seeds must be positive'),
 ])
 def test_bad_flag_is_one_line_exit_2(tmp_path, flag, message):
-  result = subprocess.run(
-      [sys.executable, '-m', 'scripts.benchmark_frontier', flag,
-       f'--root_output_dir={tmp_path}'], cwd=REPO, capture_output=True,
-      text=True, timeout=120, check=False)
+  result = as_a_user.run(['-m', 'scripts.benchmark_frontier', flag,
+                          f'--root_output_dir={tmp_path}'], timeout=120)
   assert result.returncode == 2
   assert result.stderr.count('\n') == 1 and message in result.stderr, (
       result.stderr)

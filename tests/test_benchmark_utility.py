@@ -2,16 +2,13 @@
 
 import csv
 import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
 from scripts import program
 from tff_clip import config as config_lib
+import as_a_user  # pylint: disable=g-bad-import-order
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICK_VARIANTS = ('tff_adaptive', 'per_layer_clip_adaptive')
 
 
@@ -28,15 +25,13 @@ assert {{(c.rounds, c.clients_per_round, c.seed) for c in private}} == {{
     (40, 20, 0), (40, 20, 1)}}
 assert tuple(b.QUICK_VARIANTS) == {QUICK_VARIANTS!r}
 '''
-  result = subprocess.run([sys.executable, '-c', check], cwd=REPO,
-                          capture_output=True, text=True, timeout=120,
-                          check=False)
+  result = as_a_user.python(check, timeout=120)
   assert result.returncode == 0, result.stderr[-2000:]
   assert not os.listdir(tmp_path)  # Planning writes nothing.
 
 
 def test_table_is_mean_and_std_over_seeds_at_one_epsilon(tmp_path):
-  check = '''
+  check = f'''
 from scripts import benchmark_utility as b
 results = [
     dict(variant='clip', accuracy=0.5, epsilon=2.0, seconds=10.0),
@@ -44,12 +39,9 @@ results = [
     dict(variant='no_dp', accuracy=0.9, epsilon=None, seconds=5.0)]
 rows = b.summarise(results, ['clip', 'no_dp'])
 print(b.format_table(rows))
-b.plot(rows, 'utility.png', 'title')
+b.plot(rows, {str(tmp_path / 'utility.png')!r}, 'title')
 '''
-  result = subprocess.run([sys.executable, '-c', check], cwd=tmp_path,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)),
-                          capture_output=True, text=True, timeout=120,
-                          check=False)
+  result = as_a_user.python(check, timeout=120)
   assert result.returncode == 0, result.stderr[-2000:]
   # Sample std of (0.5, 0.7) is 0.1414; a run without DP has no epsilon.
   assert '| clip | 2 | 0.6000 ± 0.1414 | 2 | 15.0 |' in result.stdout
@@ -60,11 +52,8 @@ b.plot(rows, 'utility.png', 'title')
 
 @pytest.mark.slow
 def test_quick_run_prints_the_table_at_one_epsilon(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
-  result = subprocess.run(
-      [sys.executable, '-m', 'scripts.benchmark_utility', '--quick',
-       f'--root_output_dir={tmp_path}'], cwd=REPO, env=env,
-      capture_output=True, text=True, timeout=900, check=False)
+  result = as_a_user.run(['-m', 'scripts.benchmark_utility', '--quick',
+                          f'--root_output_dir={tmp_path}'])
   assert result.returncode == 0, result.stderr[-3000:]
   with open(tmp_path / 'digits' / 'utility.csv', newline='') as f:
     rows = list(csv.DictReader(f))
@@ -77,9 +66,8 @@ def test_quick_run_prints_the_table_at_one_epsilon(tmp_path):
 
 
 def test_bad_variant_is_one_line_exit_2():
-  result = subprocess.run(
-      [sys.executable, '-m', 'scripts.benchmark_utility', '--variants=magic'],
-      cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+  result = as_a_user.run(['-m', 'scripts.benchmark_utility',
+                          '--variants=magic'], timeout=120)
   assert result.returncode == 2
   assert result.stderr.startswith('error: --variants')
 

@@ -113,10 +113,10 @@ def _project_files():
 def _module_file(dotted):
   """The project file of a dotted module name, or None."""
   parts = dotted.split('.')
-  if parts[0] not in PROJECT_PACKAGES and parts != ['tiny_model']:
+  if len(parts) == 1 and (ROOT / 'tests' / f'{dotted}.py').exists():
+    return f'tests/{dotted}.py'  # tests/ is on sys.path under pytest.
+  if parts[0] not in PROJECT_PACKAGES:
     return None
-  if parts == ['tiny_model']:  # tests/ is on sys.path under pytest.
-    return 'tests/tiny_model.py'
   for candidate in ('/'.join(parts) + '.py', '/'.join(parts) + '/__init__.py'):
     if (ROOT / candidate).exists():
       return candidate

@@ -1,11 +1,7 @@
 """Specification of the per-layer diagnosis (`scripts.diagnose_per_layer`)."""
 
-import os
-import pathlib
-import subprocess
-import sys
+import as_a_user  # pylint: disable=g-bad-import-order
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 MODULE = 'scripts.diagnose_per_layer'
 
 
@@ -21,10 +17,7 @@ for budgets in (2.5, [1.0, 10.0]):
     print(r['size'], round(r['budget'], 6), round(r['signal'], 6),
           round(r['noise'], 6), round(r['noise_to_signal'], 6))
 '''
-  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
-  result = subprocess.run([sys.executable, '-c', code], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120,
-                          check=False)
+  result = as_a_user.python(code, timeout=120)
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.split('\n')[:4] == [
       '4 1.5 1.5 0.2 0.133333', '100 2.0 2.0 1.0 0.5',

@@ -15,16 +15,15 @@ checked without editing this file) is read the same way:
     fewer rounds and clients, offline data -- never by editing the text.
 """
 
-import os
-import pathlib
 import re
 import shlex
 import subprocess
-import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import as_a_user  # pylint: disable=g-bad-import-order
+
+REPO = as_a_user.REPO
 README = (REPO / 'README.md').read_text()
 PAGES = {str(path.relative_to(REPO)): path.read_text() for path in
          [REPO / 'README.md', *sorted((REPO / 'docs').glob('*.md'))]}
@@ -55,9 +54,7 @@ SWEEP_TRAIN_OVERRIDES = ['--rounds=1', '--clients_per_round=2',
 
 
 def _env():
-  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
-  env.update(TF_CPP_MIN_LOG_LEVEL='3', PYTHONUNBUFFERED='1')
-  return env
+  return as_a_user.env(TF_CPP_MIN_LOG_LEVEL='3')
 
 
 def _blocks(page=README):
@@ -116,9 +113,8 @@ def test_every_train_command_in_readme_has_valid_flags(command):
   check = ('import sys; from scripts import train, program; '
            'train.FLAGS(["train", *sys.argv[1:]]); '
            'program.validate(train.config_from_flags())')
-  result = subprocess.run([sys.executable, '-c', check, *args], cwd=REPO,
-                          env=_env(), capture_output=True, text=True,
-                          timeout=120, check=False)
+  result = as_a_user.python(check, *args, timeout=120,
+                            TF_CPP_MIN_LOG_LEVEL='3')
   assert result.returncode == 0, result.stderr[-2000:]
 
 
@@ -128,9 +124,7 @@ def _run_snippets(page):
   for snippet in snippets:
     # From the checkout, as README says (`tasks` is not installed), with
     # piped output: a leaked worker holding the pipe would hang this call.
-    result = subprocess.run([sys.executable, '-c', snippet], cwd=REPO,
-                            env=_env(), capture_output=True, text=True,
-                            timeout=600, check=False)
+    result = as_a_user.python(snippet, timeout=600, TF_CPP_MIN_LOG_LEVEL='3')
     assert result.returncode == 0, result.stderr[-3000:]
     assert 'Exception ignored' not in result.stderr, result.stderr[-3000:]
   return snippets
@@ -187,8 +181,7 @@ def test_every_docs_page_is_linked_from_readme():
                                      if c not in NEEDS_REMOTE_WORKERS])
 def test_every_readme_command_runs_at_smoke_size(command, tmp_path):
   module = shlex.split(command)[2]
-  args = shlex.split(command)
-  args[0] = sys.executable
+  args = shlex.split(command)[1:]  # After .venv/bin/python.
   overrides = list(SMOKE_OVERRIDES.get(module, []))
   if module in ('scripts.train', 'scripts.sweep', 'scripts.audit_table',
                 'scripts.benchmark_utility', 'scripts.benchmark_correlated',
@@ -202,6 +195,5 @@ def test_every_readme_command_runs_at_smoke_size(command, tmp_path):
             SWEEP_TRAIN_OVERRIDES)
   else:
     args += overrides
-  result = subprocess.run(args, cwd=REPO, env=_env(), capture_output=True,
-                          text=True, timeout=1200, check=False)
+  result = as_a_user.run(args, timeout=1200, TF_CPP_MIN_LOG_LEVEL='3')
   assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

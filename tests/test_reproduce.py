@@ -7,17 +7,13 @@ process) printing each paper's tables and one verdict per claim.
 """
 
 import os
-import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
 
 from scripts.reproduce import common
 from scripts.reproduce import paper002
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import as_a_user  # pylint: disable=g-bad-import-order
 VERDICTS = (common.REPRODUCED, common.PARTLY, common.NOT_REPRODUCED)
 
 
@@ -63,12 +59,8 @@ def test_report_text_has_its_tables_then_one_verdict_row_per_claim():
 def quick_run(tmp_path_factory):
   """`--paper=all --quick`: every paper's smoke run, in one process."""
   output_dir = tmp_path_factory.mktemp('reproduce')
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  env.pop('TF2_BEHAVIOR', None)
-  result = subprocess.run(
-      [sys.executable, '-m', 'scripts.reproduce', '--paper=all', '--quick',
-       f'--output_dir={output_dir}'],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  result = as_a_user.run(['-m', 'scripts.reproduce', '--paper=all', '--quick',
+                          f'--output_dir={output_dir}'])
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   return result.stdout, output_dir / 'quick'
 

@@ -2,17 +2,12 @@
 
 import csv
 import json
-import os
-import pathlib
-import subprocess
-import sys
 
 from absl import app
 import pytest
 
 from scripts import sweep
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import as_a_user  # pylint: disable=g-bad-import-order
 
 
 def test_grid_expands_to_every_combination():
@@ -62,12 +57,10 @@ def test_finished_cells_are_skipped_and_summarised(tmp_path):
     name = sweep.cell_name(f'bounding={bounding}', 0, train_args,
                            {'bounding': bounding})
     _fake_run(tmp_path / 's' / name, accuracy, 2.0, 1.0)
-  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
-  result = subprocess.run(
-      [sys.executable, '-m', 'scripts.sweep', f'--root_output_dir={tmp_path}',
+  result = as_a_user.run(
+      ['-m', 'scripts.sweep', f'--root_output_dir={tmp_path}',
        '--sweep_name=s', '--grid=bounding=clip,normalize', '--seeds=1', '--',
-       *train_args], cwd=REPO, capture_output=True, text=True, timeout=300,
-      check=False, env=env)
+       *train_args], timeout=300)
   assert result.returncode == 0, result.stdout + result.stderr
   assert result.stdout.count('done, skipped') == 2
   summary = (tmp_path / 's' / 'summary.md').read_text()
@@ -76,19 +69,16 @@ def test_finished_cells_are_skipped_and_summarised(tmp_path):
 
 @pytest.mark.slow
 def test_sweep_runs_cells_then_skips_them_when_rerun(tmp_path):
-  command = [sys.executable, '-m', 'scripts.sweep',
+  command = ['-m', 'scripts.sweep',
              f'--root_output_dir={tmp_path}', '--sweep_name=s',
              '--grid=bounding=clip,normalize', '--seeds=1', '--',
              '--rounds=2', '--clients_per_round=6', '--eval_every=2',
              '--clip_norm=1.0']
-  env = {k: v for k, v in os.environ.items() if k != 'TF2_BEHAVIOR'}
-  first = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                         timeout=900, check=False, env=env)
+  first = as_a_user.run(command)
   assert first.returncode == 0, first.stdout + first.stderr
   summary = (tmp_path / 's' / 'summary.md').read_text()
   assert 'clip' in summary and 'normalize' in summary
-  second = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                          timeout=300, check=False, env=env)
+  second = as_a_user.run(command, timeout=300)
   assert second.returncode == 0
   assert second.stdout.count('done, skipped') == 2
 

@@ -8,10 +8,6 @@ accuracy.
 
 import dataclasses
 import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -19,8 +15,7 @@ import tasks
 from scripts import program
 from tff_clip import config as config_lib
 from tff_clip import training
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import as_a_user  # pylint: disable=g-bad-import-order
 
 
 def test_task_option_values_are_parsed_by_one_rule():
@@ -77,17 +72,14 @@ def test_config_with_options_survives_its_json_round_trip():
 
 @pytest.mark.slow
 def test_cli_passes_task_options_and_reports_the_objective(tmp_path):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  env.pop('TF2_BEHAVIOR', None)
-  result = subprocess.run(
-      [sys.executable, '-m', 'scripts.train', '--task=fat_tailed_quadratic',
+  result = as_a_user.run(
+      ['-m', 'scripts.train', '--task=fat_tailed_quadratic',
        '--task_option=noise=stable', '--task_option=tail_index=1.5',
        '--task_option=dimension=3', '--task_option=examples_per_client=4',
        '--bounding=none', '--noise_multiplier=none', '--clients_per_round=5',
        '--rounds=2', '--batch_size=2', '--client_learning_rate=0.01',
        '--progress=false', f'--root_output_dir={tmp_path}',
-       '--experiment_name=run'],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+       '--experiment_name=run'], timeout=300)
   assert result.returncode == 0, result.stdout + result.stderr
   assert 'final objective (squared_norm): ' in result.stdout
   assert 'accuracy' not in result.stdout

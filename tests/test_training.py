@@ -4,10 +4,7 @@ import collections
 import csv
 import dataclasses
 import json
-import os
-import pathlib
 import re
-import signal
 import subprocess
 import sys
 
@@ -18,25 +15,16 @@ import pytest
 from scripts import program
 from tff_clip import execution
 from tff_clip import training
+import as_a_user  # pylint: disable=g-bad-import-order
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 # A small, fast run: 4 rounds of DP-FedAvg with adaptive clipping on digits,
 # with reproducible noise so that runs can be compared.
 SMALL = ['--rounds=4', '--clients_per_round=6', '--eval_every=2',
          '--progress=false', '--seed=3', '--noise_seed=11']
 
 
-def _train(args, **popen_kwargs):
-  # As from a user's shell: TensorFlow sets TF2_BEHAVIOR=1 in this (pytest)
-  # process, and inheriting it would hide import-order bugs of the script;
-  # the log level is the script's own (`scripts/__init__.py`).
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('TF2_BEHAVIOR', 'TF_CPP_MIN_LOG_LEVEL')}
-  env['PYTHONUNBUFFERED'] = '1'
-  return subprocess.Popen(
-      [sys.executable, '-m', 'scripts.train', *args], cwd=REPO, env=env,
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-      **popen_kwargs)
+def _train(args):
+  return as_a_user.start(['-m', 'scripts.train', *args])
 
 
 def _rows(path):
@@ -250,13 +238,7 @@ def test_killed_run_resumes_with_identical_metrics_and_ledger(uninterrupted,
                                                               tmp_path):
   run_dir, _ = uninterrupted
   args = [*SMALL, f'--root_output_dir={tmp_path}', '--experiment_name=run']
-  proc = _train(args)
-  for line in proc.stdout:  # Blocks on the child's output; no timed sleep.
-    if line.startswith('round 2/4'):
-      break
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=60)
-  assert proc.returncode == -signal.SIGKILL
+  as_a_user.kill_at(_train(args), 'round 2/4')
   done = _rows(tmp_path / 'run' / 'metrics.csv')
   assert 2 <= len(done) < 4
   checkpoints = sorted((tmp_path / 'run' / 'checkpoints').iterdir())

@@ -1,0 +1,61 @@
+"""Running the project's programs as a user would: a fresh interpreter in the checkout.
+
+The programs define absl flags in one global registry, so each runs in a
+process of its own, started from the repository root. The environment is a
+user's shell's: TensorFlow sets TF2_BEHAVIOR=1 in this (pytest) process, and
+inheriting it would hide import-order bugs of a program; the TensorFlow log
+level is the program's own (`scripts/__init__.py`); output is unbuffered, so
+a test can read a running program's lines as they are printed.
+"""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def env(**overrides):
+  """The environment of a user's shell, with `overrides` set."""
+  result = {k: v for k, v in os.environ.items()
+            if k not in ('TF2_BEHAVIOR', 'TF_CPP_MIN_LOG_LEVEL')}
+  result['PYTHONUNBUFFERED'] = '1'
+  result.update(overrides)
+  return result
+
+
+def run(args, *, timeout=900, **overrides):
+  """`python *args` run to its end: the CompletedProcess (text, not checked)."""
+  return subprocess.run([sys.executable, *map(str, args)], cwd=REPO,
+                        env=env(**overrides), capture_output=True, text=True,
+                        timeout=timeout, check=False)
+
+
+def python(code, *args, timeout=300, **overrides):
+  """`python -c code *args` from the checkout: the CompletedProcess."""
+  return run(['-c', code, *args], timeout=timeout, **overrides)
+
+
+def start(args, **popen_kwargs):
+  """`python *args` started: the Popen, stdout and stderr merged, as text."""
+  return subprocess.Popen([sys.executable, *map(str, args)], cwd=REPO,
+                          env=env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, **popen_kwargs)
+
+
+def kill_at(proc, line_prefix):
+  """SIGKILLs `proc` once it prints a line starting with `line_prefix`.
+
+  Blocks on the program's output, with no timed sleep; a program that ends
+  before printing the line fails the test.
+  """
+  for line in proc.stdout:
+    if line.startswith(line_prefix):
+      break
+  else:
+    raise AssertionError(f'the program ended before printing {line_prefix!r}')
+  proc.send_signal(signal.SIGKILL)
+  proc.wait(timeout=60)
+  assert proc.returncode == -signal.SIGKILL
