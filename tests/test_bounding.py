@@ -44,7 +44,7 @@ def leaf(draw):
   elif kind == 'huge':
     limit = float(np.finfo(np.float16 if dtype == np.float16 else
                            np.float32).max)
-    values = values * (limit / 4)
+    values = np.clip(values * (limit / 4), -limit, limit)  # Finite.
   elif kind == 'tiny':
     values = values * 1e-6 if dtype in (np.float16,) else values * 1e-30
   values = np.clip(values, -6e4, 6e4) if dtype == np.float16 else values
