@@ -135,6 +135,154 @@ def test_torn_last_release_is_released_again_from_its_checkpoint(copy):
 
 
 # ----------------------------------------------------------------------------
+# A DP run whose log is gone is never trained again: every released file is
+# evidence, and the refusal gives the most epsilon that the evidence proves.
+
+
+def _epsilon_of_first(run_dir, rounds):
+  """Epsilon of the first `rounds` released events, by dp_accounting."""
+  from tff_clip import privacy_ledger  # pylint: disable=g-import-not-at-top
+  accountant = dp_accounting.rdp.RdpAccountant()
+  with open(run_dir / 'releases.jsonl') as f:
+    for line in f.readlines()[:rounds]:
+      accountant.compose(privacy_ledger.event_from_dict(
+          json.loads(line)['event']))
+  return accountant.get_epsilon(BASE.delta)
+
+
+def _refused_epsilon(message):
+  return float(message.split('spent epsilon = ')[1].split()[0])
+
+
+@pytest.mark.parametrize('log', ['deleted', 'emptied'])
+@pytest.mark.parametrize('finished_run', [True, False])
+def test_deleted_records_and_checkpoints_never_train_a_dp_run_again(
+    copy, log, finished_run):
+  """Delete (or empty) releases.jsonl and checkpoints/, rerun: refused.
+
+  A finished run still has summary.json, ledger.json, plot.png, metrics.csv
+  and tensorboard/; a killed one metrics.csv and tensorboard/. Training
+  from round 1 would release rounds 1-3 a second time under a new key.
+  """
+  if log == 'deleted':
+    (copy / 'releases.jsonl').unlink()
+  else:
+    (copy / 'releases.jsonl').write_bytes(b'')
+  shutil.rmtree(copy / 'checkpoints')
+  if not finished_run:
+    for name in ('summary.json', 'ledger.json', 'plot.png'):
+      (copy / name).unlink()
+  before = _files(copy)
+  with pytest.raises(run_records.RunRecordError) as error:
+    program.run(_config(copy.parent))
+  message = str(error.value)
+  assert '\n' not in message
+  assert f'rounds up to {ROUNDS} were released' in message
+  assert 'releases.jsonl lists none' in message
+  assert _refused_epsilon(message) > 0  # Its value: the tests below.
+  assert _files(copy) == before  # Nothing trained, nothing rewritten.
+
+
+def test_refusal_after_deletion_reports_the_epsilon_that_was_spent(
+    copy, finished):
+  run_dir, _ = finished
+  (copy / 'releases.jsonl').unlink()
+  shutil.rmtree(copy / 'checkpoints')
+  with pytest.raises(run_records.RunRecordError) as error:
+    program.run(_config(copy.parent))
+  assert _refused_epsilon(str(error.value)) == pytest.approx(
+      _released_epsilon(run_dir), rel=1e-3)
+
+
+@pytest.mark.parametrize('survivors,proven', [
+    (('metrics.csv', 'tensorboard', 'checkpoints'), ROUNDS),
+    (('tensorboard', 'checkpoints'), ROUNDS),
+    (('checkpoints',), ROUNDS - 1),  # round_3.npz: rounds 1-2 released.
+    (('tensorboard',), ROUNDS),
+    (('metrics.csv',), ROUNDS),
+])
+def test_refusal_gives_the_largest_epsilon_any_surviving_file_proves(
+    copy, finished, survivors, proven):
+  """Killed after round 3's release; the log's last two lines deleted.
+
+  The log proves 1 round; a checkpoint of round r proves r - 1, metrics.csv
+  and TensorBoard every round they show. The refusal's epsilon is that of
+  the most rounds any survivor proves (dp_accounting, composed here).
+  """
+  run_dir, _ = finished
+  for name in ('summary.json', 'ledger.json', 'plot.png'):
+    (copy / name).unlink()
+  lines = (copy / 'releases.jsonl').read_text().splitlines(keepends=True)
+  (copy / 'releases.jsonl').write_text(''.join(lines[:1]))
+  for name in ('metrics.csv', 'tensorboard', 'checkpoints'):
+    if name not in survivors:
+      path = copy / name
+      shutil.rmtree(path) if path.is_dir() else path.unlink()
+  before = _files(copy)
+  with pytest.raises(run_records.RunRecordError) as error:
+    program.run(_config(copy.parent))
+  message = str(error.value)
+  assert f'The {proven} rounds released so far' in message
+  assert _refused_epsilon(message) == pytest.approx(
+      _epsilon_of_first(run_dir, proven), rel=1e-3)
+  assert _refused_epsilon(message) > _epsilon_of_first(run_dir, 1)
+  assert _files(copy) == before
+
+
+def test_a_changed_dp_configuration_is_not_told_to_delete_the_run(copy):
+  with pytest.raises(training.ConfigError) as error:
+    program.run(_config(copy.parent, clip_norm=0.5))
+  message = str(error.value)
+  assert 'delete' not in message.replace('deleting it does not', '')
+  assert 'another --experiment_name' in message
+
+
+# ----------------------------------------------------------------------------
+# Checkpoints hold the noise key: readable by their owner only.
+
+
+def test_checkpoints_are_readable_by_their_owner_only(finished):
+  """The key in a checkpoint regenerates every round's noise; with the
+  released model that gives the clients' updates back. Directory 0700,
+  files 0600, whatever the umask."""
+  run_dir, _ = finished
+  checkpoints = run_dir / 'checkpoints'
+  assert oct(os.stat(checkpoints).st_mode & 0o777) == oct(0o700)
+  files = list(checkpoints.iterdir())
+  assert files
+  for path in files:
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o600), path
+
+
+def test_a_resumed_old_run_has_its_checkpoints_made_private(copy):
+  (copy / 'summary.json').unlink()
+  checkpoints = copy / 'checkpoints'
+  os.chmod(checkpoints, 0o755)
+  for path in checkpoints.iterdir():
+    os.chmod(path, 0o644)  # As an older version wrote them.
+  program.run(_config(copy.parent))
+  assert os.stat(checkpoints).st_mode & 0o077 == 0
+  assert all(os.stat(p).st_mode & 0o077 == 0 for p in checkpoints.iterdir())
+
+
+def test_a_checkpoint_holds_only_the_metrics_its_release_shows(finished):
+  run_dir, _ = finished
+  newest = sorted((run_dir / 'checkpoints').iterdir())[-1]
+  with np.load(newest) as data:
+    header = json.loads(str(data['header']))
+  assert set(header['pending']['row']) <= set(training.RELEASED)
+
+
+def test_released_files_are_readable_by_others(finished):
+  """What a run releases stays shareable (the umask decides, as before)."""
+  run_dir, _ = finished
+  umask = os.umask(0)
+  os.umask(umask)
+  for name in ('metrics.csv', 'summary.json', 'ledger.json', 'config.json'):
+    assert os.stat(run_dir / name).st_mode & 0o777 == 0o666 & ~umask
+
+
+# ----------------------------------------------------------------------------
 # Records are checked, never trusted or lost silently.
 
 

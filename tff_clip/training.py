@@ -128,10 +128,15 @@ def existing_run(config: TrainConfig) -> str:
   if previous != current:
     changed = sorted(k for k in set(previous) | set(current)
                      if previous.get(k) != current.get(k))
+    was_private = (previous.get('noise_multiplier') is not None or
+                   previous.get('target_epsilon') is not None)
     raise ConfigError(
         f'{out!r} holds a run with a different configuration (differs in: '
         f'{", ".join(changed)}); nothing was changed. Choose another '
-        '--experiment_name or --root_output_dir, or delete that directory.')
+        '--experiment_name or --root_output_dir' + (
+            ' (that directory is the record of a DP run: deleting it does '
+            'not take back what it released).' if was_private else
+            ', or delete that directory.'))
   if os.path.lexists(os.path.join(out, 'summary.json')):
     return 'finished'
   return 'resume'
@@ -244,9 +249,74 @@ def _server_optimizer(config):
   }[config.server_optimizer]()
 
 
+def _secret_tree_seed(query):
+  """`query` (a tensorflow-privacy DPQuery), with its tree noise keyed secretly.
+
+  tensorflow-privacy's `GaussianNoiseGenerator` without a seed seeds itself
+  from the clock (`floor(time * 1e6)`): guessable from a run's file times.
+  Its state is `(seeds, stddev)`; the initial state's `seeds` are replaced
+  by `dp.secret_key()` (OS entropy, drawn when the graph runs), so the tree
+  noise is as secret as tff_clip's own.
+  """
+  import tensorflow_privacy as tfp  # pylint: disable=g-import-not-at-top
+  from tff_clip import dp  # pylint: disable=g-import-not-at-top
+
+  def reseeded(state, found):
+    if isinstance(state, tuple) and hasattr(state, '_fields'):
+      if state._fields == ('seeds', 'stddev'):
+        found.append(state)
+        return state._replace(seeds=dp.secret_key())
+      return type(state)(*(reseeded(v, found) for v in state))
+    if isinstance(state, (list, tuple)):
+      return type(state)(reseeded(v, found) for v in state)
+    if isinstance(state, dict):
+      return type(state)((k, reseeded(v, found)) for k, v in state.items())
+    return state
+
+  class SecretSeedQuery(tfp.SumAggregationDPQuery):
+    """Delegates to `query`; only its initial tree seeds differ."""
+
+    def initial_global_state(self):
+      found = []
+      state = reseeded(query.initial_global_state(), found)
+      if len(found) != 1:
+        raise RuntimeError(f'expected one tree noise generator state in '
+                           f'{type(query).__name__}, found {len(found)}.')
+      return state
+
+    def derive_sample_params(self, global_state):
+      return query.derive_sample_params(global_state)
+
+    def initial_sample_state(self, template=None):
+      return query.initial_sample_state(template)
+
+    def preprocess_record(self, params, record):
+      return query.preprocess_record(params, record)
+
+    def accumulate_preprocessed_record(self, sample_state, preprocessed):
+      return query.accumulate_preprocessed_record(sample_state, preprocessed)
+
+    def merge_sample_states(self, sample_state_1, sample_state_2):
+      return query.merge_sample_states(sample_state_1, sample_state_2)
+
+    def get_noised_result(self, sample_state, global_state):
+      return query.get_noised_result(sample_state, global_state)
+
+    def derive_metrics(self, global_state):
+      return query.derive_metrics(global_state)
+
+  return SecretSeedQuery()
+
+
 class _TffTreeAdaptive:
   """TFF's `DifferentiallyPrivateFactory.tree_adaptive`, restarted every
-  --bands rounds, built when the model's specs are known (`create`)."""
+  --bands rounds, built when the model's specs are known (`create`).
+
+  The query is the one TFF's `tree_adaptive` builds (tensorflow-privacy's
+  `QAdaClipTreeResSumQuery` in a `RestartQuery`, normalized by the expected
+  cohort), with its noise seeded from OS entropy (`_secret_tree_seed`)
+  unless --noise_seed makes the run reproducible.
+  """
 
   def __new__(cls, config, noise_multiplier):
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
@@ -254,21 +324,28 @@ class _TffTreeAdaptive:
     class Factory(tff.aggregators.UnweightedAggregationFactory):
 
       def create(self, value_type):
+        import tensorflow_privacy as tfp  # pylint: disable=g-import-not-at-top
         from tff_clip import dp  # pylint: disable=g-import-not-at-top
         specs = tff.types.type_to_tf_tensor_specs(value_type)
-        bands = config.bands
+        n = float(config.clients_per_round)
         # tff_clip's default count noise: TFF's n / 20 fails at large z.
         count_stddev = config.clipped_count_stddev or (
-            dp.default_clipped_count_stddev(
-                noise_multiplier, float(config.clients_per_round), 1))
-        return tff.aggregators.DifferentiallyPrivateFactory.tree_adaptive(
-            noise_multiplier, float(config.clients_per_round), specs,
-            initial_l2_norm_clip=config.initial_clip_norm,
-            restart_warmup=None, restart_frequency=bands,
-            target_unclipped_quantile=config.target_quantile,
-            clip_learning_rate=config.clip_learning_rate,
-            clipped_count_stddev=count_stddev,
-            noise_seed=config.noise_seed).create(value_type)
+            dp.default_clipped_count_stddev(noise_multiplier, n, 1))
+        value_z, count_stddev = (
+            tff.aggregators.differential_privacy.adaptive_clip_noise_params(
+                noise_multiplier, n, count_stddev))
+        query = tfp.QAdaClipTreeResSumQuery(
+            config.initial_clip_norm, value_z, specs, config.target_quantile,
+            config.clip_learning_rate, count_stddev, n,
+            geometric_update=True, noise_seed=config.noise_seed)
+        query = tfp.RestartQuery(
+            query, tfp.restart_query.PeriodicRoundRestartIndicator(
+                period=config.bands, warmup=None))
+        query = tfp.NormalizedQuery(query, denominator=n)
+        if config.noise_seed is None:
+          query = _secret_tree_seed(query)
+        return tff.aggregators.DifferentiallyPrivateFactory(query).create(
+            value_type)
 
     return Factory()
 
@@ -416,20 +493,82 @@ def _ledger_of(log) -> privacy_ledger.PrivacyLedger:
   return ledger
 
 
-def _spent(log, config) -> str:
+def _proven_spent(config, log, evidence) -> tuple[int, Optional[float]]:
+  """(rounds, epsilon): the most that `releases.jsonl` or any other
+  surviving file proves was released, and spent.
+
+  Rounds beyond the log's are charged the round event a checkpoint, the log
+  or `ledger.json` recorded (under minimum separation, one participation per
+  cycle of b rounds, as `accounting.min_separation_round_event`); the
+  epsilon is the larger of that composition and any epsilon a file recorded.
+  """
   ledger = _ledger_of(log)
-  if not len(ledger):
+  rounds = max(log.last_round, evidence.rounds)
+  template = next((e for _, e in log.events()
+                   if e is not None and e.get('type') != 'NoOpDpEvent'),
+                  evidence.event)
+  if template is not None:
+    template = privacy_ledger.event_from_dict(template)
+    for round_num in range(log.last_round + 1, rounds + 1):
+      event = template
+      if config.sampling == sampling_lib.MIN_SEPARATION:
+        event = accounting.min_separation_round_event(
+            template, round_num - 1, config.separation)
+      ledger.record(round_num, event)
+  epsilons = [e for e in (evidence.epsilon,) if e is not None]
+  if len(ledger):
+    epsilons.append(ledger.guarantee(config.delta).epsilon)
+  return rounds, max(epsilons) if epsilons else None
+
+
+def _spent(log, config, evidence=None) -> str:
+  evidence = evidence or run_records.release_evidence(config.output_dir)
+  rounds, epsilon = _proven_spent(config, log, evidence)
+  if not rounds:
     return ''
-  return (f' The {len(ledger)} rounds released so far spent epsilon = '
-          f'{ledger.guarantee(config.delta).epsilon:.4g} at delta = '
-          f'{config.delta:g}.')
+  spent = ('an epsilon no surviving file records' if epsilon is None else
+           f'epsilon = {epsilon:.4g} at delta = {config.delta:g}')
+  return (f' The {rounds} rounds released so far spent {spent} (at least: '
+          'the most that the surviving files prove).')
 
 
-def _refuse(config, log, what) -> run_records.RunRecordError:
+def _refuse(config, log, what, evidence=None) -> run_records.RunRecordError:
   return run_records.RunRecordError(
       f'{config.output_dir}: {what}; continuing would compute released '
       'rounds again under the same or a new noise key, so the run stops here '
-      f'and nothing was changed.{_spent(log, config)}')
+      f'and nothing was changed.{_spent(log, config, evidence)}')
+
+
+def _check_released(config: TrainConfig) -> None:
+  """Refuses a DP run whose files prove releases its log does not list.
+
+  A DP run directory whose `releases.jsonl` was deleted, emptied or cut
+  short while other files (`metrics.csv`, `tensorboard/`, `summary.json`,
+  `ledger.json`, `plot.png`, a checkpoint) show that rounds were released
+  must never train those rounds again: they would be released a second
+  time under a new noise key, and the privacy cost would add up.
+  """
+  log = run_records.ReleaseLog(config.output_dir)
+  evidence = run_records.release_evidence(config.output_dir)
+  covered = log.last_round
+  # A round checkpointed (with its row) but cut from the log by a kill is
+  # released again from its checkpoint: the same row, never computed again.
+  checkpoints = run_records.Checkpoints(
+      os.path.join(config.output_dir, 'checkpoints'))
+  if covered + 1 in checkpoints.versions():
+    try:
+      _, header = checkpoints.load(covered + 1)
+      if header.get('pending') and header.get('log_hash') == log.hash_at(
+          covered):
+        covered += 1
+    except run_records.RunRecordError:
+      pass
+  if evidence.rounds > covered:
+    listed = (f'lists only rounds 1-{log.last_round}' if log.last_round else
+              'lists none')
+    raise _refuse(config, log, f'{evidence.proof} shows that rounds up to '
+                  f'{evidence.rounds} were released but '
+                  f'{run_records.RELEASES} {listed}', evidence)
 
 
 def _restore(config, session, log, checkpoints):
@@ -851,6 +990,8 @@ def run(config: TrainConfig, task_builder: TaskBuilder) -> dict[str, Any]:
   validate(config)
   out = config.output_dir
   status = existing_run(config)
+  if status != 'new' and config.private:
+    _check_released(config)  # Nothing released is ever trained again.
   if status == 'finished':
     summary = _finished_summary(config)
     if summary is not None:
@@ -893,7 +1034,8 @@ def _train(config, session, log, resuming):
     round_num, row, event = pending
     ledger.record(round_num, privacy_ledger.event_from_dict(event))
     writers.release(round_num, row, event)
-  progress = _Progress(config, start_round, session.private)
+  released = released_metric(config, session.private)
+  progress = _Progress(config, start_round, released)
   last_eval = _last_eval(log.rows())
   last_checkpoint = -math.inf
   for round_num in range(start_round, config.rounds + 1):
@@ -907,8 +1049,10 @@ def _train(config, session, log, resuming):
       # Checkpoint (with the row), then release: no released round is ever
       # computed again, which would release a second aggregate under the
       # same noise. A kill between the two releases the row on resume.
+      # The pending row holds only what its release will show.
+      pending_row = {k: v for k, v in row.items() if released((k,))}
       checkpoints.save(round_num, _state_leaves(session.process, state), dict(
-          pending=dict(row=run_records.strict_json(row), event=event),
+          pending=dict(row=run_records.strict_json(pending_row), event=event),
           log_hash=log.hash_at(round_num - 1)))
       writers.release(round_num, row, event)
     else:
@@ -927,22 +1071,32 @@ def _train(config, session, log, resuming):
 
 
 class _Progress:
-  """A tqdm bar, or one line per round; shows only released values."""
+  """A tqdm bar, or one line per round; shows only what a round releases.
 
-  def __init__(self, config, start_round, private):
+  `released(path)` is the run's release filter (`released_metric`): under
+  DP the clients' training loss and the round's seconds (which grow with
+  the cohort) are withheld, so the bar shows neither them nor tqdm's rate
+  and times.
+  """
+
+  def __init__(self, config, start_round, released):
     self._config = config
+    self._released = released
     self._bar = None
     if config.progress:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-      self._bar = tqdm(total=config.rounds, initial=start_round - 1,
-                       desc=config.experiment_name, unit='round')
-    del private
+      timings = released(('seconds',))
+      self._bar = tqdm(
+          total=config.rounds, initial=start_round - 1,
+          desc=config.experiment_name, unit='round',
+          bar_format=None if timings else
+          '{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}')
 
   def update(self, round_num, row, last_eval):
     shown = collections.OrderedDict()
     for key, label in (('train_loss', 'loss'), ('objective', 'objective'),
                        ('clip_norm', 'clip'), ('epsilon', 'eps')):
-      if key in row:
+      if key in row and self._released((key,)):
         shown[label] = row[key]
     shown['acc'] = last_eval.get('eval_accuracy', math.nan)
     if self._bar is None:
@@ -964,7 +1118,7 @@ def _noise_label(config, session):
   mechanism = ('' if config.noise_mechanism == 'independent' else
                f'{config.noise_mechanism} (b = {config.bands}) correlated '
                'across rounds; ')
-  if config.bounding in (config_lib.TFF_GAUSSIAN, config_lib.TFF_TREE):
+  if config.bounding == config_lib.TFF_GAUSSIAN:
     return mechanism + ("TFF's own generator (not checked for secrecy by "
                         'tff_clip)')
   if config.noise_seed is not None:
