@@ -176,8 +176,13 @@ def set_execution_context(config: TrainConfig) -> None:
   if _in_process(config):
     return  # `runners` wraps the processes; no TFF context is used.
   if config.executor in ('inprocess', 'local', 'gpu'):
-    execution.set_local_cpp_context(
-        max_concurrent_clients=config.max_concurrent_clients)
+    try:
+      execution.set_local_cpp_context(
+          max_concurrent_clients=config.max_concurrent_clients)
+    except execution.WorkerIsolationError as e:
+      raise ConfigError(f'--executor={config.executor}: {e} Use the default '
+                        '--executor=inprocess, which starts no worker.'
+                        ) from e
   else:
     try:
       contexts = [
@@ -254,9 +259,10 @@ def _secret_tree_seed(query):
 
   tensorflow-privacy's `GaussianNoiseGenerator` without a seed seeds itself
   from the clock (`floor(time * 1e6)`): guessable from a run's file times.
-  Its state is `(seeds, stddev)`; the initial state's `seeds` are replaced
-  by `dp.secret_key()` (OS entropy, drawn when the graph runs), so the tree
-  noise is as secret as tff_clip's own.
+  Its state is `(seeds, stddev)`; in the initial state each generator's
+  `seeds` (the value's tree and the quantile estimate's) are replaced by a
+  `dp.secret_key()` of its own (OS entropy, drawn when the graph runs), so
+  the tree noise is as secret as tff_clip's own.
   """
   import tensorflow_privacy as tfp  # pylint: disable=g-import-not-at-top
   from tff_clip import dp  # pylint: disable=g-import-not-at-top
@@ -279,9 +285,9 @@ def _secret_tree_seed(query):
     def initial_global_state(self):
       found = []
       state = reseeded(query.initial_global_state(), found)
-      if len(found) != 1:
-        raise RuntimeError(f'expected one tree noise generator state in '
-                           f'{type(query).__name__}, found {len(found)}.')
+      if not found:  # The value's tree and the quantile's: two keys.
+        raise RuntimeError('no tree noise generator state in '
+                           f'{type(query).__name__} to key secretly.')
       return state
 
     def derive_sample_params(self, global_state):
