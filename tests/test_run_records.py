@@ -16,6 +16,8 @@ import dp_accounting
 import numpy as np
 import pytest
 
+import as_a_user  # pylint: disable=g-bad-import-order
+
 from scripts import program
 from tff_clip import run_records
 from tff_clip import training
@@ -271,6 +273,28 @@ def test_a_checkpoint_holds_only_the_metrics_its_release_shows(finished):
   with np.load(newest) as data:
     header = json.loads(str(data['header']))
   assert set(header['pending']['row']) <= set(training.RELEASED)
+
+
+def test_share_run_hands_over_the_released_outputs_without_secrets(
+    finished, tmp_path):
+  """`python -m scripts.share_run`: everything released, no checkpoint."""
+  run_dir, _ = finished
+  shared = tmp_path / 'shared'
+  result = as_a_user.run(['-m', 'scripts.share_run', f'--run_dir={run_dir}',
+                          f'--output_dir={shared}'], timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert sorted(p.name for p in shared.iterdir()) == sorted([
+      'config.json', 'releases.jsonl', 'metrics.csv', 'tensorboard',
+      'ledger.json', 'summary.json', 'plot.png'])
+  assert not list(shared.rglob('*.npz')) and not list(shared.rglob('.lock'))
+  for path in shared.rglob('*'):
+    if path.is_file():
+      assert path.read_bytes() == (
+          run_dir / path.relative_to(shared)).read_bytes()
+  again = as_a_user.run(['-m', 'scripts.share_run', f'--run_dir={run_dir}',
+                         f'--output_dir={shared}'], timeout=120)
+  assert again.returncode == 2 and 'exists' in again.stderr
+  assert len(again.stderr.strip().splitlines()) == 1
 
 
 def test_released_files_are_readable_by_others(finished):

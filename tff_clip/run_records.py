@@ -37,6 +37,7 @@ import json
 import math
 import os
 import re
+import shutil
 import struct
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -44,7 +45,7 @@ import numpy as np
 
 __all__ = [
     'Checkpoints', 'ReleaseEvidence', 'ReleaseLog', 'RunRecordError',
-    'atomic_write', 'read_json', 'release_evidence', 'strict_json',
+    'atomic_write', 'read_json', 'release_evidence', 'share', 'strict_json',
     'write_json',
 ]
 
@@ -491,9 +492,52 @@ class Checkpoints:
 # ----------------------------------------------------------------------------
 # What a run directory proves was released.
 
-# Files a run writes only once a round was released, with how each proves it.
+# Files a run writes only once a round was released.
 RELEASED_FILES = ('metrics.csv', 'summary.json', 'ledger.json', 'plot.png',
                   'tensorboard')
+# What a run directory may hand over: what its rounds released and the
+# configuration they were released under. Never `checkpoints/` (the noise
+# key) or the lock.
+SHAREABLE = ('config.json', RELEASES) + RELEASED_FILES
+
+
+def share(run_dir: str, destination: str) -> list[str]:
+  """Copies a run's released outputs, and nothing secret, to `destination`.
+
+  `destination` must not exist (nothing is overwritten); it appears whole or
+  not at all (the copy is made beside it and renamed). Returns the names
+  copied. `checkpoints/` (the DP noise key, and the row of a round not yet
+  released) and anything `SHAREABLE` does not name stay behind.
+  """
+  if not os.path.isfile(os.path.join(run_dir, 'config.json')):
+    raise RunRecordError(f'{run_dir!r} holds no tff_clip run (no '
+                         'config.json); nothing was copied.')
+  if os.path.lexists(destination):
+    raise RunRecordError(f'{destination!r} exists; nothing was copied or '
+                         'overwritten. Name a new directory.')
+  parent = os.path.dirname(os.path.abspath(destination))
+  tmp = os.path.join(parent, f'.{os.path.basename(destination)}.tmp')
+  try:
+    if os.path.lexists(tmp):
+      shutil.rmtree(tmp)
+    os.makedirs(tmp)
+    copied = []
+    for name in SHAREABLE:
+      source = os.path.join(run_dir, name)
+      if os.path.islink(source) or not os.path.exists(source):
+        continue
+      if os.path.isdir(source):
+        shutil.copytree(source, os.path.join(tmp, name), symlinks=False,
+                        ignore=shutil.ignore_patterns('.*'))
+      else:
+        shutil.copy2(source, os.path.join(tmp, name))
+      copied.append(name)
+    os.rename(tmp, destination)
+  except OSError as e:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise _write_error(destination, e) from None
+  _fsync_dir(parent)
+  return copied
 
 
 @dataclasses.dataclass(frozen=True)
