@@ -223,6 +223,48 @@ def test_tree_restarts_every_bands_rounds():
   assert abs(np.corrcoef(restarted, prefix[1])[0, 1]) < 0.05
 
 
+# Noise sizes at a fixed seed on a million entries per round: the sample std
+# has relative standard error 1/sqrt(2e6) = 0.07%, so 0.3% is > 4 of them
+# and a noise 1% too small fails (as in tests/test_dp.py).
+BIG_SPECS = [tf.TensorSpec([1_000_000], tf.float32)]
+NOISE_RTOL = 0.003
+
+
+def _big_run(mechanism, bands, rounds, clip_norm, z):
+  query = dp.BoundedGaussianSumQuery('clip', clip_norm, z, noise_seed=9,
+                                     noise_mechanism=mechanism, bands=bands)
+  query.set_template(BIG_SPECS)
+  state, zeros = query.initial_global_state(), query.initial_sample_state(
+      BIG_SPECS)
+  noised = tf.function(query.get_noised_result)
+  outputs = []
+  for _ in range(rounds):
+    result, state, _ = noised(zeros, state)
+    outputs.append(np.asarray(result[0], np.float64))
+  return np.array(outputs)
+
+
+def test_banded_noise_std_of_each_round_is_z_c_times_its_row_of_c_inverse():
+  """Round t adds z C (C^-1 w)_t: std z C ||row t of C^-1||, C the banded
+  square root (the oracle inverts scipy's truncated matrix square root)."""
+  rounds, bands, clip_norm, z = 5, 3, 2.0, 1.5
+  noise = _big_run('banded', bands, rounds, clip_norm, z)
+  inverse = np.linalg.inv(_banded_root(rounds, bands))
+  expected = z * clip_norm * np.linalg.norm(inverse, axis=1)
+  np.testing.assert_allclose(np.std(noise, axis=1), expected, rtol=NOISE_RTOL)
+
+
+def test_tree_prefix_noise_std_is_z_c_sqrt_popcount():
+  """The prefix sum of t rounds of tree noise is the sum of popcount(t)
+  node noises of std z C (Kairouz et al. 2021, Alg. 1)."""
+  rounds, clip_norm, z = 7, 0.5, 1.3
+  prefix = np.cumsum(_big_run('tree', 8, rounds, clip_norm, z), axis=0)
+  popcount = np.array([bin(t).count('1') for t in range(1, rounds + 1)])
+  np.testing.assert_allclose(np.std(prefix, axis=1),
+                             z * clip_norm * np.sqrt(popcount),
+                             rtol=NOISE_RTOL)
+
+
 # ----------------------------------------------------------------------------
 # Accounting.
 

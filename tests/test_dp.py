@@ -26,20 +26,112 @@ def _zeros(num_clients):
 
 # ----------------------------------------------------------------------------
 # Noise: isotropic N(0, (z S)^2 I) on the sum, S = C for every bounding.
+#
+# Noise sizes are measured at a fixed seed on a million entries: the sample
+# std of m Gaussian draws has relative standard error 1/sqrt(2m) (0.07% for
+# the whole vector, 0.11% for its 400,000-entry layer), so the tolerances
+# below (0.3%, 0.5% per layer) are > 4 standard errors, and a noise 1% too
+# small lands 0.7% outside, 10 of them. The seeds are fixed: so is the outcome.
+
+BIG_SIZES = {'a': 400_000, 'b': 600_000}
+BIG_TYPE = tff.types.to_type(collections.OrderedDict(
+    (k, (np.float32, [s])) for k, s in BIG_SIZES.items()))
+NOISE_RTOL = 0.003
+LAYER_NOISE_RTOL = 0.005
 
 
+MARKED = 8  # Leading entries of each layer that tell clients apart.
+
+
+def _big_clients(num_clients):
+  """Zero updates but for entry i of each layer of client i: seeded client
+  noise is a function of the bounded record, and identical records (also
+  after normalization) would draw identical noise."""
+  assert num_clients <= MARKED
+  clients = []
+  for i in range(num_clients):
+    update = collections.OrderedDict()
+    for key, size in BIG_SIZES.items():
+      update[key] = np.zeros(size, np.float32)
+      update[key][i] = 1e-3
+    clients.append(update)
+  return clients
+
+
+def _assert_noise_std(result, expected):
+  """`result` is N(0, expected^2) in every layer past the marked entries."""
+  everything = np.concatenate([np.asarray(result[k][MARKED:], np.float64)
+                               for k in BIG_SIZES])
+  assert np.std(everything) == pytest.approx(expected, rel=NOISE_RTOL)
+  assert abs(np.mean(everything)) < 5 * expected / math.sqrt(everything.size)
+  for key in BIG_SIZES:  # The same std in every layer (not z C_h).
+    assert np.std(result[key][MARKED:]) == pytest.approx(expected, rel=LAYER_NOISE_RTOL)
+
+
+@pytest.mark.parametrize('placement', dp.NOISE_PLACEMENTS)
 @pytest.mark.parametrize('method', bounding.BOUNDINGS)
-def test_noise_std_is_z_c_over_denominator_and_equal_across_layers(method):
-  z, clip_norm, n = 1.5, 2.0, 10.0
-  factory = dp.dp_factory(method, noise_multiplier=z, clients_per_round=n, clip_norm=clip_norm, split='dim',
-                          noise_seed=1)
-  process = factory.create(VALUE_TYPE)
-  output = process.next(process.initialize(), _zeros(4))
-  expected = z * clip_norm / n
-  for key in SIZES:
-    # Std of 3000+ samples: relative standard error < 1.3%; allow 5%.
-    assert np.std(output.result[key]) == pytest.approx(expected, rel=0.05)
-    assert abs(np.mean(output.result[key])) < 4 * expected / math.sqrt(3000)
+def test_noise_std_is_z_c_over_n_in_every_layer(method, placement):
+  """The mean's noise is N(0, (z C / n)^2) on every coordinate, whether the
+  server adds N(0, (z C)^2) to the sum or each of the n clients adds
+  N(0, (z C)^2 / n) (here exactly n = 4 clients take part)."""
+  z, clip_norm, n = 1.5, 2.0, 4
+  factory = dp.dp_factory(method, noise_multiplier=z, clients_per_round=n,
+                          clip_norm=clip_norm, split='dim',
+                          noise_placement=placement, noise_seed=1)
+  process = factory.create(BIG_TYPE)
+  output = process.next(process.initialize(), _big_clients(n))
+  _assert_noise_std(output.result, z * clip_norm / n)
+
+
+def test_unseeded_client_noise_std_is_z_c_over_sqrt_n():
+  """A client's own noise, from the OS-seeded kernel (no `noise_seed`), is
+  N(0, (z C)^2 / n). Not seedable, so sized to be safe by chance: on 4e6
+  draws the std's relative standard error is 0.035%, and 0.3% is 8.5 of
+  them (a false failure has chance < 1e-16)."""
+  z, clip_norm, n, size = 1.5, 2.0, 9.0, 4_000_000
+  query = dp.BoundedGaussianSumQuery('clip', clip_norm, z,
+                                     noise_placement='client',
+                                     expected_clients=n)
+  params = query.derive_sample_params(query.initial_global_state())
+  noise = query.preprocess_record(params, [tf.zeros([size])])[0]
+  assert np.std(noise) == pytest.approx(z * clip_norm / math.sqrt(n),
+                                        rel=NOISE_RTOL)
+
+
+@pytest.mark.parametrize('per_layer', [False, True])
+def test_adaptive_value_noise_std_is_the_raised_multiplier_times_c(per_layer):
+  """Adaptive clipping's value noise has multiplier
+  z_v = (z^-2 - H (2 sigma_b)^-2)^-1/2 (Andrew et al. 2021, Thm. 1: the
+  value and the H counts of sensitivity 1/2 together are one Gaussian with
+  z), on S = C0 in round 1; H = 1 count, or one per layer."""
+  z, n, initial, count_stddev = 1.0, 10.0, 0.5, 2.0
+  num_counts = len(BIG_SIZES) if per_layer else 1
+  value_z = (z**-2 - num_counts * (2 * count_stddev)**-2)**-0.5
+  factory = dp.dp_factory(
+      'per_layer_clip' if per_layer else 'clip', noise_multiplier=z,
+      clients_per_round=n, clip_norm='adaptive', initial_clip_norm=initial,
+      clipped_count_stddev=count_stddev, per_layer_quantiles=per_layer,
+      noise_seed=4)
+  process = factory.create(BIG_TYPE)
+  output = process.next(process.initialize(), _big_clients(2))
+  _assert_noise_std(output.result, value_z * initial / n)
+
+
+def test_adaptive_count_noise_std_is_sigma_b_over_n():
+  """The noisy fraction of clients below the norm carries N(0, sigma_b^2)
+  on the count, divided by n. Measured on an estimator of 1e6 norms (one
+  count each; the noise per count does not depend on their number), with no
+  records: the fraction is 1/2 + noise / n, and the linear update with rate
+  1 and target 1/2 moves each estimate from 0 by minus that noise."""
+  count_stddev, n, size = 0.5, 10.0, 1_000_000
+  query = dp.CountQuantileEstimatorQuery(
+      np.zeros(size, np.float32), target_quantile=0.5, learning_rate=1.0,
+      below_estimate_stddev=count_stddev, expected_num_records=n,
+      geometric_update=False, noise_seed=8)
+  state = query.initial_global_state()
+  estimate, _, _ = query.get_noised_result(query.initial_sample_state(), state)
+  assert np.std(estimate) == pytest.approx(count_stddev / n, rel=NOISE_RTOL)
+  assert abs(np.mean(estimate)) < 5 * count_stddev / n / math.sqrt(size)
 
 
 def test_per_layer_noise_is_not_per_layer_budget_scaled():
@@ -52,21 +144,6 @@ def test_per_layer_noise_is_not_per_layer_budget_scaled():
   stds = [np.std(output.result[key]) for key in sorted(SIZES)]
   assert stds[0] == pytest.approx(stds[1], rel=0.06)
   assert stds[0] > 1.5 * budgets[0]  # z C_a would be 0.61; z C is 1.
-
-
-def test_client_noise_placement_gives_the_central_aggregate_noise():
-  z, clip_norm, n = 1.0, 1.0, 16
-  central = dp.dp_factory('clip', noise_multiplier=z, clients_per_round=n, clip_norm=clip_norm, noise_seed=3)
-  client = dp.dp_factory('clip', noise_multiplier=z, clients_per_round=n, clip_norm=clip_norm,
-                         noise_placement='client')
-  stds = []
-  for factory in (central, client):
-    process = factory.create(VALUE_TYPE)
-    output = process.next(process.initialize(), _zeros(n))
-    stds.append(np.std(np.concatenate([output.result['a'],
-                                       output.result['b']])))
-  assert stds[0] == pytest.approx(z * clip_norm / n, rel=0.05)
-  assert stds[1] == pytest.approx(stds[0], rel=0.05)
 
 
 def test_seeded_noise_is_reproducible_and_changes_every_round():
