@@ -47,6 +47,7 @@ SMOKE_OVERRIDES = {
     'scripts.diagnose_per_layer': ['--setting=digits', '--rounds=2'],
     'scripts.audit_table': ['--noise_multipliers=1'],
     'scripts.reproduce': ['--quick'],
+    'scripts.share_run': [],  # --run_dir, --output_dir: a run made here.
 }
 # Extra train flags given to each sweep cell for the smoke run.
 SWEEP_TRAIN_OVERRIDES = ['--rounds=1', '--clients_per_round=2',
@@ -189,6 +190,13 @@ def test_every_readme_command_runs_at_smoke_size(command, tmp_path):
     overrides.append(f'--root_output_dir={tmp_path}')
   if module in ('scripts.reproduce', 'scripts.diagnose_per_layer'):
     overrides.append(f'--output_dir={tmp_path}')
+  if module == 'scripts.share_run':  # Shares a run trained here first.
+    trained = as_a_user.run(
+        ['-m', 'scripts.train', f'--root_output_dir={tmp_path}',
+         '--experiment_name=run', *SMOKE_OVERRIDES['scripts.train']],
+        timeout=1200, TF_CPP_MIN_LOG_LEVEL='3')
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    overrides += [f'--run_dir={tmp_path}/run', f'--output_dir={tmp_path}/out']
   if '--' in args:  # sweep, audit_table: their flags, then train's.
     split = args.index('--')
     args = (args[:split] + overrides + ['--'] + args[split + 1:] +

@@ -285,12 +285,21 @@ def test_share_run_hands_over_the_released_outputs_without_secrets(
   assert result.returncode == 0, result.stderr
   assert sorted(p.name for p in shared.iterdir()) == sorted([
       'config.json', 'releases.jsonl', 'metrics.csv', 'tensorboard',
-      'ledger.json', 'summary.json', 'plot.png'])
-  assert not list(shared.rglob('*.npz')) and not list(shared.rglob('.lock'))
+      'ledger.json', 'summary.json', 'plot.png', 'model.npz'])
+  assert not list(shared.rglob('round_*')) and not list(shared.rglob('.lock'))
   for path in shared.rglob('*'):
-    if path.is_file():
+    if path.is_file() and path.name != 'model.npz':
       assert path.read_bytes() == (
           run_dir / path.relative_to(shared)).read_bytes()
+  # model.npz: the released model's weights alone, shaped as the task's
+  # model's variables (ModelWeights order), nothing else of the state.
+  model = program.build_task(BASE).model_fn()
+  with np.load(shared / 'model.npz') as weights:
+    names = sorted(weights.files)
+    shapes = [weights[n].shape for n in names if n.startswith('trainable')]
+  assert shapes == [tuple(v.shape) for v in model.trainable_variables]
+  assert len(names) == len(model.trainable_variables) + len(
+      model.non_trainable_variables)
   again = as_a_user.run(['-m', 'scripts.share_run', f'--run_dir={run_dir}',
                          f'--output_dir={shared}'], timeout=120)
   assert again.returncode == 2 and 'exists' in again.stderr

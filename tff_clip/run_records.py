@@ -501,12 +501,48 @@ RELEASED_FILES = ('metrics.csv', 'summary.json', 'ledger.json', 'plot.png',
 SHAREABLE = ('config.json', RELEASES) + RELEASED_FILES
 
 
+MODEL = 'model.npz'
+
+
+def _write_released_model(run_dir: str, path: str) -> bool:
+  """Writes the last released round's model weights alone to `path`.
+
+  From the checkpoint of the round `releases.jsonl` ends with (a newer,
+  pending one holds a model not yet released): its first leaves, as the
+  checkpoint's header lays them out, saved as `trainable_NNNNN` and
+  `non_trainable_NNNNN` arrays (the order of
+  `tff.learning.models.ModelWeights`). False when no such checkpoint loads.
+  """
+  try:
+    released = ReleaseLog(run_dir).last_round
+  except RunRecordError:
+    return False
+  checkpoints = Checkpoints(os.path.join(run_dir, 'checkpoints'))
+  if not released or released not in checkpoints.versions():
+    return False
+  try:
+    leaves, header = checkpoints.load(released)
+  except RunRecordError:
+    return False
+  layout = header.get('model')
+  if not isinstance(layout, Mapping):
+    return False
+  n, m = layout.get('trainable', 0), layout.get('non_trainable', 0)
+  arrays = {f'trainable_{i:05d}': leaves[i] for i in range(n)}
+  arrays.update({f'non_trainable_{i:05d}': leaves[n + i] for i in range(m)})
+  buffer = io.BytesIO()
+  np.savez(buffer, **arrays)
+  atomic_write(path, buffer.getvalue())
+  return True
+
+
 def share(run_dir: str, destination: str) -> list[str]:
   """Copies a run's released outputs, and nothing secret, to `destination`.
 
   `destination` must not exist (nothing is overwritten); it appears whole or
-  not at all (the copy is made beside it and renamed). Returns the names
-  copied. `checkpoints/` (the DP noise key, and the row of a round not yet
+  not at all (the copy is made beside it and renamed). The last released
+  round's model weights, alone, go to `model.npz`. Returns the names
+  written. `checkpoints/` (the DP noise key, and the row of a round not yet
   released) and anything `SHAREABLE` does not name stay behind.
   """
   if not os.path.isfile(os.path.join(run_dir, 'config.json')):
@@ -532,6 +568,8 @@ def share(run_dir: str, destination: str) -> list[str]:
       else:
         shutil.copy2(source, os.path.join(tmp, name))
       copied.append(name)
+    if _write_released_model(run_dir, os.path.join(tmp, MODEL)):
+      copied.append(MODEL)
     os.rename(tmp, destination)
   except OSError as e:
     shutil.rmtree(tmp, ignore_errors=True)

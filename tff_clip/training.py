@@ -475,6 +475,33 @@ def _state_type(runner):
   return state_type
 
 
+def _model_layout(runner) -> Optional[dict[str, int]]:
+  """{'trainable': n, 'non_trainable': m}: the state's first n + m leaves
+  are the global model (`tff.learning.models.ModelWeights`); None when the
+  state does not start with it."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  def count(type_spec):
+    if isinstance(type_spec, tff.TensorType):
+      return 1
+    if isinstance(type_spec, tff.StructType):
+      return sum(count(t) for _, t in tff.structure.to_elements(type_spec))
+    return 0
+
+  state_type = _state_type(runner)
+  if isinstance(state_type, tff.FederatedType):
+    state_type = state_type.member
+  elements = (tff.structure.to_elements(state_type)
+              if isinstance(state_type, tff.StructType) else [])
+  if not elements or elements[0][0] != 'global_model_weights':
+    return None
+  weights = dict(tff.structure.to_elements(elements[0][1]))
+  if set(weights) != {'trainable', 'non_trainable'}:
+    return None
+  return {name: count(weights[name]) for name in ('trainable',
+                                                  'non_trainable')}
+
+
 def _state_leaves(runner, state) -> list:
   from tff_clip import tf_graphs  # pylint: disable=g-import-not-at-top
   return [np.asarray(leaf) for leaf in
@@ -1041,6 +1068,7 @@ def _train(config, session, log, resuming):
     ledger.record(round_num, privacy_ledger.event_from_dict(event))
     writers.release(round_num, row, event)
   released = released_metric(config, session.private)
+  model = _model_layout(session.process)  # For `run_records.share`.
   progress = _Progress(config, start_round, released)
   last_eval = _last_eval(log.rows())
   last_checkpoint = -math.inf
@@ -1059,7 +1087,7 @@ def _train(config, session, log, resuming):
       pending_row = {k: v for k, v in row.items() if released((k,))}
       checkpoints.save(round_num, _state_leaves(session.process, state), dict(
           pending=dict(row=run_records.strict_json(pending_row), event=event),
-          log_hash=log.hash_at(round_num - 1)))
+          log_hash=log.hash_at(round_num - 1), model=model))
       writers.release(round_num, row, event)
     else:
       # Release, then checkpoint when due: a kill in between re-runs the
@@ -1070,7 +1098,8 @@ def _train(config, session, log, resuming):
          ) or round_num == config.rounds:
         last_checkpoint = time.monotonic()
         checkpoints.save(round_num, _state_leaves(session.process, state),
-                         dict(pending=None, log_hash=log.hash_at(round_num)))
+                         dict(pending=None, log_hash=log.hash_at(round_num),
+                              model=model))
     progress.update(round_num, row, last_eval)
   progress.close()
   return _finish(config, session, ledger, log, session.audit_report(state))
