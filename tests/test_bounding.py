@@ -1,5 +1,6 @@
 """Specification of the bounding core (`tff_clip.bounding`)."""
 
+import fractions
 import math
 
 from hypothesis import given, settings, strategies as st
@@ -10,19 +11,19 @@ import tensorflow as tf
 from tff_clip import bounding
 
 DTYPES = [np.float16, tf.bfloat16.as_numpy_dtype, np.float32, np.float64]
-# Relative slack on `norm <= C` from rounding the bounded values to the leaf
-# dtype (bfloat16 keeps 8 bits of mantissa).
-RTOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-6,
-        np.dtype(np.float64): 1e-12}
 
 
-def _rtol(dtype):
-  return RTOL.get(np.dtype(dtype), 1e-2)  # bfloat16
+def _exact_squared_norm(structure) -> fractions.Fraction:
+  """The squared L2 norm of the stored values, in exact arithmetic.
 
-
-def _np_norm(structure):
-  leaves = [np.asarray(x, np.float64) for x in tf.nest.flatten(structure)]
-  return math.sqrt(sum(float(np.sum(x**2)) for x in leaves))
+  Every float16/bfloat16/float32/float64 value is a float64 and a Fraction
+  exactly, and so are the squares and their sum: no rounding slack is
+  needed to compare the norm with C, in any dtype.
+  """
+  return sum((fractions.Fraction(float(x))**2
+              for leaf in tf.nest.flatten(structure)
+              for x in np.ravel(np.asarray(leaf, np.float64))),
+             fractions.Fraction(0))
 
 
 # ----------------------------------------------------------------------------
@@ -62,27 +63,24 @@ structures = st.recursive(
 norms = st.floats(min_value=1e-3, max_value=1e3)
 
 
-def _max_rtol(structure):
-  return max(_rtol(x.dtype.as_numpy_dtype) for x in tf.nest.flatten(structure))
-
-
-def _assert_bounded(result, clip_norm, structure):
+def _assert_bounded(result, clip_norm):
+  """Finite, and norm <= C exactly, as stored in the leaves' own dtypes
+  (README: "the bounded update's norm is <= C in its own dtype")."""
   assert all(np.all(np.isfinite(np.asarray(x, np.float64)))
              for x in tf.nest.flatten(result))
-  assert _np_norm(result) <= clip_norm * (1 + _max_rtol(structure)) + 1e-30
+  assert _exact_squared_norm(result) <= fractions.Fraction(clip_norm)**2
 
 
 @settings(max_examples=60, deadline=None)
 @given(structures, norms)
 def test_clip_bounds_norm_for_any_finite_structure(structure, clip_norm):
-  _assert_bounded(bounding.clip(structure, clip_norm), clip_norm, structure)
+  _assert_bounded(bounding.clip(structure, clip_norm), clip_norm)
 
 
 @settings(max_examples=60, deadline=None)
 @given(structures, norms)
 def test_normalize_bounds_norm_for_any_finite_structure(structure, clip_norm):
-  _assert_bounded(bounding.normalize(structure, clip_norm), clip_norm,
-                  structure)
+  _assert_bounded(bounding.normalize(structure, clip_norm), clip_norm)
 
 
 @settings(max_examples=40, deadline=None)
@@ -90,10 +88,11 @@ def test_normalize_bounds_norm_for_any_finite_structure(structure, clip_norm):
 def test_per_layer_boundings_bound_norm_for_any_split(structure, clip_norm,
                                                       split):
   budgets = bounding.layer_budgets(structure, clip_norm, split)
-  _assert_bounded(bounding.clip_per_layer(structure, budgets), clip_norm,
-                  structure)
-  _assert_bounded(bounding.normalize_per_layer(structure, budgets), clip_norm,
-                  structure)
+  for result in (bounding.clip_per_layer(structure, budgets),
+                 bounding.normalize_per_layer(structure, budgets)):
+    _assert_bounded(result, clip_norm)
+    for leaf, budget in zip(tf.nest.flatten(result), np.asarray(budgets)):
+      assert _exact_squared_norm(leaf) <= fractions.Fraction(float(budget))**2
 
 
 @settings(max_examples=30, deadline=None)

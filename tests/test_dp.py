@@ -1,6 +1,7 @@
 """Specification of the DP factories and queries (`tff_clip.dp`)."""
 
 import collections
+import fractions
 import math
 
 import dp_accounting
@@ -12,6 +13,7 @@ import tensorflow_federated as tff
 
 from tff_clip import bounding
 from tff_clip import dp
+import key_search  # pylint: disable=g-bad-import-order
 
 # Two layers of different sizes: 'dim' budgets differ between them.
 VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
@@ -557,14 +559,29 @@ def test_unseeded_noise_differs_between_builds_even_under_a_global_seed(
   first = _one_noisy_round(build(), global_seed=0)
   second = _one_noisy_round(build(), global_seed=0)
   assert np.std(first) > 0
-  assert not np.any(first == second)
+  _assert_independent_draws(first, second)
 
 
 def test_unseeded_noise_differs_between_initializations_of_one_process():
   process = dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=10.0, clip_norm=1.0).create(VALUE_TYPE)
   first = process.next(process.initialize(), _zeros(1)).result['a']
   second = process.next(process.initialize(), _zeros(1)).result['a']
-  assert not np.any(first == second)
+  _assert_independent_draws(first, second)
+
+
+def _assert_independent_draws(first, second):
+  """`first` and `second` are noise of two independent keys.
+
+  Not "no entry equal": two float32 Gaussians coincide with chance ~1e-8,
+  so that fails by chance for some of 1e4 draws. What a shared (or partly
+  shared) key breaks and chance does not: at most 1% of the entries equal
+  and a correlation below 0.15, 8 of its standard errors 1/sqrt(3000); a
+  false failure has chance < 1e-15.
+  """
+  first, second = (np.ravel(x).astype(np.float64) for x in (first, second))
+  assert first.size >= 3000
+  assert np.mean(first == second) < 0.01
+  assert abs(np.corrcoef(first, second)[0, 1]) < 0.15
 
 
 @pytest.mark.parametrize('placement', dp.NOISE_PLACEMENTS)
@@ -592,12 +609,27 @@ def test_seeded_client_noise_differs_between_clients():
   assert not np.any(alone[0] == alone[1])
 
 
-def test_noise_key_is_not_released_in_measurements():
+def test_noise_keys_are_not_released_in_measurements_or_result():
+  """Neither key of the state (value and count noise) is in what a round
+  releases, in any dtype or encoding (`key_search`; a false alarm has
+  chance < 1e-10 in these 32 KB)."""
   process = dp.dp_factory('per_layer_clip', noise_multiplier=1.0, clients_per_round=10.0,
                           clip_norm='adaptive').create(VALUE_TYPE)
-  output = process.next(process.initialize(), _zeros(1))
-  released = tf.nest.flatten(output.measurements)
-  assert not any(np.asarray(x).dtype == np.int64 for x in released)
+  state = process.initialize()
+  keys = [np.asarray(x) for x in tf.nest.flatten(state)
+          if np.asarray(x).dtype == np.int64 and np.shape(x) == (2,)]
+  assert len(keys) == 2 and all(k.all() for k in keys)
+  output = process.next(state, _zeros(1))
+  for released in (output.measurements, output.result):
+    leaves = [np.asarray(x) for x in tf.nest.flatten(released)]
+    data = b''.join(x.tobytes() for x in leaves)
+    numbers = [(x.item(), leaf.dtype.name) for leaf in leaves
+               for x in np.ravel(leaf)]
+    for key in keys:
+      assert not key_search.found_bytes(data, key)
+      assert not key_search.found_numbers(numbers, key)
+      assert (key_search.byte_chance(len(data), key) +
+              key_search.number_chance(numbers, key)) < 1e-10
 
 
 # ----------------------------------------------------------------------------
@@ -618,20 +650,26 @@ def test_bounded_norm_in_low_precision_is_at_most_c(dtype, method, seed,
   result = bounding.bound(structure, method, clip_norm=clip_norm,
                           budgets=budgets).value
   assert all(x.dtype == dtype for x in result)
-  # The exact norm of the stored values (float64 of the dtype's numbers).
-  stored = [np.asarray(tf.cast(x, tf.float64)) for x in result]
-  assert math.sqrt(sum(np.sum(x**2) for x in stored)) <= clip_norm
+  # The exact norm of the stored values: no rounding slack.
+  assert _exact_squared_norm(result) <= fractions.Fraction(clip_norm)**2
   if method.startswith('per_layer'):
-    for x, budget in zip(stored, np.asarray(budgets, np.float64)):
-      assert np.linalg.norm(x) <= budget
+    for x, budget in zip(result, np.asarray(budgets)):
+      assert _exact_squared_norm([x]) <= fractions.Fraction(float(budget))**2
 
 
-@pytest.mark.slow
+def _exact_squared_norm(leaves) -> fractions.Fraction:
+  """Sum of squares of the stored values, in exact (rational) arithmetic."""
+  return sum((fractions.Fraction(float(v))**2 for x in leaves
+              for v in np.ravel(np.asarray(tf.cast(x, tf.float64)))),
+             fractions.Fraction(0))
+
+
 @pytest.mark.parametrize('dtype', [tf.float16, tf.bfloat16])
 def test_4096_low_precision_records_sum_in_float32(dtype):
-  # Noise off: the query's sum of 4096 records at norm C must match the
-  # float64 sum of the same bounded records to float32 rounding. Summed in
-  # float16, partial sums above 2048 lose whole units: ~10% off here.
+  """Noise off: the query's sum of 4096 records at norm C matches the
+  float64 sum of the same bounded records to float32 rounding. Summed in
+  float16, partial sums above 2048 lose whole units (~10% off here): one
+  record would move the sum by more than C, the sensitivity accounted."""
   num_clients, size = 4096, 4
   value_type = tff.types.TensorType(dtype.as_numpy_dtype, [size])
   query = dp.dp_factory('clip', noise_multiplier=0.0, clients_per_round=float(num_clients),
@@ -650,9 +688,8 @@ def test_4096_low_precision_records_sum_in_float32(dtype):
         (tf.constant(0), sample))[1]
 
   sample = total()
-  bounded = np.stack([
-      np.asarray(tf.cast(bounding.clip(records[i], 1.0), tf.float64))
-      for i in range(num_clients)])
+  bounded = np.asarray(tf.cast(tf.function(lambda: tf.map_fn(
+      lambda record: bounding.clip(record, 1.0), records))(), tf.float64))
   expected = bounded.sum(axis=0)
   summed = np.asarray(tf.nest.flatten(sample)[0], np.float64)
   # float32 accumulation of 4096 terms of size <= 1: error <= 4096 * 2^-24 *
