@@ -1,11 +1,19 @@
-"""Specification of the privacy CLI (`python -m scripts.accountant`)."""
+"""Specification of the privacy CLI (`python -m scripts.accountant`).
 
+Oracle: dp_accounting, composed here (the Poisson-sampled Gaussian
+`rounds` times; RDP at dp_accounting's default orders, PLD on its default
+1e-4 grid), never `tff_clip.accounting`. A figure printed to d digits must
+be the oracle's to half a unit of its last digit.
+"""
+
+import decimal
 import os
 import pathlib
 import re
 import subprocess
 import sys
 
+import dp_accounting
 import pytest
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -26,35 +34,94 @@ def example_with_extrapolation():
   return _run(*EXAMPLE, '--extrapolate')
 
 
-def test_cli_prints_epsilon_of_both_accountants(example_with_extrapolation):
-  result = example_with_extrapolation
+def _poisson_gaussian(q, noise_multiplier, rounds, delta):
+  """(RDP epsilon, its order, PLD epsilon) of the Poisson-sampled Gaussian
+  composed `rounds` times, by dp_accounting."""
+  event = dp_accounting.PoissonSampledDpEvent(
+      q, dp_accounting.GaussianDpEvent(noise_multiplier))
+  rdp = dp_accounting.rdp.RdpAccountant()
+  rdp.compose(event, rounds)
+  epsilon, order = rdp.get_epsilon_and_optimal_order(delta)
+  pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+  pld.compose(event, rounds)
+  return epsilon, order, pld.get_epsilon(delta)
 
+
+def _rdp_epsilon(q, noise_multiplier, rounds, delta):
+  rdp = dp_accounting.rdp.RdpAccountant()
+  rdp.compose(dp_accounting.PoissonSampledDpEvent(
+      q, dp_accounting.GaussianDpEvent(noise_multiplier)), rounds)
+  return rdp.get_epsilon_and_optimal_order(delta)
+
+
+def _assert_printed(text, value):
+  """`text` is `value` rounded to its last printed digit."""
+  half_unit = 0.5 * 10.0**decimal.Decimal(text).as_tuple().exponent
+  assert abs(float(text) - value) <= half_unit * (1 + 1e-9), (text, value)
+
+
+def _figure(pattern, stdout):
+  match = re.search(pattern, stdout)
+  assert match, (pattern, stdout)
+  return match.group(1)
+
+
+def test_cli_prints_dp_accountings_epsilon_of_both_accountants(
+    example_with_extrapolation):
+  result = example_with_extrapolation
   assert result.returncode == 0, result.stderr
-  assert 'RDP epsilon = 5.1132' in result.stdout
-  assert 'optimal RDP order 5.6' in result.stdout
-  assert 'PLD epsilon = 4.73' in result.stdout
+  rdp, order, pld = _poisson_gaussian(0.01, 1.0, 5000, 1e-6)
+
+  _assert_printed(_figure(r'RDP epsilon = ([\d.]+)', result.stdout), rdp)
+  assert float(_figure(r'optimal RDP order ([\d.]+)', result.stdout)) == order
+  # PLD: an upper bound on a coarser grid (1e-4 x epsilon): at least the
+  # fine grid's bound, and within 0.1% of it.
+  printed = float(_figure(r'PLD epsilon = ([\d.]+)', result.stdout))
+  assert pld * (1 - 1e-4) <= printed <= pld * (1 + 1e-3)
+  assert (round(rdp, 2), round(pld, 2)) == (5.11, 4.74)  # docs/privacy.md
 
 
 def test_cli_extrapolate_prints_the_population_table(
     example_with_extrapolation):
+  """One row per scale pair (a, b): n = 100 a clients of K = 10,000 b, the
+  noise z = a keeping z / n fixed; each RDP figure is dp_accounting's."""
   lines = example_with_extrapolation.stdout.splitlines()
   header = next(i for i, line in enumerate(lines) if 'K (population)' in line)
 
   assert re.split(r'\s{2,}', lines[header].strip()) == [
       'n (clients/round)', 'K (population)', 'q', 'z', 'RDP epsilon',
       'RDP order', 'PLD epsilon']
-  assert len(lines) - header - 1 == 5  # One row per default scale pair.
-  assert lines[header + 1].split()[:4] == ['100', '10,000', '0.01', '1']
-  assert lines[header + 3].split()[:2] == ['10,000', '1,000,000']
+  rows = lines[header + 1:]
+  scales = [(1, 1), (10, 10), (100, 100), (100, 1000), (100, 10000)]
+  assert len(rows) == len(scales)
+  for row, (a, b) in zip(rows, scales):
+    n, population, q, z, rdp, order, _ = row.split()
+    assert (n, population) == (f'{100 * a:,}', f'{10_000 * b:,}')
+    expected_q = 100 * a / (10_000 * b)
+    _assert_printed(q, expected_q)
+    _assert_printed(z, a)
+    epsilon, expected_order = _rdp_epsilon(expected_q, a, 5000, 1e-6)
+    _assert_printed(rdp, epsilon)
+    assert float(order) == expected_order
 
 
 def test_cli_target_epsilon_calibrates_the_noise_multiplier():
-  result = _run('--target_epsilon=5.1132', '--clients_per_round=100',
+  """The printed z meets the target by dp_accounting, and 0.1% less noise
+  would not: it is the smallest such z to 1e-3."""
+  target = 5.1132
+  result = _run(f'--target_epsilon={target}', '--clients_per_round=100',
                 '--population_size=10000', '--rounds=5000', '--delta=1e-6',
                 '--accountants=rdp')
 
   assert result.returncode == 0, result.stderr
-  assert 'noise_multiplier = 1.000' in result.stdout
+  printed = _figure(r'noise_multiplier = ([\d.]+)  gives', result.stdout)
+  z = float(printed)
+  # z was rounded to the printed digits; the calibrated one is at most half
+  # a unit larger, and more noise gives less epsilon.
+  half_unit = 0.5 * 10.0**decimal.Decimal(printed).as_tuple().exponent
+  assert _rdp_epsilon(0.01, z + half_unit, 5000, 1e-6)[0] <= target
+  assert _rdp_epsilon(0.01, z * (1 - 1e-3), 5000, 1e-6)[0] > target
+  assert z == pytest.approx(1.0, abs=1e-5)
 
 
 def test_cli_fixed_size_sampling_reports_pld_as_unavailable():
@@ -64,8 +131,17 @@ def test_cli_fixed_size_sampling_reports_pld_as_unavailable():
 
   assert result.returncode == 0, result.stderr
   assert 'replace-one' in result.stdout
-  assert 'RDP epsilon = ' in result.stdout
   assert 'PLD epsilon = n/a' in result.stdout
+  # dp_accounting: 100 of 10,000 without replacement, replace-one adjacency,
+  # where one client's update moves the sum by up to 2 C (the Gaussian's z
+  # halves; google/differential-privacy#378).
+  rdp = dp_accounting.rdp.RdpAccountant(
+      neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+  rdp.compose(dp_accounting.SampledWithoutReplacementDpEvent(
+      10_000, 100, dp_accounting.GaussianDpEvent(0.5)), 100)
+  epsilon, order = rdp.get_epsilon_and_optimal_order(1e-6)
+  _assert_printed(_figure(r'RDP epsilon = ([\d.]+)', result.stdout), epsilon)
+  assert float(_figure(r'optimal RDP order ([\d.]+)', result.stdout)) == order
 
 
 def test_cli_bad_input_fails_naming_the_argument():
