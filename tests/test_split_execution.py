@@ -324,6 +324,30 @@ def test_attacker_on_the_local_worker_port_gets_values_but_not_the_key(
     assert not sent_key(attacker.responses, key)
 
 
+def test_attacker_on_a_remote_worker_port_reads_split_rounds_but_not_the_key(
+    secret_runner, restore_local_context):
+  """The default suite's case of the slow test below: split rounds on a
+  worker reached over TCP, through the context `--executor=remote` sets
+  (`training.set_execution_context`), attacked on that worker's port."""
+  del restore_local_context
+  proc, target = started_worker()
+  try:
+    training.set_execution_context(training.TrainConfig(
+        executor='remote', workers=(target,)))
+    state = secret_runner.initialize()
+    key = noise_key(state)
+    with Attacker(lambda: [target]) as attacker:
+      for round_num in (1, 2):
+        state = secret_runner.next(
+            state, tiny_model.client_datasets(round_num)).state
+  finally:
+    proc.kill()
+    proc.wait()
+  assert key.any()
+  assert attacker.responses  # It did read values off the worker...
+  assert not sent_key(attacker.responses, key)  # ...not the key.
+
+
 @pytest.mark.slow
 def test_attacker_on_a_remote_worker_port_gets_values_but_not_the_key(
     tmp_path, keys_of_split_rounds, restore_local_context):
