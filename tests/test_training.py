@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import portpicker
@@ -198,11 +199,16 @@ def test_unreachable_worker_is_a_clear_error_before_its_timeout(tmp_path):
   config = training.TrainConfig(
       root_output_dir=str(tmp_path), executor='remote',
       workers=(f'127.0.0.1:{port}',), worker_timeout_s=600.0)
+  started = time.monotonic()
   try:
     with pytest.raises(training.ConfigError, match=f'127.0.0.1:{port}'):
-      program.run(config)  # Refused at once, not after 600 s.
+      program.run(config)
   finally:
     execution.set_local_cpp_context()
+  # Refused at once, not after the 600 s timeout: the connection attempt
+  # takes at most 5 s (`execution.create_remote_async_context`); 30 s
+  # leaves room for a loaded machine.
+  assert time.monotonic() - started < 30.0
   assert not any(tmp_path.iterdir())
 
 
