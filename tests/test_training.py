@@ -393,17 +393,29 @@ def builds(monkeypatch):
   return built
 
 
+def _state_keys(run_dir):
+  """The [2] int64 leaves (noise keys) of a run's checkpoints."""
+  keys = set()
+  for path in (run_dir / 'checkpoints').iterdir():
+    with np.load(path) as data:
+      keys.update(tuple(data[n].tolist()) for n in data.files
+                  if data[n].dtype == np.int64 and data[n].shape == (2,))
+  return keys
+
+
 def test_runs_in_one_process_share_their_build_never_their_noise(
     tmp_path, builds):
   # b differs from a only in where it writes, how long it runs and what it
-  # releases: it reuses a's traced process, and draws its own noise key
-  # (round 1's clip norm moves by the noisy clipped count).
+  # releases: it reuses a's traced process, and draws its own noise keys
+  # (value and count noise). Compared as keys, not as released values: two
+  # fresh keys coincide with chance 2^-128, a clip norm with ~1e-6.
   base = dict(clients_per_round=6, eval_every=1, seed=3)
   a = _rows(_run(tmp_path, 'a', rounds=1, **base)[1] / 'metrics.csv')
   b = _rows(_run(tmp_path, 'b', rounds=2, release_uncovered_metrics=True,
                  **base)[1] / 'metrics.csv')
   assert 'b' not in builds
-  assert a[0]['clip_norm'] != b[0]['clip_norm']
+  keys_a, keys_b = _state_keys(tmp_path / 'a'), _state_keys(tmp_path / 'b')
+  assert len(keys_a) == len(keys_b) == 2 and not keys_a & keys_b
   assert 'clients' in b[0] and 'clients' not in a[0]
 
 
@@ -466,9 +478,10 @@ def test_same_seed_runs_draw_different_noise_unless_noise_seed(
                               ('c', dict(noise_seed=9)),
                               ('d', dict(noise_seed=9)))}
   assert 'b' not in builds and 'd' not in builds
-  # Round 1's clip norm moves by the noisy clipped count; round 2's eval
-  # loss moves with the noised model.
-  assert runs['a'][1]['eval_loss'] != runs['b'][1]['eval_loss']
+  # Fresh keys for a and b (equal by chance with probability 2^-128), the
+  # seed's for c and d.
+  assert not _state_keys(tmp_path / 'a') & _state_keys(tmp_path / 'b')
+  assert _state_keys(tmp_path / 'c') == _state_keys(tmp_path / 'd')
   _assert_same_metrics(runs['c'], runs['d'])
   summary = json.loads((tmp_path / 'c' / 'summary.json').read_text())
   assert 'NOT private' in summary['noise']
