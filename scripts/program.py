@@ -129,9 +129,14 @@ def format_summary(summary) -> str:
   if summary['noise_multiplier'] is None:
     lines.append('privacy: none (no noise, no DP guarantee)')
   else:
+    accountant = summary.get('accountant', 'rdp').upper()
+    other = ''
+    if accountant == 'PLD' and summary.get('epsilon_rdp') is not None:
+      other = f'; RDP gives {format_epsilon(summary["epsilon_rdp"])}'
     lines.append(
         f'privacy: epsilon = {format_epsilon(epsilon)} at delta = '
-        f'{summary["delta"]:g} (z = {summary["noise_multiplier"]:.4g}, '
+        f'{summary["delta"]:g} by the {accountant} accountant{other} '
+        f'(z = {summary["noise_multiplier"]:.4g}, '
         f'{summary["clients_per_round"]} of {summary["population_size"]} '
         f'clients per round, {summary["sampling"]} sampling, '
         f'{summary["rounds"]} rounds); noise: {summary["noise"]}')
@@ -145,7 +150,7 @@ def format_summary(summary) -> str:
           '  The same noise on the average (z/n fixed) with '
           f'{ext["clients_per_round"]:,} of {ext["population_size"]:,} '
           f'clients per round would give epsilon = '
-          f'{format_epsilon(ext["epsilon"])} (z = '
+          f'{format_epsilon(ext["epsilon"])} (RDP; z = '
           f'{ext["noise_multiplier"]:.4g}, same rounds and delta).')
   if summary.get('empirical_epsilon'):
     from tff_clip import audit  # pylint: disable=g-import-not-at-top

@@ -158,7 +158,7 @@ def test_adaptive_epsilon_under_poisson_is_the_sampled_gaussian_of_z(
     accountant.compose(dp_accounting.PoissonSampledDpEvent(
         CLIENTS / POPULATION, dp_accounting.GaussianDpEvent(Z)), rounds)
     assert epsilon == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-6)
-  assert summary['epsilon'] == ledger['epsilon_per_round'][-1][1]
+  assert summary['epsilon_rdp'] == ledger['epsilon_per_round'][-1][1]
 
 
 def test_audited_run_reports_both_empirical_epsilons_below_the_accounted(

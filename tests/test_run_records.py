@@ -340,7 +340,8 @@ def test_edited_summary_is_recomputed_from_the_records(copy, finished):
   (copy / 'summary.json').write_text(json.dumps(data))
   again = program.run(_config(copy.parent))
   assert again['epsilon'] == pytest.approx(summary['epsilon'], rel=1e-12)
-  assert again['epsilon'] == pytest.approx(_released_epsilon(copy), rel=1e-3)
+  assert again['epsilon_rdp'] == pytest.approx(_released_epsilon(copy),
+                                              rel=1e-3)
   assert json.loads((copy / 'summary.json').read_text())['epsilon'] == (
       again['epsilon'])
 
@@ -468,6 +469,16 @@ def test_end_of_run_message_explains_epsilon_without_a_fixed_verdict():
   assert 'far too small' not in text
   assert 'epsilon = 4 at delta = 1e-05' in text
   assert f'e^epsilon = {np.exp(4.0):.3g}' in text  # 54.6
+
+
+def test_end_of_run_message_names_the_accountant_and_gives_rdp_beside():
+  text = program.format_summary(dict(
+      _summary(3.5, 0.02), accountant='pld', epsilon_rdp=4.0,
+      epsilon_pld=3.5))
+  assert ('epsilon = 3.5 at delta = 1e-05 by the PLD accountant; RDP gives '
+          '4 (') in text
+  assert 'by the RDP accountant' in program.format_summary(
+      dict(_summary(4.0, 0.02), accountant='rdp', epsilon_rdp=4.0))
 
 
 def test_a_tiny_epsilon_is_never_printed_as_zero():

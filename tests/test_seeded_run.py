@@ -105,4 +105,4 @@ def test_killed_run_resumes_to_the_uninterrupted_runs_releases(
                      for d in (run_dir, killed))
   assert resumed['ledger'] == ledger['ledger']
   assert resumed['epsilon_per_round'] == ledger['epsilon_per_round']
-  assert summary['epsilon'] == ledger['epsilon_per_round'][-1][1]
+  assert summary['epsilon_rdp'] == ledger['epsilon_per_round'][-1][1]

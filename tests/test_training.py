@@ -376,7 +376,7 @@ def test_dp_round_is_checkpointed_before_release_and_never_computed_twice(
       np.testing.assert_equal(float(value), float(attempted[key]))
   ledger = json.loads((run_dir / 'ledger.json').read_text())
   assert [r for r, _ in ledger['epsilon_per_round']] == [1, 2, 3, 4]
-  assert summary['epsilon'] == ledger['epsilon_per_round'][-1][1]
+  assert summary['epsilon_rdp'] == ledger['epsilon_per_round'][-1][1]
 
 
 @pytest.fixture
@@ -536,8 +536,16 @@ def test_empty_poisson_rounds_run_and_are_accounted(sparse_poisson_run):
   accountant = dp_accounting.rdp.RdpAccountant()
   accountant.compose(dp_accounting.PoissonSampledDpEvent(
       1 / 50, dp_accounting.GaussianDpEvent(1.0)), 4)
-  assert summary['epsilon'] == pytest.approx(accountant.get_epsilon(1e-5),
-                                             rel=1e-6)
+  assert summary['epsilon_rdp'] == pytest.approx(
+      accountant.get_epsilon(1e-5), rel=1e-6)
+  # The summary reports the tightest valid accountant, named, RDP beside it.
+  pld = dp_accounting.pld.PLDAccountant()
+  pld.compose(dp_accounting.PoissonSampledDpEvent(
+      1 / 50, dp_accounting.GaussianDpEvent(1.0)), 4)
+  assert summary['epsilon_pld'] == pytest.approx(pld.get_epsilon(1e-5),
+                                                 rel=0.01)
+  assert summary['accountant'] == 'pld'
+  assert summary['epsilon'] == summary['epsilon_pld'] < summary['epsilon_rdp']
 
 
 def test_uncovered_metrics_are_released_only_on_request_and_labelled(

@@ -526,6 +526,26 @@ def _ledger_of(log) -> privacy_ledger.PrivacyLedger:
   return ledger
 
 
+def _epsilons(ledger, delta) -> dict[str, Any]:
+  """The run's epsilon by each accountant that applies, and the tightest.
+
+  {'epsilon': the smaller valid one, 'accountant': 'pld' or 'rdp',
+  'epsilon_rdp', 'epsilon_pld' (None where PLD does not apply: fixed-size
+  sampling, tree events)}. Both are upper bounds (PLD pessimistic), so the
+  smaller is a valid guarantee.
+  """
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  rdp = ledger.guarantee(delta).epsilon
+  try:
+    pld = ledger.guarantee(delta, accounting.PLD).epsilon
+  except (dp_accounting.UnsupportedEventError, ValueError):
+    pld = None
+  tightest = accounting.PLD if pld is not None and pld < rdp else accounting.RDP
+  return collections.OrderedDict(
+      epsilon=pld if tightest == accounting.PLD else rdp,
+      accountant=tightest, epsilon_rdp=rdp, epsilon_pld=pld)
+
+
 def _proven_spent(config, log, evidence) -> tuple[int, Optional[float]]:
   """(rounds, epsilon): the most that `releases.jsonl` or any other
   surviving file proves was released, and spent.
@@ -938,7 +958,7 @@ def _finished_summary(config: TrainConfig):
   last_eval = _last_eval(log.rows())
   expected = dict(
       rounds=log.last_round,
-      epsilon=(ledger.guarantee(config.delta).epsilon if len(ledger)
+      epsilon=(_epsilons(ledger, config.delta)['epsilon'] if len(ledger)
                else None),
       final_eval_accuracy=last_eval['eval_accuracy'],
       final_eval_loss=last_eval['eval_loss'])
@@ -1168,6 +1188,7 @@ def _ledger_report(ledger, config, session, log):
             'noise': _noise_label(config, session),
             'ledger': ledger.to_dict()}
   if len(ledger):  # Each round's epsilon, as released in its row.
+    report['epsilon_per_round_accountant'] = accounting.RDP
     report['epsilon_per_round'] = [
         [r['round'], r['row']['epsilon']] for r in log.records
         if r['event'] is not None]
@@ -1207,7 +1228,7 @@ def _summary(config, session, ledger, last_eval, last_row):
     summary['objective_name'] = session.task.problem.report_name
     summary['final_objective'] = last_row['objective']
   if session.private:
-    summary['epsilon'] = ledger.guarantee(config.delta).epsilon  # 0 if empty.
+    summary.update(_epsilons(ledger, config.delta))  # 0 if empty.
     released = [k for k in NOT_COVERED if k in last_row]
     if released:
       summary['not_covered_by_epsilon'] = released
@@ -1222,7 +1243,8 @@ def _summary(config, session, ledger, last_eval, last_row):
           epsilon=accounting.compute_training_epsilon(
               scaled_z, clients_per_round=EXTRAPOLATION_CLIENTS_PER_ROUND,
               population_size=EXTRAPOLATION_POPULATION, rounds=config.rounds,
-              delta=config.delta, sampling=config.sampling).epsilon)
+              delta=config.delta, sampling=config.sampling).epsilon,
+          accountant=accounting.RDP)
   else:
     summary['epsilon'] = None  # No DP: no guarantee.
   return summary
