@@ -10,20 +10,20 @@ among other numbers. Two searches, each with a false-alarm chance the test
 can compute and bound, since the key is random and independent of what an
 honest run writes:
 
-* Bytes: every encoding that carries >= 52 bits of the key's randomness:
-  the key as int64/uint64, as int32/uint32 (each entry cast) and float64,
-  little and big endian; each entry as int64, uint64 and float64 bytes, as
-  varint and zigzag varint, and as decimal and hexadecimal text. A pattern
-  equal to any fixed bytes with probability at most p is found by chance in
-  n bytes with probability at most n p.
+* Bytes: every encoding that carries >= 48 bits of the key's randomness:
+  the key as int64/uint64, int32/uint32 and float32 (each entry cast) and
+  float64, little and big endian; each entry as int64, uint64 and float64
+  bytes, as varint and zigzag varint, and as decimal and hexadecimal text.
+  A pattern equal to any fixed bytes with probability at most p is found by
+  chance in n bytes with probability at most n p.
 * Numbers: every number a file states (CSV cells, JSON values, TensorBoard
   tensors of any dtype) is compared with each entry cast to int64, uint64,
   float32 and float64, and a TensorBoard tensor of int32/uint32 also with
-  the entry cast to its dtype. A float32 cast carries only 24 bits, too few
-  for a byte search (a 4-byte pattern is in 60 KB by chance with
-  probability 1e-5), but a number equals float32(k) only if it is as large
-  as the key; each comparison's chance is its preimage count over 2^62.
-  Not searched: an entry cast to a 32-bit integer and written as text. Its
+  the entry cast to its dtype. One entry's float32 cast carries only 24
+  bits, too few for a byte search (a 4-byte pattern is in 60 KB by chance
+  with probability 1e-5), but a number equals float32(k) only if it is as
+  large as the key; each comparison's chance is its preimage count over
+  2^62. Not searched: an entry cast to a 32-bit integer and written as text. Its
   32 random bits would match one of the run's own integers (summary.json
   states 1,000,000) with chance 2^-32 each; a test that may fail by chance
   once in 10^9 cannot look for it.
@@ -62,20 +62,22 @@ def _zigzag(value: int) -> int:
   return ((value << 1) ^ (value >> 63)) & (2**64 - 1)
 
 
-def byte_patterns(key: np.ndarray) -> dict[bytes, tuple[str, float]]:
-  """Bytes -> (name, chance), for every encoding of `key` (int64 entries)
-  that carries >= 52 random bits; chance bounds P(encoding == s) for any
-  fixed bytes s over a random key."""
+def byte_patterns(key: np.ndarray) -> dict[bytes, tuple[str, float, bool]]:
+  """Bytes -> (name, chance, short) for every encoding of `key` (int64
+  entries) searched: chance bounds P(encoding == s) for any fixed bytes s
+  over a random key; short marks the float32 key (2 x 24 bits)."""
   key = np.asarray(key, np.int64).reshape(-1)
   value = 2.0**-ENTROPY_BITS  # One entry's chance of one value.
-  # A float64 (53-bit mantissa) holds at most 2^9 integers below 2^62.
-  float64 = 2.0**(9 - ENTROPY_BITS)
+  # A float64 (53-bit mantissa) holds at most 2^9 integers below 2^62, a
+  # float32 (24 bits) at most 2^38.
+  float64, float32 = 2.0**(9 - ENTROPY_BITS), 2.0**(38 - ENTROPY_BITS)
   candidates = []
   whole = {'int64': (key, value), 'uint64': (key.view(np.uint64), value),
            'float64': (key.astype(np.float64), float64**key.size)}
   if key.size >= 2:  # Each entry's low 32 bits: 2 x 32 random bits.
     whole['int32'] = (key.astype(np.int32), 2.0**(-32 * key.size))
     whole['uint32'] = (key.astype(np.uint32), 2.0**(-32 * key.size))
+    whole['float32'] = (key.astype(np.float32), float32**key.size)
   for dtype, (values, chance) in whole.items():
     for order in '<>':
       candidates.append((values.astype(values.dtype.newbyteorder(order))
@@ -101,7 +103,7 @@ def byte_patterns(key: np.ndarray) -> dict[bytes, tuple[str, float]]:
   patterns = {}
   for pattern, name, chance in candidates:
     if pattern not in patterns or patterns[pattern][1] < chance:
-      patterns[pattern] = (name, chance)
+      patterns[pattern] = (name, chance, 'float32' in name)
   return patterns
 
 
@@ -109,13 +111,38 @@ def byte_chance(haystack_bytes: int, key: np.ndarray) -> float:
   """Bound on the chance that any byte pattern of a random key is found in
   `haystack_bytes` bytes that do not depend on the key."""
   return sum(haystack_bytes * chance
-             for _, chance in byte_patterns(key).values())
+             for _, chance, _ in byte_patterns(key).values())
 
 
 def found_bytes(data: bytes, key: np.ndarray) -> list[str]:
   """The names of `key`'s byte patterns that occur in `data`."""
-  return [name for pattern, (name, _) in byte_patterns(key).items()
+  return [name for pattern, (name, _, _) in byte_patterns(key).items()
           if pattern in data]
+
+
+def search_file(path: pathlib.Path, key: np.ndarray,
+                label: bytes = b'') -> tuple[list[str], float]:
+  """(what of `key` a released file holds, the chance of a false alarm).
+
+  Its bytes (and `label`, e.g. its name) are searched for every pattern,
+  and the numbers it states compared with every cast. A PNG's image data
+  (IDAT) is deflated pixels, where no value's bytes survive: the float32
+  key, whose 48 random bits 60 KB of such data would match by chance
+  with probability 2e-10, is looked for in its other chunks only.
+  """
+  data = path.read_bytes()
+  short_haystack = (_png_without_image(data) if path.suffix == '.png'
+                    else data) + b'\n' + label
+  data += b'\n' + label
+  found, chance = [], 0.0
+  for pattern, (name, pattern_chance, short) in byte_patterns(key).items():
+    haystack = short_haystack if short else data
+    chance += len(haystack) * pattern_chance
+    if pattern in haystack:
+      found.append(name)
+  numbers = released_numbers(path)
+  return (found + found_numbers(numbers, key),
+          chance + number_chance(numbers, key))
 
 
 # ----------------------------------------------------------------------------
@@ -239,20 +266,29 @@ def released_numbers(path: pathlib.Path) -> list:
   raise ValueError(f'no reader for released file {path}')
 
 
+def _png_chunks(data: bytes) -> Iterator[tuple[bytes, bytes]]:
+  assert data[:8] == b'\x89PNG\r\n\x1a\n'
+  offset = 8
+  while offset < len(data):
+    length = int.from_bytes(data[offset:offset + 4], 'big')
+    yield data[offset + 4:offset + 8], data[offset + 8:offset + 8 + length]
+    offset += 12 + length
+
+
+def _png_without_image(data: bytes) -> bytes:
+  return b''.join(kind + body for kind, body in _png_chunks(data)
+                  if kind != b'IDAT')
+
+
 def png_texts(data: bytes) -> list[str]:
   """The text chunks (tEXt, iTXt; zTXt decompressed) of a PNG."""
   import zlib  # pylint: disable=g-import-not-at-top
-  assert data[:8] == b'\x89PNG\r\n\x1a\n'
-  texts, offset = [], 8
-  while offset < len(data):
-    length = int.from_bytes(data[offset:offset + 4], 'big')
-    kind = data[offset + 4:offset + 8]
-    body = data[offset + 8:offset + 8 + length]
+  texts = []
+  for kind, body in _png_chunks(data):
     if kind in (b'tEXt', b'iTXt'):
       texts.append(body.decode('latin-1'))
     elif kind == b'zTXt':
       keyword, _, rest = body.partition(b'\0')
       texts.append(keyword.decode('latin-1') + ' ' +
                    zlib.decompress(rest[1:]).decode('latin-1'))
-    offset += 12 + length
   return texts

@@ -16,7 +16,7 @@ Poisson sampling, noise key from OS entropy) and what it leaves:
 
 import json
 import math
-import pathlib
+import zlib
 
 import dp_accounting
 import numpy as np
@@ -97,14 +97,12 @@ def test_released_files_hold_no_secret_in_any_encoding(private_run):
 
   chance, found = 0.0, []
   for path in files:
-    data = path.read_bytes() + b'\n' + str(path.relative_to(run_dir)).encode()
-    numbers = key_search.released_numbers(path)
+    name = str(path.relative_to(run_dir))
     for secret in secrets:
-      found += [f'{path.name}: {f}' for f in
-                key_search.found_bytes(data, secret) +
-                key_search.found_numbers(numbers, secret)]
-      chance += (key_search.byte_chance(len(data), secret) +
-                 key_search.number_chance(numbers, secret))
+      found_here, file_chance = key_search.search_file(path, secret,
+                                                       name.encode())
+      found += [f'{name}: {f}' for f in found_here]
+      chance += file_chance
   assert not found
   assert chance < 1e-9
 
@@ -132,7 +130,22 @@ def test_the_search_finds_a_key_leaked_in_any_form(tmp_path):
   assert key_search.found_numbers(
       key_search.released_numbers(tmp_path / 'a.csv'), key)
   assert key_search.found_bytes(b'..' + key.astype('>f8').tobytes(), key)
+  assert key_search.found_bytes(key.astype('<f4').tobytes(), key)
   assert key_search.found_bytes(f'seed={int(key[1])}'.encode(), key)
+  leak = tmp_path / 'leak.png'
+  leak.write_bytes(_png_with_text(f'key {key[0]}'))
+  assert key_search.search_file(leak, key)[0]
+
+
+def _png_with_text(text):
+  """A 1x1 PNG with a tEXt chunk."""
+  def chunk(kind, body):
+    return (len(body).to_bytes(4, 'big') + kind + body +
+            zlib.crc32(kind + body).to_bytes(4, 'big'))
+  return (b'\x89PNG\r\n\x1a\n' +
+          chunk(b'IHDR', bytes([0, 0, 0, 1, 0, 0, 0, 1, 8, 0, 0, 0, 0])) +
+          chunk(b'tEXt', b'Comment\0' + text.encode()) +
+          chunk(b'IDAT', zlib.compress(b'\0\0')) + chunk(b'IEND', b''))
 
 
 def test_adaptive_epsilon_under_poisson_is_the_sampled_gaussian_of_z(
