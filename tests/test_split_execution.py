@@ -196,6 +196,22 @@ def test_a_dead_worker_stops_the_call_naming_it():
   release.set()
 
 
+def test_a_local_worker_behind_its_unix_socket_is_watched_like_any_other():
+  proc, target = execution.start_private_worker()
+  assert target.startswith('unix:')
+  # Alive: a call longer than the timeout ends normally...
+  assert split_execution.call_watching_workers(
+      lambda: time.sleep(1.0) or 'done', lambda: [target], timeout_s=0.5,
+      poll_s=0.1) == 'done'
+  proc.kill()
+  proc.wait()
+  release = threading.Event()
+  with pytest.raises(split_execution.WorkerLostError, match=target):
+    split_execution.call_watching_workers(  # ...dead: it stops naming it.
+        lambda: release.wait(60), lambda: [target], timeout_s=0.5)
+  release.set()
+
+
 # ----------------------------------------------------------------------------
 # A third-party gRPC client on the worker's port, and dead workers, in runs of
 # `training.run`.

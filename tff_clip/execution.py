@@ -1,4 +1,5 @@
-"""Execution contexts: TFF's C++ runtime, with workers that never outlive us.
+"""Execution contexts: TFF's C++ runtime, with workers that never outlive us
+and that no other host can reach.
 
 TFF 0.87's `tff.backends.native.set_sync_local_cpp_execution_context` starts
 its C++ `worker_binary` as a child process and relies on a `__del__` to stop
@@ -10,16 +11,32 @@ same stack from TFF's public pieces (`tff.framework.RemoteExecutor` over a
 gRPC stub to the same binary) but starts the worker with
 `PR_SET_PDEATHSIG`, so the kernel stops it when its parent dies, however it
 dies, and without our stdout/stderr.
+
+The binary's only flag is `--port`: it serves gRPC on every interface of its
+network, without TLS or authentication, and anyone who reaches the port can
+read the values it holds (model weights, the round's sums before the
+server's DP noise). So every worker this module starts runs in a network
+namespace of its own, whose only interface is a private loopback: no
+address of this host leads to its port. A small relay in the same namespace
+joins it to a socket made here, in the host's network: a Unix socket in a
+directory only this user can open (`set_local_cpp_context`), or a TCP port
+on 127.0.0.1 (`start_worker`, a stand-in for a remote worker). A machine that
+cannot make the namespace (Linux without unprivileged user namespaces, or
+another OS) gets a `WorkerIsolationError`, never an exposed worker.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import os
+import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -27,11 +44,14 @@ import grpc
 import tensorflow_federated as tff
 
 __all__ = [
+    'WorkerIsolationError',
     'close_tff_context_at_exit',
     'create_remote_async_context',
     'local_worker_binary',
     'local_worker_targets',
+    'network_isolation_error',
     'set_local_cpp_context',
+    'start_private_worker',
     'start_worker',
 ]
 
@@ -45,6 +65,10 @@ _started = []
 _lock = threading.Lock()
 
 
+class WorkerIsolationError(RuntimeError):
+  """This machine cannot give a TFF worker a network of its own."""
+
+
 def local_worker_binary() -> str:
   """Path of the C++ `worker_binary` shipped inside the TFF wheel."""
   path = os.path.join(os.path.dirname(tff.__file__), 'data', 'worker_binary')
@@ -53,54 +77,314 @@ def local_worker_binary() -> str:
   return path
 
 
-# Starts the worker so that it dies with this process: sets the parent-death
-# signal (PR_SET_PDEATHSIG, kept across exec), checks the parent is still the
-# one that launched it, then becomes the worker binary. A separate program,
-# not a `preexec_fn`: Python code between fork and exec forces a real fork(),
-# whose gRPC fork handlers can abort the child while this process's gRPC
-# threads are busy (worker exit code -6).
-_LAUNCHER = """
-import ctypes, os, signal, sys
-try:
-  ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)  # 1: PDEATHSIG
-except OSError:
-  pass
-if os.getppid() != int(sys.argv[1]):
-  sys.exit(1)
-os.execv(sys.argv[2], sys.argv[2:])
+# The launcher of a worker, run as `python -S -c _LAUNCHER serve ...` (or
+# `... probe`: only steps 1 and its check). It
+#   1. enters a new network namespace: `unshare(CLONE_NEWNET)` when it may
+#      (CAP_SYS_ADMIN), else together with a new user namespace that maps
+#      only our own uid and gid (what `unshare --user --net` does), and
+#      brings its loopback up -- the namespace has no other interface;
+#   2. sets the parent-death signal (PR_SET_PDEATHSIG) and checks that its
+#      parent is still the one that launched it;
+#   3. forks the worker binary inside the namespace, with the same signal
+#      tied to the launcher, so the chain dies with the training process;
+#   4. relays every connection to the listening socket it was handed (made by
+#      the parent in the host's network) to the worker's port on the
+#      namespace's loopback, until the worker exits or it is stopped (then it
+#      stops the worker and removes the Unix socket and its directory).
+# A separate program, not a `preexec_fn`: Python code between fork and exec
+# forces a real fork(), whose gRPC fork handlers can abort the child while
+# this process's gRPC threads are busy (worker exit code -6). The launcher
+# imports nothing of gRPC and forks before it starts a thread.
+_LAUNCHER = r"""
+import ctypes, errno, fcntl, os, selectors, signal, socket, struct, sys
+import threading, time
+
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP, PR_SET_PDEATHSIG = 0x8913, 0x8914, 1, 1
+
+
+def isolate():
+  uid, gid = os.getuid(), os.getgid()
+  if libc.unshare(CLONE_NEWNET) != 0:
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+      error = ctypes.get_errno()
+      hint = {errno.ENOSPC: ', user.max_user_namespaces is reached or 0',
+              errno.EPERM: ', user namespaces are not allowed here'
+              }.get(error, '')
+      raise OSError(f'unshare(CLONE_NEWUSER|CLONE_NEWNET): '
+                    f'{os.strerror(error)}{hint}')
+    try:
+      for name, line in (('setgroups', 'deny'), ('uid_map', f'{uid} {uid} 1'),
+                         ('gid_map', f'{gid} {gid} 1')):
+        with open('/proc/self/' + name, 'w') as f:
+          f.write(line)
+    except OSError as e:
+      raise OSError(f'mapping our uid in a new user namespace: {e.strerror}')
+  try:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # lo up
+      ifreq = fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack('16sh22x', b'lo', 0))
+      flags = struct.unpack('16sh22x', ifreq)[1]
+      fcntl.ioctl(s, SIOCSIFFLAGS,
+                  struct.pack('16sh22x', b'lo', flags | IFF_UP))
+  except OSError as e:
+    raise OSError(f"bringing up the new network's loopback: {e.strerror}")
+  interfaces = sorted(name for _, name in socket.if_nameindex())
+  if interfaces != ['lo']:
+    raise OSError(f'the new network namespace has interfaces {interfaces}')
+
+
+def relay(source, sink):
+  buffer = memoryview(bytearray(1 << 20))
+  try:
+    while True:
+      size = source.recv_into(buffer)
+      if not size:
+        break
+      sink.sendall(buffer[:size])
+  except OSError:
+    pass
+  for s in (source, sink):  # Either side gone: end the connection.
+    try:
+      s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+      pass
+
+
+def bridge(client, port):
+  deadline = time.monotonic() + 120  # The worker may still be starting.
+  while True:
+    try:
+      upstream = socket.create_connection(('127.0.0.1', port))
+      break
+    except OSError:
+      if time.monotonic() > deadline:
+        client.close()
+        return
+      time.sleep(0.02)
+  for s in (client, upstream):
+    if s.family != socket.AF_UNIX:
+      s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+  back = threading.Thread(target=relay, args=(upstream, client), daemon=True)
+  back.start()
+  relay(client, upstream)
+  back.join()
+  client.close()
+  upstream.close()
+
+
+def serve(parent, status_fd, listen_fd, socket_path, worker_args):
+  stopping = []
+
+  def stop(signum, unused_frame):  # Once: a second signal ends no clean-up.
+    if not stopping:
+      stopping.append(signum)
+      raise SystemExit(128 + signum)
+
+  # First of all, so that a stop at any moment still runs the clean-up.
+  signal.signal(signal.SIGTERM, stop)
+  signal.signal(signal.SIGINT, stop)
+  worker, code = None, 0
+  try:
+    status = os.fdopen(status_fd, 'w')
+    try:
+      isolate()
+    except OSError as e:
+      status.write(f'error: {e}\n')
+      sys.exit(3)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+      sys.exit(1)
+    listener = socket.socket(fileno=listen_fd)
+    listener.set_inheritable(False)
+    os.set_inheritable(status_fd, False)
+    with socket.socket() as s:  # The namespace is ours: any free port.
+      s.bind(('127.0.0.1', 0))
+      port = s.getsockname()[1]
+    launcher = os.getpid()
+    # A stop during the fork waits for the parent's clean-up; the child
+    # takes the default actions before it may be stopped.
+    signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    worker = os.fork()
+    if worker == 0:
+      try:
+        for signum in signals:
+          signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() == launcher:
+          os.execv(worker_args[0], worker_args + [f'--port={port}'])
+      finally:
+        os._exit(127)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+    status.write(f'ready {worker}\n')
+    status.close()
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    while True:
+      pid, wait_status = os.waitpid(worker, os.WNOHANG)
+      if pid:
+        worker, code = None, os.waitstatus_to_exitcode(wait_status)
+        code = code if code >= 0 else 128 - code
+        break
+      if selector.select(timeout=0.5):
+        try:
+          client, _ = listener.accept()
+        except OSError:
+          continue
+        threading.Thread(target=bridge, args=(client, port),
+                         daemon=True).start()
+  finally:
+    if socket_path:  # Nobody can connect any more, nor find where.
+      for remove in (os.unlink, os.rmdir):
+        try:
+          remove(socket_path)
+        except OSError:
+          pass
+        socket_path = os.path.dirname(socket_path)
+    if worker:
+      os.kill(worker, signal.SIGTERM)
+      deadline = time.monotonic() + 5
+      while not os.waitpid(worker, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+          os.kill(worker, signal.SIGKILL)
+          os.waitpid(worker, 0)
+          break
+        time.sleep(0.02)
+  sys.exit(code)
+
+
+if sys.argv[1] == 'probe':
+  try:
+    isolate()
+  except OSError as e:
+    print(e)
+    sys.exit(3)
+else:
+  serve(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5],
+        sys.argv[6:])
 """
+
+
+@functools.cache
+def network_isolation_error() -> str | None:
+  """Why workers cannot get a network of their own here; None when they can.
+
+  Asked once per process, of a launcher that only makes the namespace.
+  """
+  if not sys.platform.startswith('linux'):
+    return f'network namespaces are Linux-only; this is {sys.platform}'
+  result = subprocess.run(
+      [sys.executable, '-S', '-c', _LAUNCHER, 'probe'],
+      stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+      check=False)
+  if result.returncode == 0:
+    return None
+  return (result.stdout.strip() or
+          f'the namespace probe exited with code {result.returncode}')
+
+
+def _refusal(reason: str) -> WorkerIsolationError:
+  return WorkerIsolationError(
+      "TFF's C++ worker cannot be given a network of its own on this machine "
+      f'({reason}), and without one it would serve every host that reaches '
+      'this one, without authentication; allowing unprivileged user '
+      'namespaces (sysctl user.max_user_namespaces, '
+      'kernel.unprivileged_userns_clone, '
+      'kernel.apparmor_restrict_unprivileged_userns) lifts this.')
+
+
+def _worker_args(max_concurrent_computation_calls: int) -> list[str]:
+  limit = max_concurrent_computation_calls
+  return [local_worker_binary(), f'--max_concurrent_computation_calls={limit}']
+
+
+def _launch(listener: socket.socket, worker_args: list[str],
+            log_path: str | None, socket_path: str = '') -> subprocess.Popen:
+  """Starts the launcher serving `listener` (which it takes over)."""
+  if not sys.platform.startswith('linux'):
+    listener.close()
+    raise _refusal(network_isolation_error())
+  status_read, status_write = os.pipe()
+  out = open(log_path, 'ab') if log_path else subprocess.DEVNULL  # pylint: disable=consider-using-with
+  try:
+    proc = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, '-S', '-c', _LAUNCHER, 'serve', str(os.getpid()),
+         str(status_write), str(listener.fileno()), socket_path,
+         *worker_args],
+        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        pass_fds=(status_write, listener.fileno()))
+  finally:  # Only the launcher holds them now: its exit closes the socket.
+    os.close(status_write)
+    listener.close()
+    if log_path:
+      out.close()
+  proc.socket_dir = os.path.dirname(socket_path) if socket_path else None
+  with _lock:
+    _started.append(proc)
+  with os.fdopen(status_read) as status:
+    ready, _, _ = select.select([status], [], [], 60)
+    line = status.readline().strip() if ready else ''
+  if line.startswith('ready '):
+    proc.worker_pid = int(line.split()[1])
+    return proc
+  _stop(proc)
+  if line.startswith('error: '):
+    raise _refusal(line[len('error: '):])
+  raise RuntimeError('The TFF worker launcher did not start the worker '
+                     f'within 60 s (exit code {proc.returncode}).')
 
 
 def start_worker(port: int | None = None,
                  max_concurrent_computation_calls: int = -1,
                  log_path: str | None = None) -> tuple[subprocess.Popen, int]:
-  """Starts TFF's C++ worker on `port` (picked when None); returns (proc, port).
+  """Starts TFF's C++ worker at 127.0.0.1:`port` only; returns (proc, port).
 
-  The worker dies with this process (PR_SET_PDEATHSIG) and is stopped at exit.
-  Its output goes to `log_path` (or nowhere), never to our stdout/stderr.
+  `port` is picked when None. The worker itself runs in a network namespace
+  of its own, so no other address of this host reaches it; `proc` is its
+  launcher (`proc.worker_pid` the worker), which relays 127.0.0.1:`port` to
+  it. Stopping or killing `proc` stops the worker, as does this process's
+  exit, however it happens. Output goes to `log_path` (or nowhere), never to
+  our stdout/stderr. Raises `WorkerIsolationError` where the namespace cannot
+  be made.
   """
-  port = port or _unused_port()
-  args = [local_worker_binary(), f'--port={port}',
-          f'--max_concurrent_computation_calls={max_concurrent_computation_calls}']
-  if sys.platform.startswith('linux'):
-    args = [sys.executable, '-S', '-c', _LAUNCHER, str(os.getpid()), *args]
-  out = open(log_path, 'ab') if log_path else subprocess.DEVNULL  # pylint: disable=consider-using-with
-  proc = subprocess.Popen(  # pylint: disable=consider-using-with
-      args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-      close_fds=True)
-  with _lock:
-    _started.append(proc)
-  return proc, port
+  listener = socket.create_server(('127.0.0.1', port or 0), backlog=128)
+  port = listener.getsockname()[1]
+  return _launch(listener, _worker_args(max_concurrent_computation_calls),
+                 log_path), port
+
+
+def start_private_worker(max_concurrent_computation_calls: int = -1,
+                         log_path: str | None = None
+                         ) -> tuple[subprocess.Popen, str]:
+  """Starts TFF's C++ worker behind a Unix socket; returns (proc, target).
+
+  As `start_worker`, but reachable only through the Unix socket `target`
+  ('unix:PATH', a gRPC target) in a new directory of mode 0700: by this
+  user (and root) on this host, through no network at all. The directory
+  is removed when the worker stops.
+  """
+  directory = tempfile.mkdtemp(prefix='tff_clip_worker_')
+  if len(directory) > 80:  # sun_path holds 108 bytes.
+    os.rmdir(directory)
+    directory = tempfile.mkdtemp(prefix='tff_clip_worker_', dir='/tmp')
+  path = os.path.join(directory, 'worker.sock')
+  listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  try:
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(128)
+  except OSError:
+    listener.close()
+    shutil.rmtree(directory, ignore_errors=True)
+    raise
+  proc = _launch(listener, _worker_args(max_concurrent_computation_calls),
+                 log_path, socket_path=path)
+  return proc, f'unix:{path}'
 
 
 _current_local = {}
-
-
-def _unused_port() -> int:
-  """A TCP port no process listens on now (the kernel's pick for port 0)."""
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def _close_tff_context_at_exit():
@@ -142,9 +426,12 @@ def _stop(proc):
   if proc.poll() is None:
     proc.terminate()
     try:
-      proc.wait(timeout=5)
+      proc.wait(timeout=10)  # The launcher stops its worker first.
     except subprocess.TimeoutExpired:
       proc.kill()
+      proc.wait()
+  if getattr(proc, 'socket_dir', None):  # Killed: it could not remove it.
+    shutil.rmtree(proc.socket_dir, ignore_errors=True)
 
 
 @atexit.register
@@ -188,15 +475,25 @@ def set_local_cpp_context(max_concurrent_clients: int | None = None,
                           default_num_clients: int = 0) -> None:
   """Sets TFF's default context to the local C++ runtime (one worker process).
 
+  The worker (`start_private_worker`, started at the first computation) is
+  reachable through a Unix socket only, by this user on this host.
+
   Args:
     max_concurrent_clients: at most this many client computations run at once
       in the worker (None: no limit). Lower it to bound memory.
     default_num_clients: CLIENTS cardinality when it cannot be inferred.
+
+  Raises:
+    WorkerIsolationError: this machine cannot give the worker a network of
+      its own (`network_isolation_error`); no worker is started.
   """
   close_tff_context_at_exit()
   if max_concurrent_clients is not None and max_concurrent_clients <= 0:
     raise ValueError('`max_concurrent_clients` must be positive or None; got '
                      f'{max_concurrent_clients}.')
+  reason = network_isolation_error()
+  if reason is not None:  # Refused now, not at the first computation.
+    raise _refusal(reason)
   limit = -1 if max_concurrent_clients is None else int(max_concurrent_clients)
   # The context this call replaces is never used again: stop its worker now
   # (each holds its own TF runtime, ~2 GB for a CNN), not at exit.
@@ -213,11 +510,9 @@ def set_local_cpp_context(max_concurrent_clients: int | None = None,
     if stub is not None and stub.is_ready:
       return stub
     old = holder.get('proc')
-    if old is not None and old.poll() is None:
-      old.terminate()
-      old.wait()
-    proc, port = start_worker(max_concurrent_computation_calls=limit)
-    target = f'localhost:{port}'
+    if old is not None:
+      _stop(old)
+    proc, target = start_private_worker(max_concurrent_computation_calls=limit)
     stub = tff.framework.RemoteExecutorGrpcStub(
         grpc.insecure_channel(target, GRPC_CHANNEL_OPTIONS))
     _wait_ready(stub, target, timeout_s=60, proc=proc)
@@ -231,7 +526,7 @@ def set_local_cpp_context(max_concurrent_clients: int | None = None,
 
 
 def local_worker_targets() -> list[str]:
-  """'host:port' of the worker of the current local context (if started)."""
+  """gRPC target ('unix:PATH') of the current local context's worker, if any."""
   with _lock:
     holder = _current_local.get('holder', {})
   return [holder['target']] if 'target' in holder else []

@@ -135,9 +135,15 @@ def _contains(haystack: np.ndarray, needle: np.ndarray) -> bool:
 
 
 def _reachable(target: str) -> bool:
-  host, _, port = target.rpartition(':')
+  """Whether a connection to `target` ('host:port' or 'unix:PATH') opens."""
   try:
-    socket.create_connection((host, int(port)), timeout=2.0).close()
+    if target.startswith('unix:'):  # A local worker (`execution`).
+      with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2.0)
+        s.connect(target[len('unix:'):])
+    else:
+      host, _, port = target.rpartition(':')
+      socket.create_connection((host, int(port)), timeout=2.0).close()
     return True
   except OSError:
     return False
@@ -150,7 +156,8 @@ def call_watching_workers(fn: Callable[[], object],
 
   `fn` runs in a daemon thread (TFF retries an unreachable worker without
   end, so the call itself never returns); this thread polls each of
-  `targets()` ('host:port') with a TCP connect every `poll_s` seconds.
+  `targets()` ('host:port', or 'unix:PATH' for a local worker) with a
+  connect every `poll_s` seconds.
   """
   result = {}
   done = threading.Event()
@@ -191,9 +198,9 @@ class SplitRunner(simulation.InProcessRunner):
 
   Args:
     process: the learning process (its `next` must have a MapReduceForm).
-    worker_targets: callable giving the 'host:port' of each worker the
-      context uses now; with it, a worker unreachable for
-      `worker_timeout_s` stops the round (`WorkerLostError`).
+    worker_targets: callable giving the gRPC target ('host:port' or
+      'unix:PATH') of each worker the context uses now; with it, a worker
+      unreachable for `worker_timeout_s` stops the round (`WorkerLostError`).
     worker_timeout_s: seconds a worker may stay unreachable.
   """
 
