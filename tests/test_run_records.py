@@ -10,6 +10,7 @@ import dataclasses
 import errno
 import json
 import os
+import pathlib
 import shutil
 
 import dp_accounting
@@ -254,6 +255,38 @@ def test_checkpoints_are_readable_by_their_owner_only(finished):
   assert files
   for path in files:
     assert oct(os.stat(path).st_mode & 0o777) == oct(0o600), path
+
+
+def test_another_user_of_the_machine_cannot_read_a_checkpoint(finished):
+  """The attack: another local user opens a checkpoint (to regenerate the
+  noise from its key). The run is copied with its modes into a directory
+  everyone may enter; as user `nobody`, its released metrics.csv reads and
+  its checkpoint does not. Without root (no second user to be), the modes
+  are what decide, and are checked."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  run_dir, _ = finished
+  shared = pathlib.Path(tempfile.mkdtemp())
+  try:
+    os.chmod(shared, 0o755)
+    shutil.copytree(run_dir, shared / 'run', copy_function=shutil.copy2)
+    os.chmod(shared / 'run', 0o755)
+    checkpoint = sorted((shared / 'run' / 'checkpoints').iterdir())[-1]
+    if os.geteuid() != 0:
+      assert os.stat(checkpoint).st_mode & 0o077 == 0
+      assert os.stat(checkpoint.parent).st_mode & 0o077 == 0
+      return
+
+    def read_as_nobody(path):
+      return subprocess.run(['cat', str(path)], user=65534,
+                            capture_output=True, check=False)
+
+    assert read_as_nobody(shared / 'run' / 'metrics.csv').returncode == 0
+    attempt = read_as_nobody(checkpoint)
+    assert attempt.returncode != 0 and b'Permission denied' in attempt.stderr
+    assert attempt.stdout == b''
+  finally:
+    shutil.rmtree(shared)
 
 
 def test_a_resumed_old_run_has_its_checkpoints_made_private(copy):
