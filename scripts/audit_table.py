@@ -16,8 +16,9 @@ import os
 import subprocess
 import sys
 
-from absl import app
 from absl import flags
+
+from scripts import cli
 
 _Z = flags.DEFINE_list('noise_multipliers', ['0.5', '1', '2', '4'],
                        'Noise multipliers z, one run each.')
@@ -56,7 +57,10 @@ def main(argv):
                  f'--root_output_dir={_ROOT.value}', f'--experiment_name={name}',
                  '--progress=false', *passthrough]
       print(' '.join(command), file=sys.stderr, flush=True)
-      subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+      code = cli.run_child(command, stdout=subprocess.DEVNULL)
+      if code != 0:  # scripts.train said why, on stderr.
+        cli.fail(f'the run of z={z} failed (exit {code}); rerun to resume it.')
+        return 1
     with open(summary_path) as f:
       summary = json.load(f)
     audit = summary['empirical_epsilon']
@@ -83,4 +87,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main, interrupted=cli.RESUMES_ITS_RUNS)

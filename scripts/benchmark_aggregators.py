@@ -19,11 +19,11 @@ import collections
 import statistics
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow_federated as tff
 
+from scripts import cli
 from tff_clip import aggregators
 from tff_clip import execution
 
@@ -97,4 +97,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

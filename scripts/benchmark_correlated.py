@@ -214,4 +214,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.run(main)
+  cli.run(main, interrupted=cli.RESUMES_ITS_RUNS)

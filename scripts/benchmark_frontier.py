@@ -256,12 +256,16 @@ def _train(config):
   return summary['final_eval_accuracy'], summary['epsilon']
 
 
-def _die_with_parent():
-  """Pool workers stop when this process dies (PR_SET_PDEATHSIG).
+def _tie_to_parent():
+  """Pool workers stop when this process dies (PR_SET_PDEATHSIG), and leave
+  a Ctrl-C to it (`run_all` stops them).
 
-  Without it a killed benchmark leaves its workers training on, and a rerun
-  starts the same runs beside them (which the run lock then refuses).
+  Without the first a killed benchmark leaves its workers training on, and a
+  rerun starts the same runs beside them (which the run lock then refuses);
+  without the second, the terminal's Ctrl-C, sent to them too, prints a
+  traceback from every idle worker.
   """
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
   try:
     ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)
   except OSError:
@@ -279,11 +283,18 @@ def run_all(configs, jobs: int, label: str) -> list:
     return results
   context = multiprocessing.get_context('spawn')
   with concurrent.futures.ProcessPoolExecutor(
-      jobs, mp_context=context, initializer=_die_with_parent) as pool:
+      jobs, mp_context=context, initializer=_tie_to_parent) as pool:
     futures = [pool.submit(_train, config) for config in configs]
-    for i, (config, future) in enumerate(zip(configs, futures), 1):
-      print(f'[{label} {i}/{len(configs)}] {config.experiment_name}: '
-            f'{future.result()[0]:.4f}', flush=True)
+    try:
+      for i, (config, future) in enumerate(zip(configs, futures), 1):
+        print(f'[{label} {i}/{len(configs)}] {config.experiment_name}: '
+              f'{future.result()[0]:.4f}', flush=True)
+    except KeyboardInterrupt:
+      # Stop now, not after the queued runs: a rerun resumes every run.
+      pool.shutdown(wait=False, cancel_futures=True)
+      for process in multiprocessing.active_children():
+        process.terminate()
+      raise
     return [future.result() for future in futures]
 
 
@@ -459,4 +470,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.run(main)
+  cli.run(main, interrupted=cli.RESUMES_ITS_RUNS)

@@ -39,7 +39,6 @@ import sys
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -49,6 +48,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 import numpy as np
 import tensorflow as tf
 
+from scripts import cli
 from scripts import program
 # pylint: enable=g-import-not-at-top
 
@@ -348,8 +348,11 @@ def _wall(args) -> float:
   """Seconds of `python args...` run in the repository, output discarded."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   started = time.perf_counter()
-  subprocess.run([sys.executable] + list(args), cwd=repo, check=True,
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  command = [sys.executable] + list(args)
+  code = cli.run_child(command, cwd=repo, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+  if code != 0:
+    raise subprocess.CalledProcessError(code, command)
   return time.perf_counter() - started
 
 
@@ -444,4 +447,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

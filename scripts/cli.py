@@ -1,20 +1,41 @@
-"""How every script of this repository starts: one-line errors, exit code 2.
+"""How every script of this repository starts and ends: one line, never a traceback.
 
 absl's `app.run` prints flag errors over several lines with exit code 1, and
 (for `scripts.train`) importing TensorFlow first inside it breaks Keras 2.14.
 `run(main)` parses the flags itself: `--help` prints the module's docstring
 and flags; a bad flag, `app.UsageError` or `ValueError` from `main` prints
 `error: ...` on one line of stderr and exits 2.
+
+Ctrl-C (SIGINT) wherever it lands once `run` has started -- in TensorFlow,
+the progress bar, a checkpoint write -- ends the script with one line on
+stderr, `interrupted: ...` (what the script's `interrupted()` says: for
+`scripts.train` the round a rerun of the same command resumes from), and
+exit code 130, as shells expect. What a script leaves on disk is safe to
+interrupt: a run directory's records are written atomically
+(`tff_clip.run_records`). A second Ctrl-C while the script exits ends it at
+once, silently. A script that runs another one (`run_child`) leaves a Ctrl-C
+to it, as a shell does with its foreground job, and the child's line is the
+only one.
 """
 
+import signal
+import subprocess
 import sys
 
 from absl import app
 from absl import flags
 
-__all__ = ['fail', 'run']
+__all__ = ['Interrupted', 'fail', 'run', 'run_child']
 
 HELP_ARGS = ('-h', '-?', '--help', '--helpshort', '--helpfull')
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for Ctrl-C.
+# What an interrupted script that trains run directories says.
+RESUMES_ITS_RUNS = ('rerun the same command to resume (finished runs are '
+                    'reused, interrupted runs resume)')
+
+
+class Interrupted(KeyboardInterrupt):
+  """A child run by `run_child` was interrupted and said so itself."""
 
 
 def fail(message) -> int:
@@ -23,20 +44,83 @@ def fail(message) -> int:
   return 2
 
 
-def run(main, argv=None) -> None:
-  """Parses flags, calls `main(argv)` and exits with its code."""
+def _close_progress_bars():
+  """Ends tqdm's bars on their own lines, so that ours starts a fresh one."""
+  tqdm = sys.modules.get('tqdm')
+  if tqdm is not None:
+    for bar in list(getattr(tqdm.tqdm, '_instances', ())):
+      bar.close()
+
+
+def _interrupted(error, interrupted) -> int:
+  # First: a second Ctrl-C now ends the process at once, with no traceback.
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+  if isinstance(error, Interrupted):
+    return INTERRUPTED_EXIT_CODE  # The child said it.
+  message = 'rerun the same command to run it again'
+  if isinstance(interrupted, str):
+    message = interrupted
+  elif interrupted is not None:
+    try:
+      message = interrupted()
+    except Exception:  # pylint: disable=broad-except
+      pass  # The flags were not all parsed yet: the general advice.
+  _close_progress_bars()
+  print(f'interrupted: {message}', file=sys.stderr, flush=True)
+  return INTERRUPTED_EXIT_CODE
+
+
+def run(main, argv=None, interrupted=None) -> None:
+  """Parses flags, calls `main(argv)` and exits with its code.
+
+  Args:
+    main: the script's `main(argv)`, returning its exit code (or None).
+    argv: the command line (default `sys.argv`).
+    interrupted: what a Ctrl-C prints after 'interrupted: ' (how to
+      resume), or a function returning it, called once `main` was
+      interrupted. Default: 'rerun the same command to run it again'.
+  """
   argv = list(sys.argv if argv is None else argv)
   module = sys.modules['__main__']
-  if any(arg in HELP_ARGS for arg in argv[1:]):
-    print(module.__doc__ or '')
-    print(flags.FLAGS.module_help(module))
-    sys.exit(0)
   try:
-    rest = flags.FLAGS(argv)
-  except flags.Error as e:
-    sys.exit(fail(f'{e} (see --help)'))
-  try:
-    code = main(rest)
-  except (app.UsageError, ValueError) as e:
-    code = fail(e)
+    if any(arg in HELP_ARGS for arg in argv[1:]):
+      print(module.__doc__ or '')
+      print(flags.FLAGS.module_help(module))
+      code = 0
+    else:
+      try:
+        rest = flags.FLAGS(argv)
+      except flags.Error as e:
+        code = fail(f'{e} (see --help)')
+      else:
+        try:
+          code = main(rest)
+        except (app.UsageError, ValueError) as e:
+          code = fail(e)
+  except KeyboardInterrupt as e:
+    code = _interrupted(e, interrupted)
   sys.exit(code or 0)
+
+
+def run_child(command, **popen_kwargs) -> int:
+  """Runs `command` as a shell runs a foreground job; returns its exit code.
+
+  A Ctrl-C at the terminal reaches the child and this process alike: while
+  the child runs, this process leaves it to the child (a tff_clip script
+  ends with its own `interrupted: ...` line). When the child ends
+  interrupted, this raises `Interrupted`, which `run` ends with exit code
+  130 and no second line -- or, when the child's stderr is not ours (so its
+  line was not seen), `KeyboardInterrupt`, which `run` reports itself.
+  """
+  # A Python handler, not SIG_IGN: the child must not inherit an ignored
+  # SIGINT (exec resets handlers to the default, but keeps SIG_IGN).
+  previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+  try:
+    with subprocess.Popen(command, **popen_kwargs) as proc:
+      code = proc.wait()
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  if code in (INTERRUPTED_EXIT_CODE, -signal.SIGINT):
+    raise Interrupted() if popen_kwargs.get('stderr') is None else (
+        KeyboardInterrupt())
+  return code

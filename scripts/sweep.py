@@ -1,7 +1,7 @@
 r"""Run a grid of `scripts.train` configurations over seeds, then summarise.
 
   .venv/bin/python -m scripts.sweep --sweep_name=emnist_bounds \
-      --grid=bounding=clip,per_layer_clip --grid=noise_multiplier=0,0.5,1 \
+      --grid=bounding=clip,per_layer_clip --grid=noise_multiplier=none,0.5,1 \
       --seeds=3 -- --task=emnist_cnn --data_source=online --rounds=1500
 
 Every flag after `--` goes to each `scripts.train` run unchanged; `--grid`
@@ -26,7 +26,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 
 from absl import app
@@ -175,10 +174,10 @@ def main(argv):
     print(f'[{i}/{len(plan)}] {name}: {" ".join(command[2:])}', flush=True)
     if _DRY.value:
       continue
-    result = subprocess.run(command, check=False)
-    if result.returncode != 0:
+    code = cli.run_child(command)  # Ctrl-C: the cell says how to resume.
+    if code != 0:
       failed.add(name)
-      print(f'[{i}/{len(plan)}] {name}: failed (exit {result.returncode}); '
+      print(f'[{i}/{len(plan)}] {name}: failed (exit {code}); '
             'rerun the sweep to retry it.', flush=True)
   rows = summarise(sweep_dir, grid, _SEEDS.value, train_args, failed)
   if rows:
@@ -187,4 +186,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.run(main)
+  cli.run(main, interrupted='rerun the same command to resume the sweep '
+          '(finished cells are skipped, an interrupted one resumes)')

@@ -138,7 +138,29 @@ def main(argv) -> int:
   return 0
 
 
+def interrupted() -> str:
+  """What a Ctrl-C prints: where a rerun of the same command goes on.
+
+  Read from the run directory, as the rerun will read it: it resumes after
+  the newest checkpoint (a DP run saves each round's before releasing it).
+  """
+  from tff_clip import run_records  # pylint: disable=g-import-not-at-top
+  config = config_from_flags()
+  out = config.output_dir
+  if not os.path.exists(os.path.join(out, 'config.json')):
+    return 'rerun the same command to start the run'
+  if os.path.exists(os.path.join(out, 'summary.json')):
+    return 'the run had finished; rerun the same command to see its results'
+  versions = run_records.Checkpoints(os.path.join(out, 'checkpoints')
+                                     ).versions()
+  next_round = (versions[-1] if versions else 0) + 1
+  if next_round > config.rounds:
+    return (f'all {config.rounds} rounds are trained; rerun the same command '
+            'to finish (ledger, summary, plot)')
+  return f'rerun the same command to resume from round {next_round}'
+
+
 define_flags()
 
 if __name__ == '__main__':
-  cli.run(main)
+  cli.run(main, interrupted=interrupted)

@@ -21,9 +21,17 @@ Modules:
   sources       -- real-data caches and clear errors, offline sources.
   models        -- the Keras models (TFF's where it has them).
   digits, emnist, cifar, shakespeare, stackoverflow, synthetic -- the tasks.
+
+Importing `tasks` imports `tff_clip` (no TensorFlow), so it sets exactly
+what importing `tff_clip` sets (tff_clip/__init__.py): `TF_CPP_MIN_LOG_LEVEL`
+to 3 unless it is set (TensorFlow's C++ log stays quiet when `tasks` is
+imported before TensorFlow; set the variable yourself to see the log), and
+the exit hook that closes TFF's default context without TFF's traceback.
 """
 
 import importlib as _importlib
+
+import tff_clip as _tff_clip  # pylint: disable=unused-import
 
 # Exports are loaded on first use (PEP 562), so that `tasks.names` -- what the
 # command line validates flags against -- imports without TensorFlow.

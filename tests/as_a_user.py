@@ -4,17 +4,27 @@ The programs define absl flags in one global registry, so each runs in a
 process of its own, started from the repository root. The environment is a
 user's shell's: TensorFlow sets TF2_BEHAVIOR=1 in this (pytest) process, and
 inheriting it would hide import-order bugs of a program; the TensorFlow log
-level is the program's own (`scripts/__init__.py`); output is unbuffered, so
-a test can read a running program's lines as they are printed.
+level is the program's own (`tff_clip/__init__.py`, `scripts/__init__.py`);
+output is unbuffered, so a test can read a running program's lines as they
+are printed.
 """
 
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# What a user never asked to see: TensorFlow's C++ log lines
+# ("2024-01-31 12:00:00.123456: E tensorflow/..."), absl's and gRPC's
+# ("E0131 12:00:00.123456 ..."), TensorFlow's Python logger, and tracebacks
+# (TFF's at exit: "Exception ignored in: ...ServiceManager.__del__").
+_NOISE = re.compile(r'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] |'
+                    r'[IWEF]\d{4} |WARNING:tensorflow:|Traceback|'
+                    r'Exception ignored')
 
 
 def env(**overrides):
@@ -24,6 +34,11 @@ def env(**overrides):
   result['PYTHONUNBUFFERED'] = '1'
   result.update(overrides)
   return result
+
+
+def noise(output):
+  """The lines of `output` a user never asked to see (log lines, tracebacks)."""
+  return [line for line in output.splitlines() if _NOISE.match(line)]
 
 
 def run(args, *, timeout=900, **overrides):
@@ -39,7 +54,11 @@ def python(code, *args, timeout=300, **overrides):
 
 
 def start(args, **popen_kwargs):
-  """`python *args` started: the Popen, stdout and stderr merged, as text."""
+  """`python *args` started: the Popen, stdout and stderr merged, as text.
+
+  `process_group=0` starts it in a process group of its own, as a shell
+  starts a job (`interrupt_at` needs it).
+  """
   return subprocess.Popen([sys.executable, *map(str, args)], cwd=REPO,
                           env=env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, **popen_kwargs)
@@ -59,3 +78,23 @@ def kill_at(proc, line_prefix):
   proc.send_signal(signal.SIGKILL)
   proc.wait(timeout=60)
   assert proc.returncode == -signal.SIGKILL
+
+
+def interrupt_at(proc, line_prefix):
+  """Ctrl-C once `proc` prints a line starting with `line_prefix`.
+
+  As a terminal does: SIGINT to the job's whole process group (the program
+  and every process it started in it), so `proc` must lead one
+  (`start(args, process_group=0)`). Blocks on the program's output, with no
+  timed sleep; returns what the program printed after that line, once it
+  ended. A program that ends before printing the line fails the test.
+  """
+  assert os.getpgid(proc.pid) == proc.pid, 'start(..., process_group=0)'
+  for line in proc.stdout:
+    if line.startswith(line_prefix):
+      break
+  else:
+    raise AssertionError(f'the program ended before printing {line_prefix!r}')
+  os.killpg(proc.pid, signal.SIGINT)
+  rest, _ = proc.communicate(timeout=600)
+  return rest

@@ -132,6 +132,20 @@ def test_quick_run_tunes_reports_and_resumes(tmp_path):
 
 
 @pytest.mark.slow
+def test_ctrl_c_stops_every_parallel_run_at_once_in_one_line(tmp_path):
+  command = ['-m', 'scripts.benchmark_frontier', '--quick',
+             '--setting=digits1000', '--jobs=2',
+             f'--root_output_dir={tmp_path}']
+  proc = as_a_user.start(command, process_group=0)
+  rest = as_a_user.interrupt_at(proc, '[tune 1/6]')
+  assert rest == ('interrupted: rerun the same command to resume (finished '
+                  'runs are reused, interrupted runs resume)\n')
+  assert proc.returncode == 130
+  # Stopped, not left to start the queued tuning runs (6; 2 at a time).
+  assert len(os.listdir(tmp_path / 'digits1000' / 'tune')) < 6
+
+
+@pytest.mark.slow
 def test_correlated_methods_run_under_the_same_protocol(tmp_path):
   result = as_a_user.run(
       ['-m', 'scripts.benchmark_frontier', '--quick',

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 
 from absl import app
 import pytest
@@ -81,6 +82,21 @@ def test_sweep_runs_cells_then_skips_them_when_rerun(tmp_path):
   second = as_a_user.run(command, timeout=300)
   assert second.returncode == 0
   assert second.stdout.count('done, skipped') == 2
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_the_cells_one_line_and_the_rerun_resumes_it(tmp_path):
+  command = ['-m', 'scripts.sweep', f'--root_output_dir={tmp_path}',
+             '--sweep_name=s', '--grid=bounding=clip', '--seeds=1', '--',
+             '--rounds=3', '--clients_per_round=6', '--clip_norm=1.0']
+  proc = as_a_user.start(command, process_group=0)
+  rest = as_a_user.interrupt_at(proc, 'round 1/3')  # The cell's first round.
+  assert re.fullmatch(r'(round 2/3 .*\n)?interrupted: rerun the same '
+                      r'command to resume from round [23]\n', rest), rest
+  assert proc.returncode == 130
+  again = as_a_user.run(command)
+  assert again.returncode == 0, again.stdout + again.stderr
+  assert 'Resuming' in again.stdout and 'round 1/3' not in again.stdout
 
 
 def test_a_changed_train_flag_makes_a_new_cell():

@@ -24,8 +24,8 @@ SMALL = ['--rounds=4', '--clients_per_round=6', '--eval_every=2',
          '--progress=false', '--seed=3', '--noise_seed=11']
 
 
-def _train(args):
-  return as_a_user.start(['-m', 'scripts.train', *args])
+def _train(args, **popen_kwargs):
+  return as_a_user.start(['-m', 'scripts.train', *args], **popen_kwargs)
 
 
 def _rows(path):
@@ -263,6 +263,47 @@ def test_killed_run_resumes_with_identical_metrics_and_ledger(uninterrupted,
   ledger_b = json.loads((tmp_path / 'run' / 'ledger.json').read_text())
   np.testing.assert_allclose(ledger_b['epsilon_per_round'],
                              ledger_a['epsilon_per_round'], rtol=1e-12)
+  assert ledger_b['ledger'] == ledger_a['ledger']
+
+
+# ----------------------------------------------------------------------------
+# Ctrl-C: one line saying where the same command goes on, and it does.
+
+
+def test_ctrl_c_before_the_first_round_says_the_rerun_starts_the_run(
+    tmp_path):
+  args = [*SMALL, f'--root_output_dir={tmp_path}', '--experiment_name=run']
+  proc = _train(args, process_group=0)
+  rest = as_a_user.interrupt_at(proc, 'WARNING: --noise_seed')
+  assert rest == 'interrupted: rerun the same command to start the run\n'
+  assert proc.returncode == 130
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_run_names_the_round_the_rerun_resumes_from(uninterrupted,
+                                                              tmp_path):
+  run_dir, _ = uninterrupted
+  args = [*SMALL, f'--root_output_dir={tmp_path}', '--experiment_name=run']
+  proc = _train(args, process_group=0)
+  rest = as_a_user.interrupt_at(proc, 'round 2/4')
+  assert proc.returncode == 130
+  *rounds, last = rest.splitlines()
+  assert all(line.startswith('round ') for line in rounds), rest
+  said = re.fullmatch(
+      r'interrupted: rerun the same command to resume from round (\d)', last)
+  assert said, rest
+  next_round = int(said.group(1))
+  assert 3 <= next_round <= 4
+
+  proc = _train(args)
+  output, _ = proc.communicate(timeout=600)
+  assert proc.returncode == 0, output
+  assert f'after round {next_round - 1} of 4.' in output
+  assert f'round {next_round - 1}/4' not in output  # Not trained again.
+  _assert_same_metrics(_rows(run_dir / 'metrics.csv'),
+                       _rows(tmp_path / 'run' / 'metrics.csv'))
+  ledger_a = json.loads((run_dir / 'ledger.json').read_text())
+  ledger_b = json.loads((tmp_path / 'run' / 'ledger.json').read_text())
   assert ledger_b['ledger'] == ledger_a['ledger']
 
 

@@ -18,7 +18,55 @@ Modules (data flows down this list):
   run_records  -- a run directory as a checked record (atomic, hash-chained).
   split_execution -- client work on TFF's C++ workers, the server here.
 
-Importing `tff_clip` changes nothing: no context, hook or log level is set.
+Importing `tff_clip` (any of its modules) sets exactly two things, so that a
+program using it prints nothing of TensorFlow's or TFF's own:
+  * `TF_CPP_MIN_LOG_LEVEL=3` in `os.environ`, unless it is already set:
+    TensorFlow's C++ log stays quiet (about ten lines at import on a machine
+    without a GPU, and grappler's "Failed to detect the fetch node(s)" for
+    every traced TFF computation; none concerns a result). TensorFlow reads
+    it once, at its first log line, so this works only when `tff_clip` is
+    imported before TensorFlow. Set `TF_CPP_MIN_LOG_LEVEL` yourself (0: all
+    lines, 1: no info, 2: errors only) to see them.
+  * one `atexit` hook that, if TFF was imported, closes TFF's default
+    execution context while the interpreter is still whole (see
+    `_close_tff_context`), instead of TFF's traceback at exit.
+No context, Python logger or other setting is changed.
 """
 
+import atexit as _atexit
+import os as _os
+import sys as _sys
+
 __version__ = '0.1.0'
+
+_os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+
+def _close_tff_context():
+  """Stops TFF's default C++ worker while the interpreter is still whole.
+
+  TFF 0.87 sets a local C++ context on import and stops its worker in a
+  `__del__` that runs only at interpreter teardown, when `subprocess` is
+  already gone: it prints "Exception ignored in: ...ServiceManager.__del__
+  ... AttributeError: 'NoneType' object has no attribute 'Popen'" and can
+  leak the worker, which holds our stdout open (a pipe reading a script's
+  output then never ends). Replacing the default context at exit drops the
+  old one while modules still work. Looked up, not imported: a program that
+  never imported TFF does not import it at exit.
+  """
+  tff = _sys.modules.get('tensorflow_federated')
+  if tff is None:
+    return
+
+  class _ClosedContext(tff.framework.SyncContext):
+
+    def invoke(self, comp, arg):
+      raise RuntimeError('The TFF context was closed at interpreter exit.')
+
+  try:
+    tff.framework.set_default_context(_ClosedContext())
+  except Exception:  # pylint: disable=broad-except
+    pass  # Never let exit clean-up raise.
+
+
+_atexit.register(_close_tff_context)

@@ -43,6 +43,8 @@ import time
 import grpc
 import tensorflow_federated as tff
 
+import tff_clip
+
 __all__ = [
     'WorkerIsolationError',
     'close_tff_context_at_exit',
@@ -387,39 +389,14 @@ def start_private_worker(max_concurrent_computation_calls: int = -1,
 _current_local = {}
 
 
-def _close_tff_context_at_exit():
-  """Stops TFF's default C++ worker while the interpreter is still whole.
-
-  TFF 0.87 sets a local C++ context on import and stops its worker in a
-  `__del__` that runs only at interpreter teardown, when `subprocess` is
-  already gone: it prints "Exception ignored ... ServiceManager.__del__" and
-  leaks the worker, which holds our stdout open (a pipe reading a script's
-  output then never ends). Replacing the default context at exit drops the
-  old one while modules still work.
-  """
-
-  class _ClosedContext(tff.framework.SyncContext):
-
-    def invoke(self, comp, arg):
-      raise RuntimeError('The TFF context was closed at interpreter exit.')
-
-  try:
-    tff.framework.set_default_context(_ClosedContext())
-  except Exception:  # pylint: disable=broad-except
-    pass  # Never let exit clean-up raise.
-
-
 def close_tff_context_at_exit() -> None:
-  """Registers (once) the exit hook that stops TFF's default C++ worker.
+  """Nothing left to do: importing `tff_clip` registers this exit hook.
 
-  Called by this module when it creates a context, and by the entry points;
-  importing `tff_clip` registers nothing.
+  The hook (`tff_clip._close_tff_context`) replaces TFF's default context
+  at exit while the interpreter is still whole, so TFF's own worker is
+  stopped without its "Exception ignored ... ServiceManager.__del__"
+  traceback. Kept for the callers of earlier versions.
   """
-  with _lock:
-    if _current_local.get('exit_hook'):
-      return
-    _current_local['exit_hook'] = True
-  atexit.register(_close_tff_context_at_exit)
 
 
 def _stop(proc):
@@ -436,6 +413,9 @@ def _stop(proc):
 
 @atexit.register
 def _stop_workers():
+  # The context first (again at the very end: harmless), while the workers
+  # its executors talk to still run.
+  tff_clip._close_tff_context()  # pylint: disable=protected-access
   for proc in list(_started):
     _stop(proc)
 
@@ -487,7 +467,6 @@ def set_local_cpp_context(max_concurrent_clients: int | None = None,
     WorkerIsolationError: this machine cannot give the worker a network of
       its own (`network_isolation_error`); no worker is started.
   """
-  close_tff_context_at_exit()
   if max_concurrent_clients is not None and max_concurrent_clients <= 0:
     raise ValueError('`max_concurrent_clients` must be positive or None; got '
                      f'{max_concurrent_clients}.')
@@ -540,7 +519,6 @@ def create_remote_async_context(target: str, timeout_s: float = 30.0,
   there, and `TimeoutError` when it does not answer within `timeout_s`
   seconds, before any computation is sent.
   """
-  close_tff_context_at_exit()
   host, _, port = target.rpartition(':')
   try:  # Fail at once on a refused or unroutable address, not after timeout_s.
     socket.create_connection((host, int(port)), timeout=min(5.0, timeout_s)

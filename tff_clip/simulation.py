@@ -111,9 +111,6 @@ class InProcessRunner:
     client_threads = (default_client_threads() if client_threads is None
                       else checks.integer(client_threads, 'client_threads',
                                           minimum=1))
-    from tff_clip import execution  # pylint: disable=g-import-not-at-top
-    # TFF's default context leaks its worker at exit; stop it in time.
-    execution.close_tff_context_at_exit()
     self._process = process
     form = map_reduce_form(process)
     self._form = form

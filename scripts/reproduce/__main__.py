@@ -13,7 +13,6 @@ holds the full runs.
 
 import importlib
 import os
-import sys
 import time
 
 from absl import app
@@ -22,7 +21,8 @@ from absl import logging
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # pylint: disable=g-import-not-at-top,unused-import
-import tensorflow as tf  # Before app.run: see scripts/train.py.
+import tensorflow as tf  # Before main: see scripts/train.py.
+from scripts import cli
 # pylint: enable=g-import-not-at-top,unused-import
 
 PAPERS = ('000', '001', '002', '003', '004')
@@ -71,4 +71,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  sys.exit(app.run(main))
+  cli.run(main)

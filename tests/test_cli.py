@@ -1,0 +1,112 @@
+"""How every script ends on Ctrl-C (`scripts.cli`): one line, exit code 130.
+
+Each test runs a small program built on `cli.run` as a user would, in a
+process group of its own, and sends SIGINT to the whole group once the
+program says it is ready, as a terminal's Ctrl-C does: deterministic, no
+sleeps (the program blocks reading its stdin until the signal).
+"""
+
+import signal
+import subprocess
+
+import as_a_user  # pylint: disable=g-bad-import-order
+
+# A script: `main` says 'ready' and waits; `interrupted()` says how to resume.
+SCRIPT = '''
+import sys
+from scripts import cli
+
+def main(argv):
+  {main}
+  print('ready', flush=True)
+  sys.stdin.read()  # Until the test's Ctrl-C.
+
+def interrupted():
+  {interrupted}
+
+cli.run(main, interrupted=interrupted)
+'''
+
+
+def _start(main='pass', interrupted="return 'resume from round 7'"):
+  code = SCRIPT.format(main=main, interrupted=interrupted)
+  return as_a_user.start(['-c', code], process_group=0, stdin=subprocess.PIPE)
+
+
+def test_ctrl_c_ends_a_script_in_one_line_saying_how_to_resume():
+  proc = _start()
+  rest = as_a_user.interrupt_at(proc, 'ready')
+  assert rest == 'interrupted: resume from round 7\n'
+  assert proc.returncode == 130  # 128 + SIGINT, as shells expect.
+
+
+def test_ctrl_c_under_a_progress_bar_is_one_line_after_the_bar():
+  proc = _start(main='from tqdm import tqdm; tqdm(total=3).update(1)')
+  rest = as_a_user.interrupt_at(proc, 'ready')
+  assert rest.splitlines()[-1] == 'interrupted: resume from round 7', rest
+  assert rest.count('interrupted') == 1 and not as_a_user.noise(rest), rest
+  assert proc.returncode == 130
+
+
+def test_a_failing_resume_hint_gives_the_general_advice():
+  proc = _start(interrupted='raise RuntimeError("no run directory")')
+  rest = as_a_user.interrupt_at(proc, 'ready')
+  assert rest == 'interrupted: rerun the same command to run it again\n'
+  assert proc.returncode == 130
+
+
+def test_a_second_ctrl_c_while_exiting_ends_at_once_without_a_traceback():
+  # The hint blocks, as a slow clean-up would; the second Ctrl-C ends it.
+  proc = _start(interrupted="print('exiting', flush=True); sys.stdin.read()")
+  for prefix in ('ready', 'exiting'):
+    for line in proc.stdout:
+      if line.startswith(prefix):
+        break
+    proc.send_signal(signal.SIGINT)
+  output, _ = proc.communicate(timeout=60)
+  assert proc.returncode == -signal.SIGINT
+  assert not as_a_user.noise(output), output
+
+
+# A script that runs the one above as its child, as `scripts.sweep` runs
+# `scripts.train`.
+PARENT = '''
+import subprocess, sys
+from scripts import cli
+
+def main(argv):
+  return cli.run_child([sys.executable, '-c', {child!r}], {kwargs})
+
+cli.run(main, interrupted='the parent says it')
+'''
+
+
+def _start_parent(kwargs=''):
+  child = SCRIPT.format(main='pass', interrupted="return 'the child says it'")
+  code = PARENT.format(child=child, kwargs=kwargs)
+  return as_a_user.start(['-c', code], process_group=0, stdin=subprocess.PIPE)
+
+
+def test_ctrl_c_during_a_child_script_is_the_childs_one_line():
+  proc = _start_parent()
+  rest = as_a_user.interrupt_at(proc, 'ready')  # The child's.
+  assert rest == 'interrupted: the child says it\n'
+  assert proc.returncode == 130
+
+
+def test_a_child_whose_stderr_is_hidden_is_reported_by_its_parent():
+  proc = _start_parent('stderr=subprocess.DEVNULL')
+  rest = as_a_user.interrupt_at(proc, 'ready')
+  assert rest == 'interrupted: the parent says it\n'
+  assert proc.returncode == 130
+
+
+def test_ctrl_c_before_cli_run_starts_is_one_line_too():
+  # As while a script imports TensorFlow, before it reaches `cli.run`.
+  code = ('import sys, scripts; print("ready", flush=True); '
+          'sys.stdin.read()')
+  proc = as_a_user.start(['-c', code], process_group=0,
+                         stdin=subprocess.PIPE)
+  rest = as_a_user.interrupt_at(proc, 'ready')
+  assert rest == 'interrupted: rerun the same command to run it again\n'
+  assert proc.returncode == -signal.SIGINT  # A shell reports 130.

@@ -1,0 +1,45 @@
+"""What importing `tff_clip` (or `tasks`) sets: TensorFlow's C++ log level,
+unless the user set it, and the exit hook that closes TFF's default context
+-- so a program using the library prints nothing of TensorFlow's or TFF's
+own (tff_clip/__init__.py, docs/packaging.md).
+
+Each program runs as a user would run it (`as_a_user`: a fresh interpreter,
+no TF_CPP_MIN_LOG_LEVEL in the environment).
+"""
+
+import pytest
+
+import as_a_user  # pylint: disable=g-bad-import-order
+
+SHOW_LEVEL = ('import os, sys, tff_clip; '
+              'print(os.environ["TF_CPP_MIN_LOG_LEVEL"], '
+              '"tensorflow" in sys.modules)')
+
+
+def test_importing_tff_clip_quiets_tensorflow_and_imports_none_of_it():
+  result = as_a_user.python(SHOW_LEVEL)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.split() == ['3', 'False']
+
+
+def test_a_log_level_the_user_set_is_kept():
+  result = as_a_user.python(SHOW_LEVEL, TF_CPP_MIN_LOG_LEVEL='0')
+  assert result.stdout.split() == ['0', 'False'], result.stderr
+
+
+@pytest.mark.parametrize('imports', [
+    'import tff_clip.dp, tensorflow_federated',  # TFF's hooks after ours.
+    'import tensorflow_federated, tff_clip',  # TFF's hooks before ours.
+])
+def test_a_program_importing_tff_ends_without_its_exit_traceback(imports):
+  result = as_a_user.python(imports)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'Exception ignored' not in result.stderr, result.stderr[-3000:]
+  assert 'Traceback' not in result.stderr, result.stderr[-3000:]
+
+
+def test_tasks_table_prints_without_a_log_line_or_traceback():
+  result = as_a_user.python('import tasks; print(tasks.describe_markdown())')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.startswith('| task |'), result.stdout[:200]
+  assert not as_a_user.noise(result.stderr), result.stderr[-3000:]
