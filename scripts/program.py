@@ -9,27 +9,29 @@ benchmarks and reproductions call. The library (`tff_clip`) never imports
 """
 
 import contextlib
+import dataclasses
 import math
 import os
+import socket
 
 from tff_clip import config as config_lib
-from tff_clip import training
 from tff_clip.config import ConfigError, TrainConfig
 
 __all__ = ['build_task', 'format_epsilon', 'format_summary',
-           'meaning_of_epsilon', 'run', 'validate']
+           'meaning_of_epsilon', 'preflight', 'run', 'validate']
 
 
 def _check_task_options(config):
   if not config.task_options:
-    return  # `tasks.registry` imports TFF: only when options are given.
+    return
   keys = [pair[0] if isinstance(pair, tuple) and len(pair) == 2 else None
           for pair in config.task_options]
   if None in keys:
     raise ConfigError('--task_option must be key=value pairs; got '
                       f'{config.task_options!r}.')
-  import tasks  # pylint: disable=g-import-not-at-top
-  accepted = tasks.task_options(config.task)
+  # The registry's option lists, read without importing TensorFlow.
+  from tasks import names as task_names  # pylint: disable=g-import-not-at-top
+  accepted = task_names.TASK_OPTIONS[config.task]
   for key in keys:
     if keys.count(key) > 1:
       raise ConfigError(f'--task_option {key!r} is given twice.')
@@ -63,6 +65,60 @@ def validate(config: TrainConfig) -> None:
   _check_task(config)
 
 
+def _check_population(config):
+  """What the population decides, where the task fixes it without data."""
+  from tasks import names as task_names  # pylint: disable=g-import-not-at-top
+  from tff_clip import sampling  # pylint: disable=g-import-not-at-top
+  population = task_names.population(config.task, config.data_source,
+                                     config.num_clients)
+  if population is not None and config.clients_per_round > population:
+    raise ConfigError(
+        f'--clients_per_round ({config.clients_per_round}) exceeds the '
+        f'number of training clients ({population}).')
+  ids = task_names.client_ids(config.task, config.data_source,
+                              config.num_clients)
+  if ids is not None and config.sampling == sampling.MIN_SEPARATION:
+    try:  # The groups are a hash of (seed, client id): known already.
+      sampling.ClientSampler(ids, config.clients_per_round, config.sampling,
+                             config.seed, config.separation)
+    except ValueError as e:
+      raise config_lib.flag_error(e) from None
+  if config.target_epsilon is not None and (
+      population is not None or config.sampling == sampling.MIN_SEPARATION):
+    from tff_clip import training  # pylint: disable=g-import-not-at-top
+    noise_multiplier = training.resolve_noise_multiplier(
+        config, population or config.clients_per_round)
+    # The calibrated z, checked as a given one would be (z C, z C / n).
+    config_lib.validate(dataclasses.replace(
+        config, noise_multiplier=noise_multiplier, target_epsilon=None))
+
+
+def _check_workers(config):
+  """Refuses at once a --workers address where nothing listens."""
+  if config.executor != 'remote':
+    return
+  for worker in config.workers:
+    host, _, port = str(worker).rpartition(':')
+    try:
+      socket.create_connection(
+          (host, int(port)), timeout=min(5.0, config.worker_timeout_s)).close()
+    except (OSError, ValueError) as e:
+      raise ConfigError(f'--workers: TFF worker at {worker} is unreachable '
+                        f'({e}).') from None
+
+
+def preflight(config: TrainConfig) -> None:
+  """The checks of a run that need no data and no TensorFlow.
+
+  After `validate`: the population where the task fixes it
+  (`--clients_per_round`, minimum-separation groups, `--target_epsilon`)
+  and the remote workers' addresses. Whatever depends on data a task reads
+  (natural clients) is checked once the task is built.
+  """
+  _check_population(config)
+  _check_workers(config)
+
+
 def build_task(config: TrainConfig):
   """The `tasks.get_task` task that `config`'s task flags name."""
   import tasks  # pylint: disable=g-import-not-at-top
@@ -91,6 +147,8 @@ def run(config: TrainConfig, quiet: bool = False):
   print one line each); errors still raise.
   """
   validate(config)
+  preflight(config)
+  from tff_clip import training  # pylint: disable=g-import-not-at-top
   if not quiet:
     return training.run(config, build_task)
   with open(os.devnull, 'w') as devnull, contextlib.redirect_stdout(devnull):

@@ -28,10 +28,13 @@ FLAGS = flags.FLAGS
 
 
 def _optional(parse):
-  """Parser for a flag that also accepts 'none'."""
+  """Parser for a flag that also accepts 'none' (said, never left empty)."""
   def parser(text):
-    if text is None or str(text).strip().lower() in ('none', ''):
+    if text is None or str(text).strip().lower() == 'none':
       return None
+    if not str(text).strip():
+      # `--noise_multiplier=$Z` with Z unset must not turn DP off.
+      raise ValueError('empty')
     return parse(text)
   return parser
 
@@ -82,6 +85,10 @@ def config_from_flags() -> config_lib.TrainConfig:
     if field.name == 'task_options':
       value = config_lib.parse_task_options(value)
     elif field.name == 'lus_sparsity':
+      if value is not None and not str(value).strip():
+        raise config_lib.ConfigError(
+            "--lus_sparsity is empty (an unset shell variable? Say 'none' "
+            'for no sparsification).')
       value = config_lib.parse_lus_sparsity(value)
     elif kind is tuple:
       value = tuple(value)
@@ -89,9 +96,12 @@ def config_from_flags() -> config_lib.TrainConfig:
       try:
         value = _PARSERS[kind](value)
       except ValueError:
+        empty = not str(FLAGS[field.name].value).strip()
         raise config_lib.ConfigError(
             f'--{field.name} must be {_describe(kind)}; got '
-            f'{FLAGS[field.name].value!r}.') from None
+            f'{FLAGS[field.name].value!r}' + (
+                " (empty: an unset shell variable? Say 'none' for none)"
+                if empty and kind in _OPTIONAL else '') + '.') from None
     values[field.name] = value
   # DP is the default, unless the user asked for calibration or no bounding.
   if not FLAGS['noise_multiplier'].present and (
@@ -100,10 +110,15 @@ def config_from_flags() -> config_lib.TrainConfig:
   return config_lib.TrainConfig(**values)
 
 
+_OPTIONAL = (typing.Optional[int], typing.Optional[float],
+             typing.Optional[str])
+
+
 def _describe(kind) -> str:
   return {int: 'an integer', float: 'a number',
           typing.Optional[int]: 'an integer or none',
-          typing.Optional[float]: 'a number or none'}.get(kind, 'a value')
+          typing.Optional[float]: 'a number or none',
+          typing.Optional[str]: 'a value or none'}.get(kind, 'a value')
 
 
 def main(argv) -> int:
@@ -112,24 +127,33 @@ def main(argv) -> int:
   try:
     config = config_from_flags()
     program.validate(config)
+    program.preflight(config)  # Population, target epsilon, workers.
   except config_lib.ConfigError as e:
     return cli.fail(e)
   # Checked. TensorFlow is imported only now (by `training.run`, after it
-  # found the run is not already finished) -- and never inside absl's
-  # `app.run`, which this script does not use: imported first inside
-  # app.run's main, Keras 2.14 builds functional models from graph tensors
-  # ("Attempt to convert a value (None)" in Flatten).
+  # checked the run directory and found the run is not already finished)
+  # -- and never inside absl's `app.run`, which this script does not use:
+  # imported first inside app.run's main, Keras 2.14 builds functional
+  # models from graph tensors ("Attempt to convert a value (None)" in
+  # Flatten).
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # TF/TFF info logs hide the bar.
   from tff_clip import run_records  # pylint: disable=g-import-not-at-top
-  from tff_clip import split_execution  # pylint: disable=g-import-not-at-top
   try:
     summary = program.run(config)
   except config_lib.ConfigError as e:
     return cli.fail(e)
-  except (split_execution.WorkerLostError,  # Checkpointed: rerun resumes.
-          run_records.RunRecordError) as e:  # Damaged records, full disk.
+  except run_records.RunRecordError as e:  # Damaged records, full disk.
+    cli.fail(e)
+    return 1
+  except Exception as e:  # pylint: disable=broad-except
+    # Checkpointed: a rerun resumes. Looked up, not imported: importing
+    # `split_execution` imports TensorFlow, which a refusal never needs.
+    split_execution = sys.modules.get('tff_clip.split_execution')
+    if split_execution is None or not isinstance(
+        e, split_execution.WorkerLostError):
+      raise
     cli.fail(e)
     return 1
   print(program.format_summary(summary))

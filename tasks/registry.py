@@ -214,6 +214,16 @@ def task_options(name: str) -> tuple[str, ...]:
       if p.kind == inspect.Parameter.KEYWORD_ONLY and p.name not in bound)
 
 
+# The TensorFlow-free option lists and client counts must agree too.
+if {n: task_options(n) for n in TASK_NAMES} != names.TASK_OPTIONS or any(
+    names.DEFAULT_NUM_CLIENTS[key] != count for key, count in (
+        (('digits', 'offline'), digits.DEFAULT_NUM_CLIENTS),
+        (('emnist_cnn', 'offline'), emnist.DEFAULT_OFFLINE_NUM_CLIENTS),
+        (('cifar10_cnn', 'offline'), cifar.DEFAULT_CIFAR10_NUM_CLIENTS))):
+  raise ImportError('tasks/names.py disagrees with tasks/registry.py: update '
+                    'TASK_OPTIONS and DEFAULT_NUM_CLIENTS with the tasks.')
+
+
 def _check_options(spec: _TaskSpec, options: dict):
   accepted = list(task_options(spec.name))
   unknown = sorted(set(options) - set(accepted))

@@ -347,23 +347,50 @@ def test_calibration_meets_the_target(mechanism, bands):
 def test_min_separation_sampler_keeps_clients_apart():
   ids = [f'client_{i}' for i in range(60)]
   separation, rounds = 4, 21
-  sampler = sampling.ClientSampler(ids, 60, 'min_separation', seed=3,
+  groups = collections.Counter(
+      sampling.separation_group(c, separation, 3) for c in ids)
+  smallest = min(groups.values())
+  sampler = sampling.ClientSampler(ids, smallest, 'min_separation', seed=3,
                                    separation=separation)
   seen = collections.defaultdict(list)
   for t in range(rounds):
-    for client in sampler.sample(t):
+    cohort = sampler.sample(t)
+    assert len(cohort) == smallest
+    assert all(sampling.separation_group(c, separation, 3) == t % separation
+               for c in cohort)
+    for client in cohort:
       seen[client].append(t)
-  assert set(seen) == set(ids)  # Full groups: everyone takes part.
   k = correlated_noise.participations(rounds, separation)
   for rounds_of_client in seen.values():
     assert len(rounds_of_client) <= k
     assert all(b - a >= separation
                for a, b in zip(rounds_of_client, rounds_of_client[1:]))
   # A client's group does not depend on who else is in the population.
-  smaller = sampling.ClientSampler(ids[10:], 50, 'min_separation', seed=3,
+  smaller = sampling.ClientSampler(ids[10:], 1, 'min_separation', seed=3,
                                    separation=separation)
   for t in range(separation):
-    assert set(smaller.sample(t)) == set(sampler.sample(t)) - set(ids[:10])
+    assert all(sampling.separation_group(c, separation, 3) == t
+               for c in smaller.sample(t))
+
+
+def test_min_separation_refuses_a_cohort_larger_than_a_group():
+  # 50 clients in 4 groups hold 9 to 17 each: 20 per round cannot be
+  # honoured, and dividing a group's sum by 20 would shrink every update.
+  ids = [str(i).zfill(2) for i in range(50)]
+  with pytest.raises(ValueError, match=r'`clients_per_round` \(20\) exceeds '
+                     r'the smallest minimum-separation group.*at most 9'):
+    sampling.ClientSampler(ids, 20, 'min_separation', seed=0, separation=4)
+  sampling.ClientSampler(ids, 9, 'min_separation', seed=0, separation=4)
+
+
+@pytest.mark.parametrize('scheme', sampling.SAMPLINGS)
+def test_cohort_does_not_depend_on_the_order_of_the_client_ids(scheme):
+  ids = [f'client_{i}' for i in range(40)]
+  shuffled = list(np.random.default_rng(1).permutation(ids))
+  make = lambda client_ids: sampling.ClientSampler(
+      client_ids, 5, scheme, seed=7, separation=2)
+  for t in range(6):
+    assert make(ids).sample(t) == make(shuffled).sample(t)
 
 
 def test_min_separation_sampler_subsamples_a_group_to_the_cohort_size():

@@ -565,11 +565,13 @@ def compute_training_epsilon(
 
 
 def _bracket(epsilon_at, target_epsilon: float, start: float, floor: float,
-             factor: float = 2.0) -> tuple[float, float]:
+             factor: float = 2.0,
+             check_max_first: bool = True) -> tuple[float, float]:
   """(lower, upper) z with epsilon(lower) > target >= epsilon(upper).
 
   Steps from `start` by `factor`; (z, z) when z ~ `floor` still meets the
-  target (the budget does not bind).
+  target (the budget does not bind). `check_max_first`: going up, first
+  check that the largest z meets the target (RDP: one cheap evaluation).
   """
   if epsilon_at(start) <= target_epsilon:
     upper = start
@@ -579,6 +581,13 @@ def _bracket(epsilon_at, target_epsilon: float, start: float, floor: float,
         return lower, upper
       upper = lower
     return upper, upper
+  # Unreachable at the largest z: said after one evaluation, not twenty.
+  epsilon = epsilon_at(_MAX_NOISE_MULTIPLIER) if check_max_first else 0.0
+  if epsilon > target_epsilon:
+    raise ValueError(
+        f'`target_epsilon` = {target_epsilon!r} is unreachable: even '
+        f'noise_multiplier = {_MAX_NOISE_MULTIPLIER:g} gives epsilon = '
+        f'{epsilon:g}.')
   lower = start
   while True:
     upper = factor * lower
@@ -646,7 +655,8 @@ def calibrate_noise_multiplier(target_epsilon: float,
     # end (PLD gets expensive as z, hence epsilon, grows).
     lower, upper = _bracket(
         lambda z: make_fresh_accountant().compose(view_for(z)).get_epsilon(
-            delta), target_epsilon, upper, upper / 64, factor=1.25)
+            delta), target_epsilon, upper, upper / 64, factor=1.25,
+        check_max_first=False)
     if lower == upper:
       return upper
   noise_multiplier = float(dp_accounting.calibrate_dp_mechanism(

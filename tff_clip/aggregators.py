@@ -99,6 +99,9 @@ def check_value_type(value_type, label: str = 'value_type'):
         leaf.shape is None or any(d is None for d in leaf.shape)):
       raise ValueError(f'`{label}` must have fully defined shapes (norms and '
                        f'noise need every dimension); got {value_type}.')
+  if all(0 in leaf.shape for leaf in leaves):
+    raise ValueError(f'`{label}` has no elements (every tensor is zero-size): '
+                     f'there is no update to bound; got {value_type}.')
 
 
 def constant_norm_process(value: float) -> tff.templates.EstimationProcess:

@@ -16,10 +16,13 @@ import numbers
 
 import numpy as np
 
-__all__ = ['INT64_MAX', 'boolean', 'integer', 'is_real', 'nonnegative_float',
-           'positive_float', 'probability']
+__all__ = ['FLOAT32_TINY', 'INT64_MAX', 'boolean', 'integer', 'is_real',
+           'nonnegative_float', 'normal_float', 'positive_float', 'probability']
 
 INT64_MAX = 2**63 - 1
+# The smallest normal float32. TensorFlow's CPU kernels flush smaller
+# (subnormal) values to zero, so a noise scale below it adds no noise.
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
 def is_real(value) -> bool:
@@ -71,6 +74,21 @@ def nonnegative_float(value, label: str, dtype=np.float32) -> float:
     raise ValueError(f'`{label}` must be a finite float >= 0; got {value!r}.')
   _cast(number, label, dtype)
   return number
+
+
+def normal_float(value: float, label: str, dtype=np.float32) -> float:
+  """`value` (a checked positive float) if it is a normal number of `dtype`.
+
+  Subnormal values survive a cast, but TensorFlow computes with
+  flush-to-zero on: a clip norm or noise scale there acts as 0.
+  """
+  tiny = float(np.finfo(dtype).tiny)
+  if value < tiny:
+    raise ValueError(
+        f'`{label}` = {value!r} is subnormal in {np.dtype(dtype).name} '
+        f'(below {tiny:.3g}), where TensorFlow flushes it to 0; give a value '
+        f'>= {tiny:.3g}.')
+  return value
 
 
 def probability(value, label: str, low_open: bool = True,

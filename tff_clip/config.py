@@ -24,7 +24,8 @@ from tff_clip import spec
 
 __all__ = [
     'BOUNDINGS', 'CLIENT_OPTIMIZERS', 'EXECUTION_KEYS', 'EXECUTORS',
-    'ConfigError', 'SERVER_OPTIMIZERS', 'TrainConfig', 'fields', 'validate',
+    'ConfigError', 'SERVER_OPTIMIZERS', 'TrainConfig', 'fields', 'flag_error',
+    'validate',
 ]
 
 # 'tff_gaussian': TFF's own DP aggregator (`DifferentiallyPrivateFactory.
@@ -49,6 +50,10 @@ EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'workers',
 # Earlier names of fields, read from a recorded config.json on resume (one
 # name per knob: the library's `tff_clip.algorithms` argument names).
 RENAMED_KEYS = {'local_clip': 'local_clip_norm', 'blur_lambda': 'blur_strength'}
+
+
+# The largest --seed: numpy's and Keras' seeds are 32-bit.
+SEED_MAX = 2**32 - 1
 
 
 class ConfigError(ValueError):
@@ -315,7 +320,7 @@ def _positive(value, name, kind=float, allow_none=False, dtype=np.float32):
     else:
       checks.integer(int(value), name, minimum=1, maximum=2**31 - 1)
   except ValueError as e:
-    raise _flag_message(e) from None
+    raise flag_error(e) from None
 
 
 def one_of(value, name, choices):
@@ -331,9 +336,10 @@ def _check_choices(config):
       one_of(getattr(config, field.name), field.name, choices)
 
 
-def _flag_message(error: Exception) -> ConfigError:
+def flag_error(error: Exception) -> ConfigError:
   """The library's error, with `name` (an argument) written as --name."""
   return ConfigError(re.sub(r'`(\w+)`', r'--\1', str(error)))
+
 
 
 def _check_mechanism(config):
@@ -341,6 +347,11 @@ def _check_mechanism(config):
   if config.noise_multiplier is not None and config.target_epsilon is not None:
     raise ConfigError('Give --noise_multiplier or --target_epsilon, not both '
                       "(--noise_multiplier=none with --target_epsilon).")
+  if checks.is_real(config.noise_multiplier) and config.noise_multiplier == 0:
+    raise ConfigError(
+        '--noise_multiplier=0 adds no noise: a DP run needs z > 0 (its '
+        'epsilon would be infinite). For a run without DP say '
+        '--noise_multiplier=none.')
   method = config.bounding if config.bounding in names.BOUNDINGS else 'clip'
   try:
     spec.DPSpec(
@@ -359,7 +370,7 @@ def _check_mechanism(config):
         noise_placement=config.noise_placement, noise_seed=config.noise_seed,
         noise_mechanism=config.noise_mechanism, bands=config.bands)
   except (TypeError, ValueError) as e:
-    raise _flag_message(e) from None
+    raise flag_error(e) from None
 
 
 def _check_privacy(config):
@@ -384,10 +395,14 @@ def _check_privacy(config):
   try:
     checks.probability(config.delta, 'delta')
   except (TypeError, ValueError) as e:
-    raise _flag_message(e) from None
+    raise flag_error(e) from None
 
 
 def _check_training(config):
+  try:  # numpy's seeds (Keras' set_random_seed) are 32-bit.
+    checks.integer(config.seed, 'seed', minimum=0, maximum=SEED_MAX)
+  except (TypeError, ValueError) as e:
+    raise flag_error(e) from None
   _positive(config.clients_per_round, 'clients_per_round', int)
   _positive(config.rounds, 'rounds', int)
   _positive(config.client_learning_rate, 'client_learning_rate')
@@ -404,7 +419,7 @@ def _check_training(config):
     try:
       checks.probability(config.validation_fraction, 'validation_fraction')
     except (TypeError, ValueError) as e:
-      raise _flag_message(e) from None
+      raise flag_error(e) from None
   blur_clip_norm = config.blur_clip_norm
   if (blur_clip_norm is None and config.blur_strength is not None and
       not isinstance(config.clip_norm, str)):
@@ -416,7 +431,7 @@ def _check_training(config):
         local_clip_norm=config.local_clip_norm,
         client_learning_rate=config.client_learning_rate)
   except (TypeError, ValueError) as e:
-    raise _flag_message(e) from None
+    raise flag_error(e) from None
   _positive(config.eval_every, 'eval_every', int)
   _positive(config.checkpoint_every, 'checkpoint_every', int)
   if not (isinstance(config.checkpoint_interval_s, (int, float)) and
@@ -448,10 +463,40 @@ def _check_execution(config):
     host, _, port = str(worker).rpartition(':')
     if not host or not port.isdigit():
       raise ConfigError(f'--workers entries must be host:port; got {worker!r}.')
-  if (not config.experiment_name or os.sep in config.experiment_name or
+  if (not isinstance(config.experiment_name, str) or
+      not config.experiment_name or os.sep in config.experiment_name or
       config.experiment_name in ('.', '..')):
     raise ConfigError('--experiment_name must be a non-empty name without '
                       f'{os.sep!r}; got {config.experiment_name!r}.')
+  _check_path('experiment_name', config.experiment_name)
+  if not isinstance(config.root_output_dir, str) or not (
+      config.root_output_dir.strip()):
+    raise ConfigError('--root_output_dir must name a directory (e.g. runs); '
+                      f'got {config.root_output_dir!r}.')
+  _check_path('root_output_dir', config.root_output_dir)
+
+
+# A file name's most bytes on Linux file systems (NAME_MAX), and a path's.
+_NAME_MAX = 255
+_PATH_MAX = 4095
+
+
+def _check_path(name: str, path: str) -> None:
+  """A path the run directory can have: printable, within the OS limits."""
+  control = [c for c in path if ord(c) < 32 or 127 <= ord(c) < 160]
+  if control:
+    raise ConfigError(f'--{name} must be printable; it holds the control '
+                      f'character {control[0]!r}.')
+  try:
+    encoded = path.encode()
+  except UnicodeEncodeError:
+    raise ConfigError(f'--{name} is not valid text: {path!r}.') from None
+  longest = max(len(part.encode()) for part in path.split(os.sep))
+  if longest > _NAME_MAX or len(encoded) > _PATH_MAX:
+    raise ConfigError(
+        f'--{name} is too long for a file system: a name may have at most '
+        f'{_NAME_MAX} bytes and a path {_PATH_MAX}; got a name of {longest} '
+        f'bytes in a path of {len(encoded)}.')
 
 
 def _check_audit(config):
@@ -467,7 +512,7 @@ def _check_audit(config):
   try:
     checks.probability(config.audit_confidence, 'audit_confidence')
   except (TypeError, ValueError) as e:
-    raise _flag_message(e) from None
+    raise flag_error(e) from None
 
 
 def _check_correlated(config):

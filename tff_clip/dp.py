@@ -501,6 +501,15 @@ MAX_VALUE_NOISE_INFLATION = spec_lib.MAX_VALUE_NOISE_INFLATION
 # The factory.
 
 
+def _initial_budgets(spec, fractions, initial_norms):
+  """The per-layer budgets C_h a per-layer query starts from (else None)."""
+  if not spec.per_layer:
+    return None
+  if np.ndim(initial_norms) == 1:  # Per-layer quantiles: one norm per layer.
+    return np.asarray(initial_norms, np.float64)
+  return float(initial_norms) * np.asarray(fractions, np.float64)
+
+
 class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
                         tff.aggregators.WeightedAggregationFactory):
   """Bounding + Gaussian noise + mean, as an aggregation factory.
@@ -547,6 +556,7 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
           None if spec.adaptive else spec.clip_norm)
     z = spec.noise_multiplier
     n = spec.clients_per_round
+    initial_norms = spec.clip_norm  # A scalar, or one per layer.
     if not spec.adaptive:
       query = sum_query = BoundedGaussianSumQuery(
           method, spec.clip_norm, z, fractions, spec.noise_seed,
@@ -567,6 +577,7 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
         # (docs/frontier.md, "Per-layer bounding on the CNN").
         initial = np.full([num_layers], spec.initial_clip_norm /
                           np.sqrt(num_layers), np.float32)
+      initial_norms = initial
       sum_query = BoundedGaussianSumQuery(
           method, initial, value_z, fractions, spec.noise_seed,
           spec.noise_placement, n, spec.noise_mechanism, spec.bands)
@@ -580,6 +591,14 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
           noise_seed=count_seed)
       query = AdaptiveBoundedSumQuery(sum_query, estimator,
                                       per_layer_quantiles)
+    # The products the mechanism computes, in the dtypes it computes them.
+    leaf_dtypes = [np.dtype(leaf.dtype.as_numpy_dtype) for leaf in
+                   tf.nest.flatten(tff.types.type_to_tf_tensor_specs(
+                       value_type))]
+    spec.check_noise_scale(
+        dtypes=sorted(set(leaf_dtypes), key=str),
+        value_noise_multiplier=value_z if spec.adaptive else z,
+        budgets=_initial_budgets(spec, fractions, initial_norms))
     sum_query.set_template(tff.types.type_to_tf_tensor_specs(value_type))
     if spec.denominator == 'expected':
       query = tfp.NormalizedQuery(query, denominator=float(n))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
+
+from tff_clip import run_records
 
 __all__ = ['plot_metrics', 'read_metrics']
 
@@ -32,7 +35,10 @@ def read_metrics(csv_path: str) -> dict[str, list[float]]:
 
 
 def plot_metrics(csv_path: str, png_path: str, title: str = '') -> str:
-  """Writes a 2x2 PNG of the `PANELS` against round; returns its path."""
+  """Writes a 2x2 PNG of the `PANELS` against round; returns its path.
+
+  Raises `run_records.RunRecordError` (one line) when it cannot be written.
+  """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -58,6 +64,10 @@ def plot_metrics(csv_path: str, png_path: str, title: str = '') -> str:
     ax.grid(True, alpha=0.3)
   fig.suptitle(title)
   fig.tight_layout()
-  fig.savefig(png_path, dpi=100)
+  # Drawn in memory, then written whole or not at all (a full disk leaves
+  # no truncated plot.png, and `run_records.RunRecordError` says so).
+  image = io.BytesIO()
+  fig.savefig(image, format='png', dpi=100)
   plt.close(fig)
+  run_records.atomic_write(png_path, image.getvalue())
   return png_path

@@ -10,6 +10,9 @@ Two schemes, named as in `tff_clip.accounting`, which accounts each:
     of (seed, client id), and round t takes part of group t mod b (at most
     `clients_per_round` of its members, a seeded sample): a client takes
     part at most k = ceil(T / b) times in T rounds, at least b rounds apart.
+    Every group must hold at least `clients_per_round` clients: the mean
+    divides by `clients_per_round`, and a smaller cohort would shrink every
+    update without a word, so such a sampler is refused.
     No amplification is claimed; the privacy comes from correlated noise
     (`tff_clip.correlated_noise`) or from composing k participations.
 
@@ -20,7 +23,8 @@ Two schemes, named as in `tff_clip.accounting`, which accounts each:
     a stable user identifier, with users holding several devices counted
     once. The separation b must be at least the number of bands of the noise.
 
-The cohort of round r depends only on (seed, r): no sampler state needs a
+The cohort of round r depends only on (seed, r) and the set of client ids
+(not their order: they are sorted first): no sampler state needs a
 checkpoint, and resuming at round r reproduces the uninterrupted run.
 """
 
@@ -52,7 +56,8 @@ class ClientSampler:
   def __init__(self, client_ids: Sequence[str], clients_per_round: int,
                sampling: str = FIXED_SIZE, seed: int = 0,
                separation: int = 1):
-    self._client_ids = list(client_ids)
+    # Sorted: the cohort must not depend on the order the task lists them.
+    self._client_ids = sorted(client_ids)
     if not self._client_ids:
       raise ValueError('`client_ids` is empty: there is no client to sample.')
     if sampling not in SAMPLINGS:
@@ -81,6 +86,15 @@ class ClientSampler:
       for i, client_id in enumerate(self._client_ids):
         self._groups[separation_group(client_id, self.separation,
                                       self.seed)].append(i)
+      sizes = [len(group) for group in self._groups]
+      if min(sizes) < self.clients_per_round:
+        raise ValueError(
+            f'`clients_per_round` ({self.clients_per_round}) exceeds the '
+            f'smallest minimum-separation group: the {len(self._client_ids)}'
+            f' clients fall into {self.separation} groups of {min(sizes)} to '
+            f'{max(sizes)}, and a round samples one group, so its mean would '
+            f'be divided by more clients than take part. Use at most '
+            f'{min(sizes)} clients per round (or a smaller separation).')
 
   @property
   def population_size(self) -> int:

@@ -34,7 +34,8 @@ import numpy as np
 from tff_clip import checks
 from tff_clip.names import BOUNDINGS, DENOMINATORS, INDEPENDENT, NOISE_MECHANISMS, NOISE_PLACEMENTS, SPLITS  # pylint: disable=line-too-long
 
-__all__ = ['DPSpec', 'ExplicitBudgets', 'MAX_VALUE_NOISE_INFLATION', 'Split',
+__all__ = ['DPSpec', 'ExplicitBudgets', 'MAX_VALUE_NOISE_INFLATION',
+           'NOISE_TAIL_STDDEVS', 'Split',
            'Sparsity', 'adaptive_noise_multipliers', 'check_client_arguments',
            'check_mechanism', 'check_method', 'check_sparsity', 'check_split',
            'default_clipped_count_stddev', 'is_per_layer']
@@ -150,6 +151,10 @@ def adaptive_noise_multipliers(noise_multiplier: float,
   return remaining**-0.5
 
 
+# The noise of a coordinate is taken to stay within this many standard
+# deviations: P(|N(0, 1)| > 10) = 1.5e-23 (`DPSpec.check_noise_scale`).
+NOISE_TAIL_STDDEVS = 10.0
+
 # The value noise may rise by at most this factor to pay for the count noise.
 MAX_VALUE_NOISE_INFLATION = 1.1
 
@@ -175,6 +180,17 @@ def default_clipped_count_stddev(noise_multiplier: float,
   capped = (math.sqrt(num_counts) * noise_multiplier /
             (2.0 * math.sqrt(1.0 - r**-2)))
   return max(clients_per_round / 20.0, capped)
+
+
+# numpy cannot describe bfloat16 (an `ml_dtypes` type): its largest value.
+_BFLOAT16_MAX = 3.3895313892515355e38
+
+
+def _largest(dtype) -> float:
+  """The largest finite value of a float dtype (bfloat16 included)."""
+  if dtype.name == 'bfloat16':
+    return _BFLOAT16_MAX
+  return float(np.finfo(dtype).max)
 
 
 # ----------------------------------------------------------------------------
@@ -213,6 +229,14 @@ class DPSpec:
 
     check_method(self.bounding_method, 'bounding')
     z = checks.nonnegative_float(self.noise_multiplier, 'noise_multiplier')
+    if 0 < z < checks.FLOAT32_TINY:
+      # Above it, epsilon stays finite (dp_accounting's RDP of one round,
+      # about 1/z^2, overflows float64 only below z = 1e-154).
+      raise ValueError(
+          f'`noise_multiplier` = {z!r} is subnormal in float32 (below '
+          f'{checks.FLOAT32_TINY:.3g}), where TensorFlow flushes it to 0: '
+          'no noise would be added while the ledger accounts z. Give z >= '
+          f'{checks.FLOAT32_TINY:.3g}.')
     put('noise_multiplier', z)
     put('clients_per_round', checks.positive_float(self.clients_per_round,
                                                    'clients_per_round'))
@@ -221,11 +245,13 @@ class DPSpec:
         raise ValueError("`clip_norm` must be a positive float or 'adaptive';"
                          f' got {self.clip_norm!r}.')
     else:
-      put('clip_norm', checks.positive_float(self.clip_norm, 'clip_norm'))
+      put('clip_norm', checks.normal_float(
+          checks.positive_float(self.clip_norm, 'clip_norm'), 'clip_norm'))
     # The adaptive knobs are checked even for a fixed clip_norm: a bad value
     # is a mistake whether or not this run reads it.
-    put('initial_clip_norm', checks.positive_float(self.initial_clip_norm,
-                                                   'initial_clip_norm'))
+    put('initial_clip_norm', checks.normal_float(
+        checks.positive_float(self.initial_clip_norm, 'initial_clip_norm'),
+        'initial_clip_norm'))
     put('target_quantile', checks.probability(
         self.target_quantile, 'target_quantile', low_open=False,
         high_open=False))
@@ -259,6 +285,84 @@ class DPSpec:
     if self.noise_seed is not None:  # An int64 key; the count noise: seed + 1.
       put('noise_seed', checks.integer(self.noise_seed, 'noise_seed',
                                        maximum=checks.INT64_MAX - 1))
+    value_z = z  # Per-layer counts: z_v >= z, checked again at `create`.
+    if self.adaptive and z > 0 and not (self.per_layer and
+                                        per_layer_quantiles):
+      value_z = adaptive_noise_multipliers(
+          z, self.clipped_count_stddev or default_clipped_count_stddev(
+              z, self.clients_per_round))
+    self.check_noise_scale(value_noise_multiplier=value_z)
+
+  def check_noise_scale(self, dtypes=(np.float32,),
+                        value_noise_multiplier: Optional[float] = None,
+                        budgets=None) -> None:
+    """Refuses a mechanism whose own numbers its dtypes cannot hold.
+
+    Each argument alone may be fine while a product the mechanism computes
+    is not, so these are checked where they are computed: the noise std
+    z S, drawn in float32 (S the L2 sensitivity: C, or the initial C of
+    adaptive clipping; with client noise, each client's z S / sqrt(n)) must
+    be a normal float32 (TensorFlow flushes subnormals to 0: no noise); the
+    noisy sum of n records bounded by S, (n + 10 z) S, must fit the dtype it
+    is summed in (float32, float64 for float64 leaves), and the noisy mean,
+    S (1 + 10 z / n), each leaf's dtype it is cast back to (float16: 65504),
+    where its noise z S / n must not round to 0. Ten standard deviations:
+    P(|N(0, 1)| > 10) = 1.5e-23 per coordinate. A per-layer budget C_h in
+    `budgets` must be a normal float32 (or 0). Called when the spec is made
+    (float32) and by `create` with the update's leaf dtypes, the adaptive
+    value noise z_v (`value_noise_multiplier`, default z) and the budgets.
+    An adaptive C is checked at its start only.
+    """
+    z = (self.noise_multiplier if value_noise_multiplier is None else
+         float(value_noise_multiplier))
+    n = self.clients_per_round
+    norm_name = 'initial_clip_norm' if self.adaptive else 'clip_norm'
+    norm = getattr(self, norm_name)
+    tail = NOISE_TAIL_STDDEVS
+    given = (f'`{norm_name}` = {norm:g}, `noise_multiplier` = '
+             f'{self.noise_multiplier:g} and `clients_per_round` = {n:g}')
+    fix = f'lower `{norm_name}` or `noise_multiplier`'
+    f32 = np.finfo(np.float32)
+    for h, budget in enumerate(np.ravel([] if budgets is None else budgets)):
+      if 0 < budget < f32.tiny:
+        raise ValueError(
+            f'`split`: layer {h} gets the budget C_h = {budget:.3g}, subnormal '
+            f'in float32 (below {f32.tiny:.3g}), where TensorFlow flushes it '
+            f'to 0; raise `{norm_name}` or use split=\'uniform\'.')
+    if z > 0:
+      stddev = z * norm / (math.sqrt(n) if self.noise_placement == 'client'
+                           else 1.0)
+      if stddev < f32.tiny:
+        raise ValueError(
+            f'{given}: the noise std {stddev:.3g} is subnormal in float32 '
+            f'(below {f32.tiny:.3g}), where TensorFlow flushes it to 0: no '
+            f'noise would be added. Raise `noise_multiplier` or `{norm_name}`.')
+    for dtype in map(np.dtype, dtypes):
+      sum_dtype = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+      noisy_sum = (n + tail * z) * norm
+      if tail * z * norm > f32.max or noisy_sum > np.finfo(sum_dtype).max:
+        raise ValueError(
+            f'{given}: the noisy sum reaches (n + {tail:g} z) S = '
+            f'{noisy_sum:.3g}, beyond {sum_dtype.name}\'s max '
+            f'{np.finfo(sum_dtype).max:.3g} (the aggregate would be inf or '
+            f'NaN); {fix}.')
+      noisy_mean = norm * (1.0 + tail * z / n)
+      largest = _largest(dtype)
+      if noisy_mean > largest:
+        raise ValueError(
+            f'{given}: the noisy mean reaches S (1 + {tail:g} z / n) = '
+            f'{noisy_mean:.3g}, beyond {dtype.name}\'s max '
+            f'{largest:.6g}, the dtype of the update it is cast '
+            f'back to (it would come out inf); {fix}, raise '
+            '`clients_per_round`, or aggregate float32 updates.')
+      with np.errstate(under='ignore'):
+        rounded = float(np.asarray(z * norm / n, dtype))
+      if z > 0 and rounded == 0:
+        raise ValueError(
+            f'{given}: the noise on the mean, z S / n = {z * norm / n:.3g}, '
+            f'rounds to 0 in {dtype.name}, the dtype of the update: it would '
+            f'be released without noise. Raise `noise_multiplier` or '
+            f'`{norm_name}`, or lower `clients_per_round`.')
 
   @property
   def adaptive(self) -> bool:

@@ -45,6 +45,7 @@ import asyncio
 import atexit
 import collections
 import dataclasses
+import functools
 import glob
 import math
 import os
@@ -724,7 +725,9 @@ class _MetricsWriters:
   Both through `tff.program.FilteringReleaseManager` with
   `released_metric`: the records first (`releases.jsonl` is what a rerun
   trusts), then `tff.program.TensorBoardReleaseManager`, which skips steps
-  it already holds.
+  it already holds. TensorBoard is a view of `releases.jsonl`: on resume,
+  the released rounds it lacks (a kill between the two writes) are written
+  to it first.
   """
 
   def __init__(self, out, log, resuming, config, private):
@@ -736,21 +739,48 @@ class _MetricsWriters:
     tb_dir = os.path.join(out, 'tensorboard')
     self._tb_dir = tb_dir
     self._tb_steps = _tensorboard_steps(tb_dir) if resuming else set()
-    self._tb = tff.program.FilteringReleaseManager(
-        tff.program.TensorBoardReleaseManager(tb_dir), keep)
+    self._tb = self._tensorboard_call(lambda: tff.program.
+                                      FilteringReleaseManager(
+                                          tff.program.
+                                          TensorBoardReleaseManager(tb_dir),
+                                          keep))
+    for row in log.rows():
+      if row['round'] not in self._tb_steps:
+        self._release_tensorboard(row['round'], row)
+
+  def _tensorboard_call(self, fn):
+    """`fn()`; a full disk or a bad directory is one `RunRecordError`."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    try:
+      return fn()
+    except (OSError, tf.errors.OpError) as e:
+      reason = getattr(e, 'message', None) or str(e)
+      if isinstance(e, tf.errors.ResourceExhaustedError) or (
+          'No space left on device' in reason):
+        reason = 'no space left on the device'
+      # TensorFlow's messages open with {{function_node ...}}: not news.
+      reason = ' '.join(reason.split('}}')[-1].split()) or type(e).__name__
+      raise run_records.RunRecordError(
+          f'cannot write {self._tb_dir}: {reason}. The released rounds are '
+          f'recorded in {run_records.RELEASES}; a rerun writes them to '
+          'TensorBoard.') from None
+
+  def _release_tensorboard(self, round_num, row):
+    # float32 scalars: a value beyond float32 (epsilon of a tiny z) is left
+    # out like a non-finite one, never a failed write.
+    values = {k: v for k, v in row.items()
+              if k != 'round' and math.isfinite(v) and abs(v) <= _FLOAT32_MAX}
+    self._tensorboard_call(
+        lambda: asyncio.run(self._tb.release(values, key=round_num)))
+    self._tb_steps.add(round_num)
 
   def release(self, round_num, row, event=None):
     asyncio.run(self._records.release(row, key=(round_num, event)))
     if round_num not in self._tb_steps:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      values = {k: v for k, v in row.items()
-                if k != 'round' and math.isfinite(v)}
-      try:
-        asyncio.run(self._tb.release(values, key=round_num))
-      except (OSError, tf.errors.OpError) as e:
-        raise run_records.RunRecordError(
-            f'cannot write {self._tb_dir}: {getattr(e, "message", e)}. The '
-            f'round is recorded in {run_records.RELEASES}.') from None
+      self._release_tensorboard(round_num, row)
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _tensorboard_steps(tb_dir):
@@ -774,6 +804,17 @@ def _tensorboard_steps(tb_dir):
 
 def resolve_noise_multiplier(config: TrainConfig, population: int):
   """z from the flags: given, calibrated from `target_epsilon`, or None."""
+  try:
+    hash(config)
+  except TypeError:  # An unhashable field value: calibrate afresh.
+    return _resolve_noise_multiplier.__wrapped__(config, population)
+  return _resolve_noise_multiplier(config, population)
+
+
+# Calibration takes seconds: the program's early check and the session
+# share one (a pure function of the configuration and the population).
+@functools.lru_cache(maxsize=16)
+def _resolve_noise_multiplier(config: TrainConfig, population: int):
   if config.clients_per_round > population:
     raise ConfigError(
         f'--clients_per_round ({config.clients_per_round}) exceeds the '
@@ -814,9 +855,12 @@ class _Session:
     self.population = len(self.client_ids)
     self.noise_multiplier = resolve_noise_multiplier(config, self.population)
     self.private = self.noise_multiplier is not None
-    self.sampler = sampling_lib.ClientSampler(
-        self.client_ids, config.clients_per_round, config.sampling,
-        config.seed, config.separation)
+    try:  # E.g. a minimum-separation group smaller than the cohort.
+      self.sampler = sampling_lib.ClientSampler(
+          self.client_ids, config.clients_per_round, config.sampling,
+          config.seed, config.separation)
+    except ValueError as e:
+      raise config_lib.flag_error(e) from None
     self.auditor = None
     try:
       if config.audit_canaries:  # Canaries inside the DP query.

@@ -1,0 +1,311 @@
+"""Specification: a bad value is refused at once, a fault is one line.
+
+`scripts.train` refuses every value it can judge without data before it
+imports TensorFlow (about a second): one line on stderr, exit code 2,
+nothing written. Among them are values that would otherwise change what a
+run is without a word: an empty flag (an unset shell variable), z = 0, a z
+or a C that TensorFlow flushes to 0, a product z C that overflows, a cohort
+larger than a minimum-separation group. The library checks the numbers its
+mechanism computes (z C, the noisy sum and mean) in the dtypes it computes
+them, once, in `tff_clip.spec.DPSpec`. A full disk or a kill ends in one
+line, loses no record, and TensorBoard, a view of `releases.jsonl`, gets
+every released round on the rerun.
+"""
+
+import collections
+import errno
+import math
+import os
+import re
+
+import numpy as np
+import portpicker
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clip import aggregators
+from tff_clip import config as config_lib
+from tff_clip import dp
+from tff_clip import plotting
+from tff_clip import run_records
+from tff_clip import spec
+from tff_clip import training
+import as_a_user  # pylint: disable=g-bad-import-order
+
+# `scripts.train` as a user runs it; the process fails if TensorFlow was
+# imported by the time it exits (a refusal never needs it).
+_TRAIN = '''
+import sys
+from scripts import cli, train
+sys.argv = ['scripts.train', *sys.argv[1:]]
+try:
+  cli.run(train.main)
+finally:
+  assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'
+'''
+
+
+def _refusal(tmp_path, *args):
+  """The one line `scripts.train *args` refuses with; nothing is written."""
+  runs = tmp_path / 'runs'
+  proc = as_a_user.python(_TRAIN, f'--root_output_dir={runs}', *args,
+                          timeout=120)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert proc.stdout == ''
+  lines = proc.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: '), proc.stderr
+  assert not runs.exists()
+  return lines[0]
+
+
+# ----------------------------------------------------------------------------
+# Values that would change what a run is, silently.
+
+
+@pytest.mark.parametrize('args, message', [
+    # An unset `$Z` must not turn DP off ...
+    (['--noise_multiplier='], r"--noise_multiplier .*empty.*'none'"),
+    (['--lus_sparsity='], r"--lus_sparsity is empty.*'none'"),
+    # ... nor z = 0 pass for a DP run (epsilon infinite, noise "secret").
+    (['--noise_multiplier=0'], r'--noise_multiplier=0 adds no noise.*'
+     r'--noise_multiplier=none'),
+    # Subnormal in float32: TensorFlow flushes it to 0 (no noise added).
+    (['--noise_multiplier=1e-45'], r'--noise_multiplier = 1e-45 is '
+     r'subnormal in float32'),
+    (['--clip_norm=1e-40'], r'--clip_norm = 1e-40 is subnormal'),
+    # Each value alone is fine; z C overflows float32 (every output NaN).
+    (['--clip_norm=3e38', '--noise_multiplier=10'],
+     r'--clip_norm = 3e\+38, --noise_multiplier = 10 .*beyond float32'),
+    # 50 digits clients in 4 groups of 9-17 cannot give 20 per round: the
+    # sum would be divided by 20 (updates shrink by about half).
+    (['--sampling=min_separation', '--noise_mechanism=banded', '--bands=4'],
+     r'--clients_per_round \(20\) exceeds the smallest minimum-separation '
+     r'group.*at most 9'),
+    (['--clients_per_round=1000'],
+     r'--clients_per_round \(1000\) exceeds the number of training clients '
+     r'\(50\)'),
+])
+def test_a_value_that_changes_the_run_is_refused_before_tensorflow(
+    tmp_path, args, message):
+  line = _refusal(tmp_path, *args)
+  assert re.search(message, line), line
+
+
+def test_a_feasible_minimum_separation_cohort_passes_the_early_checks(
+    tmp_path):
+  # Refused only for --rounds: the groups (9 to 17 clients) hold 9.
+  line = _refusal(tmp_path, '--sampling=min_separation',
+                  '--noise_mechanism=banded', '--bands=4',
+                  '--clients_per_round=9', '--rounds=0')
+  assert '--rounds' in line
+
+
+# ----------------------------------------------------------------------------
+# Flags checked early and strictly.
+
+
+@pytest.mark.parametrize('args, flag', [
+    (['--seed=-1'], '--seed must be an integer in [0, 4294967295]'),
+    ([f'--seed={2**70}'], '--seed must be an integer in [0, 4294967295]'),
+    (['--root_output_dir='], '--root_output_dir must name a directory'),
+    (['--experiment_name=a\nb'], '--experiment_name must be printable'),
+    (['--experiment_name=a\x7fb'], '--experiment_name must be printable'),
+    (['--experiment_name=' + 'x' * 5000],
+     '--experiment_name is too long for a file system'),
+    (['--task_option=depth=3'],
+     "--task_option 'depth' is not an option of task 'digits'"),
+    (['--noise_multiplier=none', '--target_epsilon=1e-6'],
+     '--target_epsilon: '),
+])
+def test_a_bad_flag_is_refused_before_tensorflow(tmp_path, args, flag):
+  assert flag in _refusal(tmp_path, *args)
+
+
+def test_a_file_as_root_output_dir_is_refused_before_tensorflow(tmp_path):
+  blocker = tmp_path / 'file'
+  blocker.write_text('mine')
+  line = _refusal(tmp_path, f'--root_output_dir={blocker}')
+  assert '--root_output_dir' in line
+  assert blocker.read_text() == 'mine'
+
+
+def test_an_unreachable_worker_is_refused_before_tensorflow(tmp_path):
+  port = portpicker.pick_unused_port()
+  line = _refusal(tmp_path, '--executor=remote',
+                  f'--workers=127.0.0.1:{port}', '--worker_timeout_s=600')
+  assert f'--workers: TFF worker at 127.0.0.1:{port} is unreachable' in line
+
+
+# ----------------------------------------------------------------------------
+# The library: the products a mechanism computes, in its dtypes.
+
+PRIVACY = dict(noise_multiplier=1.0, clients_per_round=10.0, clip_norm=1.0)
+
+
+@pytest.mark.parametrize('changes, message', [
+    (dict(clip_norm=3e38, noise_multiplier=10.0),
+     r'`clip_norm` = 3e\+38, `noise_multiplier` = 10 .*noisy sum.*float32'),
+    (dict(clip_norm=1e-40), r'`clip_norm` = 1e-40 is subnormal in float32'),
+    (dict(clip_norm='adaptive', initial_clip_norm=1e-40),
+     r'`initial_clip_norm` = 1e-40 is subnormal'),
+    (dict(noise_multiplier=1e-45), r'`noise_multiplier` = 1e-45 is subnormal'),
+    (dict(clip_norm=1e-30, noise_multiplier=1e-10),
+     r'noise std 1e-40 is subnormal'),
+])
+def test_a_product_the_mechanism_cannot_hold_is_refused_naming_its_terms(
+    changes, message):
+  with pytest.raises(ValueError, match=message):
+    spec.DPSpec('clip', **{**PRIVACY, **changes})
+  with pytest.raises(ValueError, match=message):
+    dp.dp_factory('clip', **{**PRIVACY, **changes})
+
+
+def test_float16_updates_are_refused_where_the_noisy_mean_overflows():
+  # z C / n = 1e4: about 94% of the coordinates would come out inf.
+  factory = dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=1.0,
+                          clip_norm=1e4)
+  with pytest.raises(ValueError, match=r'noisy mean .*float16'):
+    factory.create(tff.TensorType(np.float16, [3]))
+  factory.create(tff.TensorType(np.float32, [3]))  # float32 holds it.
+
+
+def test_noise_that_rounds_to_zero_in_the_update_dtype_is_refused():
+  factory = dp.dp_factory('clip', noise_multiplier=1e-3,
+                          clients_per_round=1e6, clip_norm=1e-3)
+  with pytest.raises(ValueError, match='rounds to 0 in float16'):
+    factory.create(tff.TensorType(np.float16, [3]))
+
+
+def test_a_subnormal_per_layer_budget_is_refused():
+  # 'dim' gives the 1-entry layer C sqrt(1 / 1e6) = 1e-3 C, subnormal.
+  value_type = tff.types.to_type(collections.OrderedDict(
+      b=tff.TensorType(np.float32, [1]),
+      w=tff.TensorType(np.float32, [10**6])))
+  factory = dp.dp_factory('per_layer_clip', noise_multiplier=1.0,
+                          clients_per_round=10.0, clip_norm=1e-36)
+  with pytest.raises(ValueError, match=r'`split`: layer 0 gets the budget'):
+    factory.create(value_type)
+
+
+def test_a_good_float16_mechanism_still_builds():
+  dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=10.0,
+                clip_norm=1.0).create(tff.TensorType(np.float16, [3]))
+
+
+@pytest.mark.parametrize('factory', [
+    lambda: dp.dp_factory('clip', **PRIVACY),
+    lambda: aggregators.clip_factory(1.0),
+])
+def test_a_structure_of_zero_size_tensors_is_refused_naming_it(factory):
+  value_type = tff.StructType([('w', tff.TensorType(np.float32, [0, 3])),
+                               ('b', tff.TensorType(np.float32, [0]))])
+  with pytest.raises(ValueError, match='`value_type` has no elements'):
+    factory().create(value_type)
+
+
+def test_z_zero_is_a_noise_free_aggregate_in_the_library_but_not_a_dp_run():
+  spec.DPSpec('clip', **{**PRIVACY, 'noise_multiplier': 0.0})
+  with pytest.raises(config_lib.ConfigError, match='--noise_multiplier=0'):
+    config_lib.validate(config_lib.TrainConfig(noise_multiplier=0.0))
+
+
+# ----------------------------------------------------------------------------
+# Faults: one line, nothing lost, a rerun completes the views.
+
+
+def _writers(run_dir, resuming):
+  config = training.TrainConfig(bounding='none', noise_multiplier=None,
+                                root_output_dir=str(run_dir.parent),
+                                experiment_name=run_dir.name)
+  return training._MetricsWriters(str(run_dir), run_records.ReleaseLog(
+      str(run_dir)), resuming, config, private=False)
+
+
+def _row(round_num, **values):
+  return dict(round=round_num, epsilon=math.inf, clip_norm=0.5,
+              eval_loss=math.nan, eval_accuracy=math.nan, **values)
+
+
+def test_a_rerun_writes_tensorboard_the_rounds_a_kill_left_out(tmp_path):
+  # Killed after round 2's record and before its TensorBoard write.
+  run_dir = tmp_path / 'run'
+  run_dir.mkdir()
+  _writers(run_dir, resuming=False).release(1, _row(1))
+  run_records.ReleaseLog(str(run_dir)).append(2, _row(2), None)
+  assert training._tensorboard_steps(str(run_dir / 'tensorboard')) == {1}
+  writers = _writers(run_dir, resuming=True)
+  assert training._tensorboard_steps(str(run_dir / 'tensorboard')) == {1, 2}
+  writers.release(3, _row(3))
+  assert training._tensorboard_steps(str(run_dir / 'tensorboard')) == {
+      1, 2, 3}
+
+
+def test_a_value_beyond_float32_is_left_out_of_tensorboard_not_fatal(
+    tmp_path):
+  # The epsilon of a tiny z (1e60) is released in the records; TensorBoard
+  # (float32) leaves it out, as it does inf, instead of failing every rerun.
+  run_dir = tmp_path / 'run'
+  run_dir.mkdir()
+  _writers(run_dir, resuming=False).release(1, _row(1, objective=1e60))
+  assert training._tensorboard_steps(str(run_dir / 'tensorboard')) == {1}
+  assert run_records.ReleaseLog(str(run_dir)).rows()[0]['objective'] == 1e60
+
+
+def test_a_tensorboard_writer_that_cannot_be_created_is_one_line(
+    tmp_path, monkeypatch):
+  def full_disk(*unused_args, **unused_kwargs):
+    raise tf.errors.ResourceExhaustedError(None, None, '')  # As on a full disk.
+
+  monkeypatch.setattr(tff.program, 'TensorBoardReleaseManager', full_disk)
+  run_dir = tmp_path / 'run'
+  run_dir.mkdir()
+  with pytest.raises(run_records.RunRecordError) as error:
+    _writers(run_dir, resuming=False)
+  message = str(error.value)
+  assert '\n' not in message
+  assert message.startswith(f'cannot write {run_dir / "tensorboard"}: no '
+                            'space left on the device.')
+
+
+_PLOT_WITH_FILE_SIZE_LIMIT = '''
+import resource, signal, sys
+from tff_clip import plotting, run_records
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # A write past it: EFBIG.
+resource.setrlimit(resource.RLIMIT_FSIZE, (8000, resource.RLIM_INFINITY))
+try:
+  plotting.plot_metrics(sys.argv[1], sys.argv[2], 'run')
+except run_records.RunRecordError as e:
+  print(e)
+'''
+
+
+def test_a_plot_that_does_not_fit_is_one_line_and_leaves_no_partial_file(
+    tmp_path):
+  csv_path = tmp_path / 'metrics.csv'
+  csv_path.write_text('round,eval_accuracy,train_loss,clip_norm,epsilon\n' +
+                      ''.join(f'{r},0.{r},1.{r},0.5,{r}\n'
+                              for r in range(1, 30)))
+  png = tmp_path / 'plot.png'
+  proc = as_a_user.python(_PLOT_WITH_FILE_SIZE_LIMIT, csv_path, png,
+                          timeout=120)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.startswith(f'cannot write {png}: ')
+  assert proc.stdout.count('\n') == 1
+  assert sorted(os.listdir(tmp_path)) == ['metrics.csv']  # No plot, no tmp.
+  plotting.plot_metrics(str(csv_path), str(png), 'run')  # Space again.
+  assert png.read_bytes().startswith(b'\x89PNG')
+
+
+def test_a_full_disk_while_plotting_is_a_record_error_not_a_traceback(
+    tmp_path, monkeypatch):
+  csv_path = tmp_path / 'metrics.csv'
+  csv_path.write_text('round,eval_accuracy\n1,0.5\n')
+
+  def no_space(*unused_args):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(os, 'fsync', no_space)
+  with pytest.raises(run_records.RunRecordError, match='No space left'):
+    plotting.plot_metrics(str(csv_path), str(tmp_path / 'plot.png'))
+  assert sorted(os.listdir(tmp_path)) == ['metrics.csv']
