@@ -22,6 +22,15 @@ default and TFF's adaptive clipping):
 * `banded_{b/4}` (b >= 8 only): banded noise with b/4 bands under the same
   separation b.
 
+The minimum-separation variants train one of b seeded groups a round, and a
+group may hold fewer clients than the setting's cohort (the sampler refuses
+such a cohort: the mean would be divided by more clients than take part).
+Their cohort is the largest the run's groups can honour, the smallest
+group's size (`benchmark_settings.separated_cohort`; it depends on the
+seed), the noise calibrated for it; `independent` keeps the setting's. The
+`cohort` column of the table and of `correlated.csv` records the cohorts
+each variant ran with.
+
 Runs are ordinary run directories under `--root_output_dir` (a rerun skips
 finished ones). Prints a table of the final eval accuracy (mean +- std over
 seeds) per variant and epsilon, and saves `correlated.csv`, `correlated.md`
@@ -29,6 +38,7 @@ and `correlated.png` (accuracy against epsilon).
 """
 
 import collections
+import dataclasses
 import os
 import statistics
 
@@ -43,8 +53,10 @@ from tff_clip import config as config_lib
 # name -> (TrainConfig fields, default b). Digits and MNIST-28 fix the
 # partition at Dirichlet(0.5) and run scripts.train's default bounding. On
 # mnist1000 (1,000 clients, 50 per round) b = 20 makes a group the size of a
-# cohort: every client takes part 5 times in 100 rounds, as many as Poisson
-# sampling's expectation; the server learning rate 0.5 and target quantile
+# cohort on average (31 to 67 clients over seeds 0-4: a separated run's
+# cohort is its smallest group's, `configs`): every client takes part at
+# most 5 times in 100 rounds, as many as Poisson sampling's expectation;
+# the server learning rate 0.5 and target quantile
 # 0.1 are the cells docs/frontier.md's tuning chose at epsilon 4 for both
 # normalize_adaptive and tff_adaptive.
 SETTINGS = {
@@ -108,6 +120,14 @@ def configs(setting, names, table, epsilons, seeds, rounds, root):
           fields['rounds'] = rounds
         fields.update(table[name])
         config = config_lib.TrainConfig(**fields)
+        if config.sampling == 'min_separation':
+          # The sampler refuses a group smaller than the cohort: the largest
+          # cohort this seed's groups honour (z is calibrated for it).
+          try:
+            cohort = benchmark_settings.separated_cohort(config)
+          except ValueError as e:
+            raise config_lib.ConfigError(str(e)) from None
+          config = dataclasses.replace(config, clients_per_round=cohort)
         program.validate(config)
         out.append((name, epsilon, seed, config))
   return out
@@ -126,13 +146,19 @@ def summarise(results, names, epsilons):
       row[f'eps{epsilon:g}_std'] = (statistics.stdev(accuracies)
                                     if len(accuracies) > 1 else 0.0)
       row[f'eps{epsilon:g}_seeds'] = len(accuracies)
+    # The clients per round of its runs (a separated variant's: the smallest
+    # group of each seed, `benchmark_settings.separated_cohort`).
+    row['cohort'] = benchmark_settings.cohort_range(
+        r['cohort'] for r in results
+        if r['variant'] == name and r.get('cohort') is not None)
     rows.append(row)
   return rows
 
 
 def format_table(rows, epsilons):
-  head = '| variant | ' + ' | '.join(f'ε = {e:g}' for e in epsilons) + ' |'
-  lines = [head, '|---|' + '---:|' * len(epsilons)]
+  head = ('| variant | ' + ' | '.join(f'ε = {e:g}' for e in epsilons) +
+          ' | cohort |')
+  lines = [head, '|---|' + '---:|' * (len(epsilons) + 1)]
   for row in rows:
     cells = []
     for e in epsilons:
@@ -140,7 +166,8 @@ def format_table(rows, epsilons):
       cells.append('n/a' if mean is None else
                    f'{mean:.4f} ± {row[f"eps{e:g}_std"]:.4f} '
                    f'({row[f"eps{e:g}_seeds"]})')
-    lines.append(f'| {row["variant"]} | ' + ' | '.join(cells) + ' |')
+    lines.append(f'| {row["variant"]} | ' + ' | '.join(cells) +
+                 f' | {row.get("cohort") or "-"} |')
   return '\n'.join(lines)
 
 
@@ -193,9 +220,11 @@ def main(argv):
   for i, (name, epsilon, seed, config) in enumerate(plan, 1):
     summary = program.run(config, quiet=True)
     results.append(dict(variant=name, epsilon=epsilon, seed=seed,
-                        accuracy=summary['final_eval_accuracy']))
+                        accuracy=summary['final_eval_accuracy'],
+                        cohort=config.clients_per_round))
     print(f'[{i}/{len(plan)}] {name} epsilon {epsilon:g} seed {seed}: '
-          f'accuracy {summary["final_eval_accuracy"]:.4f} (z = '
+          f'accuracy {summary["final_eval_accuracy"]:.4f} (cohort '
+          f'{config.clients_per_round}, z = '
           f'{summary["noise_multiplier"]:.4g}, epsilon '
           f'{summary["epsilon"]:.4g})', flush=True)
   rows = summarise(results, names, epsilons)
@@ -206,7 +235,8 @@ def main(argv):
   first = plan[0][3]
   plot(rows, epsilons, os.path.join(root, 'correlated.png'),
        f'{_SETTING.value}: {first.rounds} rounds x '
-       f'{first.clients_per_round} clients, b = {bands}, '
+       f'{SETTINGS[_SETTING.value][0]["clients_per_round"]} clients '
+       f'(separated: the smallest group), b = {bands}, '
        f'{len(seeds)} seeds', first.delta)
   print(text)
   print(f'outputs: {root}/correlated.csv, correlated.md, correlated.png')

@@ -21,6 +21,15 @@ tuning each with the same budget):
    correlated-noise methods: participation with minimum separation) and
    delta at most 1 / population.
 
+The correlated-noise methods train one of b = population / clients_per_round
+seeded groups a round, and a group may hold fewer clients than
+`clients_per_round` (the sampler refuses such a cohort: the mean would be
+divided by more clients than take part). Their cohort is the largest the
+run's groups can honour, the smallest group's size
+(`benchmark_settings.separated_cohort`; it depends on the seed), the noise
+calibrated for it; the `cohort` column of `frontier.csv` and `frontier.md`
+records the cohorts each method ran with.
+
 A non-private run of the same model, tuned on the same server learning
 rates, gives the ceiling. Every run is an ordinary run directory under
 `--root_output_dir/<setting>/` (`tune/` and `final/`): a rerun skips finished
@@ -37,6 +46,7 @@ lead of each method over tuned TFF `dp_aggregator`) and `frontier.png`
 import collections
 import concurrent.futures
 import ctypes
+import dataclasses
 import itertools
 import multiprocessing
 import os
@@ -96,9 +106,11 @@ METHODS = collections.OrderedDict([
     ('per_layer_normalize_adaptive', dict(bounding='per_layer_normalize',
                                           clip_norm='adaptive')),
     # Correlated noise (docs/correlated_noise.md) under participation with
-    # minimum separation b = population / cohort (`make_config`): every
-    # client takes part rounds / b times, as often as Poisson sampling's
-    # expectation, with as many bands as the separation.
+    # minimum separation b = population / clients_per_round (`make_config`):
+    # every client takes part rounds / b times, as often as Poisson
+    # sampling's expectation, with as many bands as the separation; the
+    # cohort is the smallest group's size (`separated_cohort`), at most
+    # clients_per_round.
     ('banded_normalize_adaptive', dict(SEPARATED, bounding='normalize',
                                        clip_norm='adaptive',
                                        noise_mechanism='banded')),
@@ -154,6 +166,14 @@ def make_config(setting, method, cell, epsilon, seed, phase, root, quick):
   if quick:
     fields['rounds'] = 2
   config = config_lib.TrainConfig(experiment_name=name, **fields)
+  if correlated(method):
+    # A group smaller than clients_per_round is refused by the sampler: the
+    # largest cohort this seed's groups honour (z is calibrated for it).
+    try:
+      cohort = benchmark_settings.separated_cohort(config)
+    except ValueError as e:
+      raise config_lib.ConfigError(str(e)) from None
+    config = dataclasses.replace(config, clients_per_round=cohort)
   program.validate(config)
   return config
 
@@ -309,13 +329,14 @@ def _mean_std(values):
 
 def format_frontier(rows, epsilons):
   head = ('| method | ' + ' | '.join(f'ε = {e:g}' for e in epsilons) +
-          ' | lead over tuned TFF (points) |')
-  lines = [head, '|---|' + '---:|' * (len(epsilons) + 1)]
+          ' | lead over tuned TFF (points) | cohort |')
+  lines = [head, '|---|' + '---:|' * (len(epsilons) + 2)]
   for row in rows:
     cells = [f'{row[f"eps{e:g}_mean"]:.4f} ± {row[f"eps{e:g}_std"]:.4f}'
              for e in epsilons]
     lead = ', '.join(f'{row[f"eps{e:g}_lead"]:+.1f}' for e in epsilons)
-    lines.append(f'| {row["method"]} | ' + ' | '.join(cells) + f' | {lead} |')
+    lines.append(f'| {row["method"]} | ' + ' | '.join(cells) +
+                 f' | {lead} | {row.get("cohort", "")} |')
   return '\n'.join(lines)
 
 
@@ -403,7 +424,9 @@ def main(argv):
   finals = run_all([plan[2] for plan in final_plan], _JOBS.value, 'final')
   accuracy = collections.defaultdict(list)
   spent = collections.defaultdict(list)
-  for (method, epsilon, _), (acc, measured) in zip(final_plan, finals):
+  cohorts = collections.defaultdict(list)
+  for (method, epsilon, config), (acc, measured) in zip(final_plan, finals):
+    cohorts[method].append(config.clients_per_round)
     # The noise is calibrated to the target with the accountant's RDP
     # bound; a run's ledger may report less (the correlated mechanisms' PLD),
     # never more.
@@ -418,12 +441,16 @@ def main(argv):
       mean, std = _mean_std(accuracy[method, epsilon])
       row[f'eps{epsilon:g}_mean'], row[f'eps{epsilon:g}_std'] = mean, std
       row[f'eps{epsilon:g}_spent'] = max(spent[method, epsilon])
+    # The clients per round of its final runs (a correlated method's: the
+    # smallest group of each seed, `separated_cohort`).
+    row['cohort'] = benchmark_settings.cohort_range(cohorts[method])
     rows.append(row)
   for row in rows:
     for epsilon in epsilons:
       base = (statistics.fmean(accuracy[BASELINE, epsilon])
               if BASELINE in methods else float('nan'))
       row[f'eps{epsilon:g}_lead'] = 100 * (row[f'eps{epsilon:g}_mean'] - base)
+    row.move_to_end('cohort')
   ceiling = _mean_std(accuracy[CEILING, None])
   outputs.write_csv(os.path.join(root, 'frontier.csv'), rows)
   table = format_frontier(rows, epsilons)
@@ -456,7 +483,7 @@ def main(argv):
                    same_cell]
   with open(os.path.join(root, 'chosen.md'), 'w') as f:
     f.write('\n'.join(chosen_lines) + '\n')
-  first = final_plan[0][2]
+  first = final_plan[-1][2]  # The ceiling's: the setting's cohort.
   plot(rows, epsilons, ceiling, os.path.join(root, 'frontier.png'),
        f'{setting}: {first.num_clients} clients, {first.rounds} rounds x '
        f'{first.clients_per_round}, δ = {first.delta:g}, '

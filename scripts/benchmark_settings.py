@@ -1,4 +1,5 @@
-"""The benchmark settings shared by the utility and correlated-noise benchmarks."""
+"""The benchmark settings shared by the utility and correlated-noise benchmarks,
+and the cohort their minimum-separation runs can use (`separated_cohort`)."""
 
 # Digits: 100 clients with Dirichlet(0.5) label skew,
 # 40 rounds x 20 clients, client SGD 0.1, server SGD 1.0 with momentum 0.9.
@@ -49,3 +50,50 @@ FRONTIER = {
         clients_per_round=50, batch_size=8, client_learning_rate=0.1,
         server_optimizer='sgdm', server_momentum=0.9, delta=1e-4),
 }
+
+
+def separated_cohort(config) -> int:
+  """The largest cohort `config`'s minimum-separation groups can honour.
+
+  `tff_clip.sampling.ClientSampler` puts every client in one of
+  `config.separation` groups, a hash of (seed, client id)
+  (`sampling.separation_group`), trains group t mod b in round t and refuses
+  a `clients_per_round` larger than the smallest group (the mean would be
+  divided by more clients than take part). The benchmarks' correlated-noise
+  runs therefore use min(clients_per_round, the smallest group's size),
+  computed here from the same public client ids, separation and seed as the
+  sampler's; the accountant calibrates z for that cohort. The groups, and so
+  the cohort, differ from seed to seed.
+  """
+  # TensorFlow-free: the task's client ids and the sampler's group hash.
+  from tasks import names as task_names  # pylint: disable=g-import-not-at-top
+  from tff_clip import sampling  # pylint: disable=g-import-not-at-top
+  ids = task_names.client_ids(config.task, config.data_source,
+                              config.num_clients)
+  if ids is None:
+    raise ValueError(f'{config.task!r} ({config.data_source}): its clients '
+                     'are known only once its data is read; the benchmarks '
+                     'need a population of numbered clients.')
+  sizes = [0] * config.separation
+  for client_id in ids:
+    sizes[sampling.separation_group(client_id, config.separation,
+                                    config.seed)] += 1
+  cohort = min(config.clients_per_round, min(sizes))
+  if cohort < 1:
+    raise ValueError(f'{len(ids)} clients leave a minimum-separation group '
+                     f'of {config.separation} empty (seed {config.seed}).')
+  # The sampler itself accepts it (it refuses a cohort its groups cannot
+  # honour): the same groups as the run's.
+  sampling.ClientSampler(ids, cohort, sampling.MIN_SEPARATION, config.seed,
+                         config.separation)
+  return cohort
+
+
+def cohort_range(cohorts) -> str:
+  """'31' or '31-41': the cohorts of a method's runs (over seeds)."""
+  cohorts = sorted(set(int(c) for c in cohorts))
+  if not cohorts:
+    return ''
+  if len(cohorts) == 1:
+    return str(cohorts[0])
+  return f'{cohorts[0]}-{cohorts[-1]}'

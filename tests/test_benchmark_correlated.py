@@ -28,10 +28,14 @@ plan = b.configs('digits', list(table), table, [2.0, 8.0], [0, 1], None,
 assert len(plan) == 4 * 2 * 2
 for name, epsilon, seed, c in plan:
   assert c.target_epsilon == epsilon and c.noise_multiplier is None
-  assert (c.rounds, c.clients_per_round) == (40, 20)
+  assert c.rounds == 40
   assert c.sampling == ('poisson' if name == 'independent' else
                         'min_separation'), name
   assert c.bands == (1 if name == 'independent' else 5)
+  # A separated variant's cohort is the smallest of its seed's 5 groups of
+  # the 100 clients (16 for seed 0, 14 for seed 1): the sampler refuses 20.
+  assert c.clients_per_round == (20 if name == 'independent' else
+                                 {{0: 16, 1: 14}}[seed]), (name, seed)
 print(sorted(table))
 ''', REPO)
   assert result.returncode == 0, result.stderr[-2000:]
@@ -42,20 +46,24 @@ print(sorted(table))
 def test_table_has_one_row_per_variant_and_one_column_per_epsilon(tmp_path):
   result = _python('''
 from scripts import benchmark_correlated as b
-results = [dict(variant='banded_5', epsilon=2.0, seed=0, accuracy=0.5),
-           dict(variant='banded_5', epsilon=2.0, seed=1, accuracy=0.7),
-           dict(variant='banded_5', epsilon=8.0, seed=0, accuracy=0.9)]
+results = [dict(variant='banded_5', epsilon=2.0, seed=0, accuracy=0.5,
+                cohort=16),
+           dict(variant='banded_5', epsilon=2.0, seed=1, accuracy=0.7,
+                cohort=14),
+           dict(variant='banded_5', epsilon=8.0, seed=0, accuracy=0.9,
+                cohort=16)]
 rows = b.summarise(results, ['banded_5', 'independent'], [2.0, 8.0])
 print(b.format_table(rows, [2.0, 8.0]))
 b.plot(rows, [2.0, 8.0], 'correlated.png', 'title')
 ''', tmp_path)
   assert result.returncode == 0, result.stderr[-2000:]
   lines = result.stdout.splitlines()
-  assert lines[0] == '| variant | ε = 2 | ε = 8 |'
-  # Sample std of (0.5, 0.7) is 0.1414; a variant without runs is n/a.
+  assert lines[0] == '| variant | ε = 2 | ε = 8 | cohort |'
+  # Sample std of (0.5, 0.7) is 0.1414; a variant without runs is n/a. The
+  # cohort column: the clients per round of its runs, over seeds.
   assert lines[2] == ('| banded_5 | 0.6000 ± 0.1414 (2) | '
-                      '0.9000 ± 0.0000 (1) |')
-  assert lines[3] == '| independent | n/a | n/a |'
+                      '0.9000 ± 0.0000 (1) | 14-16 |')
+  assert lines[3] == '| independent | n/a | n/a | - |'
   assert (tmp_path / 'correlated.png').stat().st_size > 0
 
 
@@ -76,6 +84,8 @@ def test_quick_run_prints_the_table(tmp_path):
       capture_output=True, text=True, timeout=900, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   assert '| tff_tree_2 |' in result.stdout
+  # Seed 0's 2 groups hold 48 and 52 of the 100 clients: 20 fit.
+  assert result.stdout.count(' | 20 |') == 4, result.stdout
   # One line per training, not the trainings' own per-round lines.
   assert 'round 1/' not in result.stdout
   assert (tmp_path / 'digits' / 'correlated.png').exists()

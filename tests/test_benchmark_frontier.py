@@ -19,7 +19,10 @@ def _python(code):
 def test_every_method_is_tuned_on_the_same_grid_on_validation_data(
     tmp_path, setting):
   _python(f'''
+import collections
 from scripts import benchmark_frontier as b
+from tasks import names
+from tff_clip import sampling
 cells = {{m: b.grid(m) for m in list(b.METHODS) + [b.CEILING]}}
 plan = b.tuning_plan({setting!r}, list(b.METHODS), cells, [2.0, 8.0],
                      [1000, 1001], {str(tmp_path)!r}, False)
@@ -34,14 +37,29 @@ for method, epsilon, i, config in plan:
   assert config.validation_fraction > 0
   assert config.seed >= b.TUNING_SEED_BASE
   assert config.num_clients >= 1000
+  setting_cohort = b.SETTINGS[{setting!r}]['clients_per_round']
   if b.correlated(method):
     # Correlated noise: every client takes part at most every b rounds, as
     # often as Poisson sampling would take it, with as many bands.
     assert config.sampling == 'min_separation'
     assert config.separation == config.bands == (
-        config.num_clients // config.clients_per_round)
+        config.num_clients // setting_cohort)
     assert config.noise_mechanism in ('banded', 'tree')
+    # The cohort is the smallest of this seed's groups (the sampler refuses
+    # a larger one), computed as the sampler groups them.
+    groups = collections.Counter(
+        sampling.separation_group(c, config.separation, config.seed)
+        for c in names.client_ids(config.task, config.data_source,
+                                  config.num_clients))
+    assert len(groups) == config.separation
+    assert config.clients_per_round == min(
+        setting_cohort, min(groups.values())) < setting_cohort
+    sampling.ClientSampler(names.client_ids(config.task, config.data_source,
+                                            config.num_clients),
+                           config.clients_per_round, config.sampling,
+                           config.seed, config.separation)
   else:
+    assert config.clients_per_round == setting_cohort
     assert config.sampling == 'poisson'
     assert config.noise_mechanism == 'independent'
   if method == b.CEILING:
@@ -117,6 +135,7 @@ def test_quick_run_tunes_reports_and_resumes(tmp_path):
     rows = list(csv.DictReader(f))
   assert [r['method'] for r in rows] == ['tff_adaptive', 'normalize_adaptive']
   assert float(rows[0]['eps8_lead']) == 0.0  # The baseline leads itself by 0.
+  assert [r['cohort'] for r in rows] == ['50', '50']  # Poisson: the setting's.
   # Two runs per method and the ceiling's two tuning runs, then one final
   # run each: every one is a run directory.
   assert len(os.listdir(root / 'tune')) == 6
@@ -168,6 +187,12 @@ def test_correlated_methods_run_under_the_same_protocol(tmp_path):
   config = json.loads((run / 'config.json').read_text())
   assert (config['sampling'], config['noise_mechanism'], config['bands']) == (
       'min_separation', 'banded', 20)
+  # Seed 0's 20 groups hold 31 to 65 of the 1,000 clients: the cohort is the
+  # smallest group (not 50, which the sampler refuses), and it is recorded.
+  assert config['clients_per_round'] == 31
+  assert rows['banded_normalize_adaptive']['cohort'] == '31'
+  assert rows['tff_tree_adaptive']['cohort'] == '31'
+  assert '| 31 |' in (root / 'frontier.md').read_text()
 
 
 @pytest.mark.parametrize('flag, message', [
