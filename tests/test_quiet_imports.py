@@ -38,6 +38,8 @@ def test_a_program_importing_tff_ends_without_its_exit_traceback(imports):
   assert 'Traceback' not in result.stderr, result.stderr[-3000:]
 
 
+@pytest.mark.slow  # Builds every task (about 25 s); the README snippet
+# test covers a library user's exit in the default suite.
 def test_tasks_table_prints_without_a_log_line_or_traceback():
   result = as_a_user.python('import tasks; print(tasks.describe_markdown())')
   assert result.returncode == 0, result.stderr[-3000:]
