@@ -201,7 +201,7 @@ def test_epsilon_grows_with_rounds_and_shrinks_with_noise():
 @pytest.mark.parametrize('sampling, accountant, rounds', [
     ('poisson', 'rdp', 1000),
     ('poisson', 'pld', 1000),
-    ('fixed_size', 'rdp', 1000),
+    pytest.param('fixed_size', 'rdp', 1000, marks=pytest.mark.slow),
 ])
 def test_calibration_round_trips(sampling, accountant, rounds):
   """The calibrated z meets the target, and z (1 - 1e-3) does not, both by
@@ -242,6 +242,7 @@ def _direct_epsilon(noise_multiplier, sampling, accountant, rounds, grid):
   return direct.compose(event).get_epsilon(DELTA)
 
 
+@pytest.mark.slow  # PLD on dp_accounting's default grid: seconds per call.
 def test_pld_calibration_on_default_grid_meets_the_target_it_reports():
   # The search grid (1e-4 x target) differs from compute_epsilon's default
   # (1e-4 x RDP epsilon); the result must still meet the reported epsilon.

@@ -187,6 +187,7 @@ def _ledger_epsilon():
       SAMPLED['rounds'], DELTA).epsilon
 
 
+@pytest.mark.slow  # An estimate's accuracy; the bounds' validity stays default.
 def test_single_gaussian_mechanism_estimate_is_close_to_the_analytic_epsilon():
   # One round, every inserted canary present, no other client: the release
   # is sum of canaries + N(0, z^2 I) in d = 20,000 (Andrew et al. Thm. 3.2).

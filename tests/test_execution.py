@@ -214,6 +214,7 @@ def test_the_local_worker_is_unreachable_from_the_network_and_the_run_works(
     assert not reached, f'worker {pid} answered gRPC at {reached}:{port}'
 
 
+@pytest.mark.slow  # A test helper's worker, not one the program starts.
 def test_a_worker_started_for_remote_use_answers_on_127_0_0_1_only():
   proc, port = execution.start_worker()
   try:

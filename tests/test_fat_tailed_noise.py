@@ -48,6 +48,7 @@ def test_training_loop_draws_each_round_afresh(task):
   assert first.size == 200 and not np.any(np.isin(first, second))
 
 
+@pytest.mark.slow
 def test_noise_over_rounds_is_centred_at_the_true_optimum(task):
   # Median of N standard Cauchy draws: asymptotic std pi / (2 sqrt(N)).
   pooled = np.concatenate(

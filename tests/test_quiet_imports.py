@@ -28,7 +28,8 @@ def test_a_log_level_the_user_set_is_kept():
 
 
 @pytest.mark.parametrize('imports', [
-    'import tff_clip.dp, tensorflow_federated',  # TFF's hooks after ours.
+    pytest.param('import tff_clip.dp, tensorflow_federated',  # After ours;
+                 marks=pytest.mark.slow),  # the README snippet's case too.
     'import tensorflow_federated, tff_clip',  # TFF's hooks before ours.
 ])
 def test_a_program_importing_tff_ends_without_its_exit_traceback(imports):

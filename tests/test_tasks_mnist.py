@@ -23,7 +23,8 @@ def test_mnist_arrays_are_5000_real_28x28_digits_500_per_class():
   assert abs(images.mean() - 0.1307) < 0.01
 
 
-@pytest.mark.parametrize('name', ['emnist_cnn', 'emnist_logreg'])
+@pytest.mark.parametrize('name', [
+    pytest.param('emnist_cnn', marks=pytest.mark.slow), 'emnist_logreg'])
 def test_emnist_tasks_train_on_mnist_in_emnist_format(name):
   task = tasks.get_task(name, offline_data='mnist', num_clients=20,
                         partition='dirichlet', partition_alpha=0.5)
