@@ -13,9 +13,10 @@ values, seed and a hash of all its train flags, so changing any flag makes new
 cells instead of reusing old results. The sweep is resumable: every cell is
 handed to `scripts.train`, which reports a finished run without touching it
 and resumes an interrupted one. At the end it writes `summary.csv` and
-`summary.md`: final accuracy mean +/- std over seeds, epsilon, clipped
-fraction, wall time per round (where the runs released it), and the cells
-that failed.
+`summary.md`: final accuracy mean +/- std over seeds, epsilon, the last
+round's clip norm, wall time per round (a DP run withholds it: round times
+reveal the cohort size), and the cells that failed. `--dry_run` prints the
+cells and writes nothing.
 """
 
 import collections
@@ -26,6 +27,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 
 from absl import app
@@ -39,7 +41,8 @@ _GRID = flags.DEFINE_multi_string(
 _SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per cell (0..seeds-1).')
 _ROOT = flags.DEFINE_string('root_output_dir', 'runs', 'Output root.')
 _NAME = flags.DEFINE_string('sweep_name', 'sweep', 'Sweep directory name.')
-_DRY = flags.DEFINE_bool('dry_run', False, 'Print the cells, run nothing.')
+_DRY = flags.DEFINE_bool('dry_run', False, 'Print the cells; run and write '
+                         'nothing.')
 
 # Flags the sweep owns: a cell may not override them through --grid.
 _RESERVED = ('seed', 'experiment_name', 'root_output_dir')
@@ -96,8 +99,16 @@ def _cell_result(run_dir):
   return dict(
       accuracy=none_to(summary.get('final_eval_accuracy'), math.nan),
       epsilon=none_to(summary.get('epsilon'), math.inf),
-      clipped_fraction=_mean([as_float(r, 'clipped_fraction') for r in rows]),
+      clip_norm=as_float(rows[-1], 'clip_norm') if rows else math.nan,
       seconds_per_round=_mean([as_float(r, 'seconds') for r in rows]))
+
+
+# Under the table: what the columns hold, and a cell without a figure.
+LEGEND = ("clip norm: the last round's (adaptive: where the estimate ended), "
+          'mean over seeds; -: nothing is bounded. withheld: a DP run does '
+          'not release its round times, which reveal the cohort size '
+          '(--release_uncovered_metrics releases them). n/a: no seed '
+          'finished.')
 
 
 def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
@@ -121,30 +132,55 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
                            if len(accuracies) > 1 else 0.0)
     row['epsilon'] = _mean([r['epsilon'] for r in results]) if results else (
         math.nan)
-    row['clipped_fraction'] = _mean([r['clipped_fraction'] for r in results])
+    row['clip_norm'] = _mean([r['clip_norm'] for r in results])
     row['seconds_per_round'] = _mean([r['seconds_per_round'] for r in results])
     rows.append(row)
   if not rows:
     return rows
   outputs.write_csv(os.path.join(sweep_dir, 'summary.csv'), rows)
-  fmt = lambda v: ('n/a' if isinstance(v, float) and math.isnan(v) else
-                   f'{v:.4g}' if isinstance(v, float) else str(v))
+  fmt = lambda v, missing: (missing if math.isnan(v) else f'{v:.4g}')
   lines = ['| ' + ' | '.join(list(grid) + [
-      'seeds', 'failed', 'final accuracy', 'epsilon', 'clipped fraction',
+      'seeds', 'failed', 'final accuracy', 'epsilon', 'clip norm',
       's / round']) + ' |',
            '|' + '---|' * (len(grid) + 6)]
   for row in rows:
-    accuracy = ('n/a' if row['seeds_done'] == 0 else
-                f'{row["accuracy_mean"]:.4f} ± {row["accuracy_std"]:.4f}')
+    done = row['seeds_done'] > 0
+    accuracy = (f'{row["accuracy_mean"]:.4f} ± {row["accuracy_std"]:.4f}'
+                if done else 'n/a')
+    private = done and math.isfinite(row['epsilon'])
     lines.append('| ' + ' | '.join(
         [str(row[k]) for k in grid] +
         [str(row['seeds_done']),
          str(row['seeds_failed']) if row['seeds_failed'] else '',
-         accuracy, fmt(row['epsilon']),
-         fmt(row['clipped_fraction']), fmt(row['seconds_per_round'])]) + ' |')
+         accuracy, fmt(row['epsilon'], 'n/a') if not done or private
+         else 'no DP',
+         fmt(row['clip_norm'], '-' if done else 'n/a'),
+         fmt(row['seconds_per_round'],
+             'withheld' if private else 'n/a')]) + ' |')
+  lines += ['', LEGEND]
   with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
     f.write('\n'.join(lines) + '\n')
   return rows
+
+
+# Checks every cell as `scripts.train` would, in a process of its own (train's
+# flags and the sweep's share absl's registry); prints the first refusal.
+_CHECK = ('import json, sys\n'
+          'from scripts import train\n'
+          'print(train.first_refusal(json.load(sys.stdin)), end="")\n')
+
+
+def _first_refused(plan):
+  """'cell NAME: why' for the first cell that train refuses, else ''."""
+  result = subprocess.run(
+      [sys.executable, '-c', _CHECK], input=json.dumps([a for _, a in plan]),
+      capture_output=True, text=True, check=False)
+  if result.returncode != 0:
+    return f'checking the cells failed: {result.stderr.strip()[-500:]}'
+  if not result.stdout:
+    return ''
+  index, _, message = result.stdout.partition(' ')
+  return f'cell {plan[int(index)][0]}: {message}'
 
 
 def main(argv):
@@ -157,28 +193,38 @@ def main(argv):
   if _SEEDS.value <= 0:
     raise app.UsageError('--seeds must be positive.')
   sweep_dir = os.path.join(_ROOT.value, _NAME.value)
-  os.makedirs(sweep_dir, exist_ok=True)
-  plan = [(label, setting, seed) for label, setting in cells(grid)
-          for seed in range(_SEEDS.value)]
+  plan = []
+  for label, setting in cells(grid):
+    for seed in range(_SEEDS.value):
+      name = cell_name(label, seed, train_args, setting)
+      plan.append((name, [*train_args,
+                          *[f'--{k}={v}' for k, v in setting.items()],
+                          f'--seed={seed}', f'--experiment_name={name}',
+                          f'--root_output_dir={sweep_dir}',
+                          '--progress=false']))
+  error = _first_refused(plan)
+  if error:
+    raise app.UsageError(error)
+  if not _DRY.value:
+    os.makedirs(sweep_dir, exist_ok=True)
   failed = set()
-  for i, (label, setting, seed) in enumerate(plan, 1):
-    name = cell_name(label, seed, train_args, setting)
-    run_dir = os.path.join(sweep_dir, name)
-    if os.path.exists(os.path.join(run_dir, 'summary.json')):
+  for i, (name, args) in enumerate(plan, 1):
+    if os.path.exists(os.path.join(sweep_dir, name, 'summary.json')):
       print(f'[{i}/{len(plan)}] {name}: done, skipped', flush=True)
       continue
-    command = [sys.executable, '-m', 'scripts.train', *train_args,
-               *[f'--{k}={v}' for k, v in setting.items()],
-               f'--seed={seed}', f'--experiment_name={name}',
-               f'--root_output_dir={sweep_dir}', '--progress=false']
-    print(f'[{i}/{len(plan)}] {name}: {" ".join(command[2:])}', flush=True)
+    print(f'[{i}/{len(plan)}] {name}: scripts.train {" ".join(args)}',
+          flush=True)
     if _DRY.value:
       continue
-    code = cli.run_child(command)  # Ctrl-C: the cell says how to resume.
+    # Ctrl-C: the cell says how to resume.
+    code = cli.run_child([sys.executable, '-m', 'scripts.train', *args])
     if code != 0:
       failed.add(name)
       print(f'[{i}/{len(plan)}] {name}: failed (exit {code}); '
             'rerun the sweep to retry it.', flush=True)
+  if _DRY.value:
+    print(f'dry run: {len(plan)} runs listed; nothing was run or written.')
+    return
   rows = summarise(sweep_dir, grid, _SEEDS.value, train_args, failed)
   if rows:
     print(open(os.path.join(sweep_dir, 'summary.md')).read())

@@ -1,20 +1,25 @@
 r"""Federated training with bounded (and optionally private) client updates.
 
-With no flags: federated scikit-learn digits (real handwritten digits, offline),
-DP-FedAvg with adaptive clipping, 30 rounds, about a minute on 2 cores:
+With no flags: {defaults}; about a minute on 2 cores:
 
   .venv/bin/python -m scripts.train
 
 Kill it at any moment and run the same command again: it resumes from its last
 checkpoint; run it once more after it finished and it only says where the
-results are. A bad flag is one line on stderr and exit code 2, before anything
-is written. Every flag is a field of `tff_clip.config.TrainConfig`; see
-`--help` for all of them and README.md for EMNIST, CIFAR-10, Shakespeare and
-Stack Overflow command lines.
+results are. Each command has a directory of its own under --root_output_dir
+(see --experiment_name). A bad flag is one line on stderr and exit code 2,
+before anything is written.
+
+Every flag below is a field of `tff_clip.config.TrainConfig`, and the bounding
+and DP flags are the arguments of `tff_clip.dp.dp_factory` under the same
+names. The names TFF and federated_research give the same knobs are aliases:
+{aliases} (docs/training.md). docs/training.md has EMNIST, CIFAR-10,
+Shakespeare and Stack Overflow command lines.
 """
 
 import os
 import sys
+import textwrap
 import typing
 
 from absl import flags
@@ -25,6 +30,19 @@ from scripts import program
 from tff_clip import config as config_lib
 
 FLAGS = flags.FLAGS
+
+# The names TFF (`DifferentiallyPrivateFactory.gaussian_adaptive`) and
+# federated_research's trainers give the same knobs: accepted as they are,
+# so that a TFF user's command line needs no translation (docs/training.md).
+ALIASES = {
+    'total_rounds': 'rounds',
+    'client_batch_size': 'batch_size',
+    'client_epochs_per_round': 'local_epochs',
+    'rounds_per_eval': 'eval_every',
+    'target_unclipped_quantile': 'target_quantile',
+    'initial_l2_norm_clip': 'initial_clip_norm',
+    'adaptive_clip_learning_rate': 'clip_learning_rate',
+}
 
 
 def _optional(parse):
@@ -55,11 +73,18 @@ _PARSERS = {
 }
 
 
+def _choices(field):
+  if field.name == 'task':
+    from tasks import names as task_names  # pylint: disable=g-import-not-at-top
+    return task_names.TASK_NAMES  # Read without TensorFlow.
+  return field.metadata.get('choices')
+
+
 def define_flags():
   """One flag per `TrainConfig` field: same name, default and help."""
   for field, kind in config_lib.fields():
     help_text = field.metadata['help']
-    choices = field.metadata.get('choices')
+    choices = _choices(field)
     if choices:
       help_text += f' One of: {", ".join(choices)}.'
     name = field.metadata.get('flag') or field.name
@@ -75,6 +100,20 @@ def define_flags():
       # reported as one line naming the flag, like every other error.
       flags.DEFINE_string(field.name, None if default is None else str(default),
                           help_text)
+  for alias, name in ALIASES.items():
+    flags.DEFINE_alias(alias, name)
+
+
+def describe_defaults() -> str:
+  """What a run with no flags is, read from `TrainConfig`'s defaults."""
+  config = config_lib.TrainConfig()
+  privacy = ('no DP' if config.noise_multiplier is None else
+             f'DP-FedAvg with --noise_multiplier={config.noise_multiplier}')
+  return (f'--task={config.task} (--data_source={config.data_source}), '
+          f'{privacy}, --bounding={config.bounding} '
+          f'--clip_norm={config.clip_norm}, '
+          f'{config.clients_per_round} clients per round, {config.rounds} '
+          f'rounds, written to {config.output_dir}/')
 
 
 def config_from_flags() -> config_lib.TrainConfig:
@@ -162,6 +201,23 @@ def main(argv) -> int:
   return 0
 
 
+def first_refusal(runs) -> str:
+  """'INDEX message' for the first of `runs` (each the flags of a run) that
+  `main` would refuse before training, else ''. Used by `scripts.sweep`."""
+  for index, argv in enumerate(runs):
+    FLAGS.unparse_flags()
+    try:
+      rest = FLAGS(['scripts.train', *argv])
+      if len(rest) > 1:
+        return f'{index} unexpected arguments: {" ".join(rest[1:])}'
+      config = config_from_flags()
+      program.validate(config)
+      program.preflight(config)
+    except (flags.Error, config_lib.ConfigError) as e:
+      return f'{index} {" ".join(str(e).split())}'
+  return ''
+
+
 def interrupted() -> str:
   """What a Ctrl-C prints: where a rerun of the same command goes on.
 
@@ -185,6 +241,12 @@ def interrupted() -> str:
 
 
 define_flags()
+# What `--help` prints first, filled in from the declarations above.
+__doc__ = '\n\n'.join(  # pylint: disable=redefined-builtin
+    paragraph if paragraph.startswith(' ') else textwrap.fill(paragraph, 79)
+    for paragraph in __doc__.format(
+        defaults=describe_defaults(),
+        aliases=', '.join(f'--{alias}' for alias in ALIASES)).split('\n\n'))
 
 if __name__ == '__main__':
   cli.run(main, interrupted=interrupted)

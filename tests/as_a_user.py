@@ -41,11 +41,28 @@ def noise(output):
   return [line for line in output.splitlines() if _NOISE.match(line)]
 
 
-def run(args, *, timeout=900, **overrides):
-  """`python *args` run to its end: the CompletedProcess (text, not checked)."""
+def run(args, *, timeout=900, stdin_text=None, **overrides):
+  """`python *args` run to its end: the CompletedProcess (text, not checked).
+
+  `stdin_text`: what the program reads on its standard input.
+  """
   return subprocess.run([sys.executable, *map(str, args)], cwd=REPO,
                         env=env(**overrides), capture_output=True, text=True,
-                        timeout=timeout, check=False)
+                        input=stdin_text, timeout=timeout, check=False)
+
+
+def refusal(proc, unwritten) -> str:
+  """The one line a refused program ended with; checks the refusal's form.
+
+  Exit code 2, nothing on stdout, one `error: ...` line on stderr, and the
+  path `unwritten` (where the program would have written) not created.
+  """
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert proc.stdout == ''
+  lines = proc.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: '), proc.stderr
+  assert not os.path.lexists(unwritten)
+  return lines[0]
 
 
 def python(code, *args, timeout=300, **overrides):

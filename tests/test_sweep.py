@@ -26,26 +26,32 @@ def test_malformed_or_reserved_grid_is_a_usage_error(entry):
     sweep.parse_grid([entry])
 
 
-def _fake_run(directory, accuracy, epsilon, seconds):
+def _fake_run(directory, accuracy, epsilon, seconds, clip_norm=0.5):
+  """A finished run's records, as `scripts.train` writes them."""
   directory.mkdir(parents=True)
   (directory / 'summary.json').write_text(json.dumps(
       {'final_eval_accuracy': accuracy, 'epsilon': epsilon}))
-  (directory / 'metrics.csv').write_text(
-      'round,clipped_fraction,seconds\n'
-      f'1,0.5,{seconds}\n2,0.25,{seconds}\n')
+  if seconds is None:  # A DP run: round times are withheld.
+    (directory / 'metrics.csv').write_text(
+        f'round,clip_norm,epsilon\n1,0.1,1.0\n2,{clip_norm},{epsilon}\n')
+  else:
+    (directory / 'metrics.csv').write_text(
+        'round,clip_norm,seconds\n'
+        f'1,0.1,{seconds}\n2,{clip_norm},{seconds}\n')
 
 
 def test_summary_reports_mean_and_std_over_seeds(tmp_path):
   grid = sweep.parse_grid(['bounding=clip'])
   setting = {'bounding': 'clip'}
-  for seed, accuracy, seconds in ((0, 0.8, 1.0), (1, 0.6, 3.0)):
+  for seed, accuracy, seconds, clip_norm in ((0, 0.8, 1.0, 0.5),
+                                             (1, 0.6, 3.0, 0.25)):
     _fake_run(tmp_path / sweep.cell_name('bounding=clip', seed, (), setting),
-              accuracy, 2.0, seconds)
+              accuracy, 2.0, seconds, clip_norm)
   rows = sweep.summarise(str(tmp_path), grid, seeds=2)
   assert rows[0]['accuracy_mean'] == pytest.approx(0.7)
   assert rows[0]['accuracy_std'] == pytest.approx(0.1414, rel=1e-3)
   assert rows[0]['epsilon'] == pytest.approx(2.0)
-  assert rows[0]['clipped_fraction'] == pytest.approx(0.375)
+  assert rows[0]['clip_norm'] == pytest.approx(0.375)  # Last rounds' mean.
   assert rows[0]['seconds_per_round'] == pytest.approx(2.0)
   assert '0.7000 ± 0.1414' in (tmp_path / 'summary.md').read_text()
   with open(tmp_path / 'summary.csv', newline='') as f:
@@ -113,3 +119,45 @@ def test_failed_cells_are_marked_in_the_table(tmp_path):
   rows = sweep.summarise(str(tmp_path), grid, seeds=1, failed={name})
   assert rows[0]['seeds_failed'] == 1 and rows[0]['seeds_done'] == 0
   assert '| clip | 0 | 1 | n/a |' in (tmp_path / 'summary.md').read_text()
+
+
+def test_a_dp_cells_withheld_round_time_is_explained_not_na(tmp_path):
+  grid = sweep.parse_grid(['bounding=clip'])
+  _fake_run(tmp_path / sweep.cell_name('bounding=clip', 0, (),
+                                       {'bounding': 'clip'}),
+            0.5, 3.0, seconds=None, clip_norm=0.75)
+  sweep.summarise(str(tmp_path), grid, seeds=1)
+  table = (tmp_path / 'summary.md').read_text()
+  assert '| clip | 1 |  | 0.5000 ± 0.0000 | 3 | 0.75 | withheld |' in table
+  assert 'withheld: a DP run does not release its round times' in table
+  assert 'n/a |' not in table
+
+
+def _sweep(tmp_path, *args):
+  return as_a_user.run(['-m', 'scripts.sweep', f'--root_output_dir={tmp_path}',
+                        '--sweep_name=s', *args], timeout=120)
+
+
+def test_dry_run_lists_the_runs_and_writes_nothing(tmp_path):
+  result = _sweep(tmp_path, '--grid=bounding=clip,normalize', '--seeds=2',
+                  '--dry_run', '--', '--rounds=2')
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.count('scripts.train --rounds=2 --bounding=') == 4
+  assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize('grid, train_args, message', [
+    # z = 0 is no DP at all: TFF's users write `none`.
+    ('--grid=noise_multiplier=none,0', ['--rounds=2'],
+     r'error: cell noise_multiplier=0_seed0_\w+: --noise_multiplier=0 adds '
+     'no noise'),
+    ('--grid=bounding=clip', ['--rounds=2', '--bogus=1'],
+     "error: cell bounding=clip_seed0_\\w+: Unknown command line flag 'bogus'"),
+])
+def test_a_cell_train_would_refuse_is_refused_before_any_runs(
+    tmp_path, grid, train_args, message):
+  result = _sweep(tmp_path, grid, '--', *train_args)
+  assert result.returncode == 2
+  assert result.stdout == ''
+  assert re.fullmatch(message + r'.*\n', result.stderr), result.stderr
+  assert list(tmp_path.iterdir()) == []

@@ -10,6 +10,8 @@ reported in well under two seconds, before anything is imported or written.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import re
@@ -24,8 +26,8 @@ from tff_clip import spec
 
 __all__ = [
     'BOUNDINGS', 'CLIENT_OPTIMIZERS', 'EXECUTION_KEYS', 'EXECUTORS',
-    'ConfigError', 'SERVER_OPTIMIZERS', 'TrainConfig', 'fields', 'flag_error',
-    'validate',
+    'ConfigError', 'SERVER_OPTIMIZERS', 'TrainConfig',
+    'default_experiment_name', 'fields', 'flag_error', 'validate',
 ]
 
 # 'tff_gaussian': TFF's own DP aggregator (`DifferentiallyPrivateFactory.
@@ -220,7 +222,10 @@ class TrainConfig:
   # Outputs and execution.
   root_output_dir: str = _field('runs', 'Output root.')
   experiment_name: str = _field(
-      '', 'Run name (default: task_bounding[_dp]_seedN).')
+      '', 'Run name, the directory under --root_output_dir (default: '
+      'task_bounding[_dp]_seedN, then _ and 8 hex digits of a hash of the '
+      'other flags that differ from their defaults, so that different '
+      'commands never share a directory and the same command resumes).')
   seed: int = _field(0, 'Seed of sampling, data order and initialization '
                      '(not of the DP noise: see --noise_seed).')
   executor: str = _field(
@@ -255,12 +260,8 @@ class TrainConfig:
 
   def __post_init__(self):
     if not self.experiment_name:
-      private = self.noise_multiplier is not None or (
-          self.target_epsilon is not None)
-      object.__setattr__(
-          self, 'experiment_name',
-          f'{self.task}_{self.bounding}{"_dp" if private else ""}'
-          f'_seed{self.seed}')
+      object.__setattr__(self, 'experiment_name',
+                         default_experiment_name(self))
 
   @property
   def output_dir(self) -> str:
@@ -291,6 +292,45 @@ class TrainConfig:
     for key in EXECUTION_KEYS:
       out.pop(key)
     return out
+
+
+# What the default run name spells out (`default_experiment_name`); `_dp`
+# says whether `noise_multiplier` is None.
+_NAMED = ('task', 'bounding', 'seed', 'experiment_name')
+
+
+def _canonical(value):
+  """`value` as hashed: numbers as floats (`--clip_norm=1` is 1.0), lists."""
+  if isinstance(value, (tuple, list)):
+    return [_canonical(v) for v in value]
+  if isinstance(value, (int, float)) and not isinstance(value, bool):
+    return float(value)
+  return value
+
+
+def default_experiment_name(config: TrainConfig) -> str:
+  """`task_bounding[_dp]_seedN[_HASH]`, the run's directory name.
+
+  HASH (8 hex digits of SHA-256) covers every field that differs from its
+  default and is not in the name or one of `EXECUTION_KEYS` (how a run is
+  executed may change on resume): the command with no flags is
+  `digits_normalize_dp_seed0`, two commands that differ in what they
+  compute get different directories, and the same command (or the same
+  flags in another order, or a default given explicitly) finds its run again.
+  """
+  changed = {
+      field.name: _canonical(getattr(config, field.name))
+      for field in dataclasses.fields(config)
+      if field.name not in _NAMED + EXECUTION_KEYS
+      and getattr(config, field.name) != field.default}
+  if changed.get('noise_multiplier', 0) is None:
+    del changed['noise_multiplier']  # No `_dp`, or --target_epsilon.
+  name = (f'{config.task}_{config.bounding}{"_dp" if config.private else ""}'
+          f'_seed{config.seed}')
+  if not changed:
+    return name
+  text = json.dumps(changed, sort_keys=True, default=str)
+  return f'{name}_{hashlib.sha256(text.encode()).hexdigest()[:8]}'
 
 
 def fields() -> list[tuple[dataclasses.Field, Any]]:
@@ -345,8 +385,10 @@ def flag_error(error: Exception) -> ConfigError:
 def _check_mechanism(config):
   """The bounding and DP knobs: the library's own spec checks them."""
   if config.noise_multiplier is not None and config.target_epsilon is not None:
-    raise ConfigError('Give --noise_multiplier or --target_epsilon, not both '
-                      "(--noise_multiplier=none with --target_epsilon).")
+    raise ConfigError(
+        f'--noise_multiplier={config.noise_multiplier} and --target_epsilon='
+        f'{config.target_epsilon} both set the noise: give one of them '
+        '(--target_epsilon calibrates the noise multiplier).')
   if checks.is_real(config.noise_multiplier) and config.noise_multiplier == 0:
     raise ConfigError(
         '--noise_multiplier=0 adds no noise: a DP run needs z > 0 (its '
