@@ -7,19 +7,34 @@ r"""The privacy-utility frontier: every method tuned alike, then run on fresh se
 The protocol (McMahan et al. 2018; Andrew et al. 2021: compare methods after
 tuning each with the same budget):
 
-1. **Tune.** Every method runs every cell of the same grid (`GRIDS`: the
+1. **Tune.** Every method runs every cell of the same grid (`grid`: the
    server learning rate, and the method's own knob: the target quantile of
    an adaptive norm or the value of a fixed one) at each tuning epsilon, on
    `--tuning_seeds` seeds that are never reported, evaluated on a validation
    split held out from the training examples (`--validation_fraction`; no
    client trains on it). The cell with the best mean validation accuracy
    wins, per method and epsilon.
-2. **Report.** The winning cell runs on `--final_seeds` fresh seeds at every
-   epsilon and is evaluated on the test set. The noise multiplier of every
-   run is calibrated by the accountant to the target epsilon
-   (`--target_epsilon`), with Poisson sampling from the whole population (the
-   correlated-noise methods: participation with minimum separation) and
-   delta at most 1 / population.
+2. **Report.** The winning cell runs on `--final_seeds` fresh seeds (20 by
+   default: a 5-seed mean moves by more than the differences between
+   methods) at every epsilon and is evaluated on the test set. The noise
+   multiplier of every run is calibrated by the accountant to the target
+   epsilon (`--target_epsilon`), with Poisson sampling from the whole
+   population (the correlated-noise methods: participation with minimum
+   separation) and delta at most 1 / population.
+3. **Defaults, untuned.** `default` (tff_clip's own defaults: nothing set
+   but the setting's training) and `tff_default` (TFF's
+   `gaussian_adaptive` at its own defaults, what `dp_aggregator` builds)
+   skip the grid and run the final seeds only, both at the server learning
+   rate 1.0 that `TrainConfig` and TFF's FedAvg default to.
+4. **Verdicts.** Every comparison is paired by seed (the same seed: the same
+   data, initialization and cohorts; each run its own noise key) and called
+   win, tie or loss from the 95% Student-t interval of the paired
+   differences alone (`scripts.verdicts`): each method against tuned TFF
+   `dp_aggregator` (`tff_adaptive`); the default against TFF's default,
+   against the best tuned tff_clip method and against the best tuned TFF
+   method (both picked by validation accuracy, so the test seeds do not
+   pick them). Each verdict says how many seeds it paired and how many of
+   them drew fresh noise keys (read from the runs' config.json).
 
 The correlated-noise methods train one of b = population / clients_per_round
 seeded groups a round, and a group may hold fewer clients than
@@ -34,13 +49,17 @@ A non-private run of the same model, tuned on the same server learning
 rates, gives the ceiling. Every run is an ordinary run directory under
 `--root_output_dir/<setting>/` (`tune/` and `final/`): a rerun skips finished
 runs and resumes interrupted ones, so the command can be stopped and started
-again. `--jobs` runs that many trainings side by side (one process each).
+again (and `--final_seeds` raised: only the new seeds train). `--jobs` runs
+that many trainings side by side, each in its own process (default: one per
+core).
 
 Writes, next to the runs: `tuning.csv` (every cell's validation accuracy),
 `chosen.md` (the grid and the chosen cell per method and epsilon),
-`frontier.csv`, `frontier.md` (test accuracy, mean +- std over seeds, and the
-lead of each method over tuned TFF `dp_aggregator`) and `frontier.png`
-(accuracy against epsilon with error bars and the non-private ceiling).
+`frontier.csv` (per method and epsilon: test accuracy, mean and std over
+seeds, and the paired difference from tuned TFF `dp_aggregator`: difference,
+interval, seeds, fresh keys, verdict), `verdicts.csv` (every comparison,
+one per row), `frontier.md` (both tables) and `frontier.png` (accuracy
+against epsilon with error bars, one std, and the non-private ceiling).
 """
 
 import collections
@@ -59,6 +78,7 @@ from scripts import benchmark_settings
 from scripts import cli
 from scripts import outputs
 from scripts import program
+from scripts import verdicts
 from tff_clip import config as config_lib
 
 _SETTING = flags.DEFINE_enum('setting', 'mnist1000', ['mnist1000',
@@ -73,9 +93,24 @@ _TUNE_EPSILONS = flags.DEFINE_list(
 _METHODS = flags.DEFINE_list('methods', [], 'Methods (default all).')
 _TUNING_SEEDS = flags.DEFINE_integer('tuning_seeds', 2,
                                      'Seeds per grid cell (never reported).')
-_FINAL_SEEDS = flags.DEFINE_integer('final_seeds', 5,
-                                    'Fresh seeds of each chosen setting.')
-_JOBS = flags.DEFINE_integer('jobs', 1, 'Trainings run side by side.')
+_FINAL_SEEDS = flags.DEFINE_integer(
+    'final_seeds', 20, 'Fresh seeds of each chosen setting (0, 1, ...), '
+    'every comparison paired over them; 20 make a 95% interval about half as '
+    "wide as 5 do. A rerun with more reuses the finished seeds' runs.")
+
+
+def _cores() -> int:
+  """The cores this process may run on."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # Not Linux.
+    return os.cpu_count() or 1
+
+
+_JOBS = flags.DEFINE_integer(
+    'jobs', None, 'Trainings run side by side, each in its own process, so '
+    f'N jobs keep N cores busy. Default: one per core ({_cores()} here); 1 '
+    'trains in this process, one run after another.')
 _QUICK = flags.DEFINE_bool('quick', False, 'CI size: 2 rounds, 1 seed, one '
                            'epsilon, two methods, two grid cells.')
 _ROOT = flags.DEFINE_string('root_output_dir', 'runs/frontier', 'Output root.')
@@ -119,7 +154,25 @@ METHODS = collections.OrderedDict([
     ('tff_tree_adaptive', dict(SEPARATED, bounding='tff_tree_adaptive',
                                clip_norm='adaptive', noise_mechanism='tree')),
 ])
+# Untuned: the libraries' own defaults, run on the final seeds only.
+# `default`: tff_clip's defaults (no aggregation field set: whatever
+# `TrainConfig` chooses). `tff_default`: TFF's `gaussian_adaptive` at its
+# signature's defaults, which `tff.learning.dp_aggregator` builds (less its
+# zeroing of outsized updates). Neither the setting nor either library's
+# aggregator sets the server learning rate: both run at `TrainConfig`'s 1.0,
+# also TFF FedAvg's default.
+DEFAULT = 'default'
+TFF_DEFAULT = 'tff_default'
+TFF_GAUSSIAN_ADAPTIVE_DEFAULTS = dict(initial_clip_norm=0.1,
+                                      target_quantile=0.5,
+                                      clip_learning_rate=0.2,
+                                      clipped_count_stddev=None)
+METHODS[DEFAULT] = {}
+METHODS[TFF_DEFAULT] = dict(TFF_GAUSSIAN_ADAPTIVE_DEFAULTS,
+                            bounding='tff_gaussian', clip_norm='adaptive')
+UNTUNED = (DEFAULT, TFF_DEFAULT)
 BASELINE = 'tff_adaptive'  # What `tff.learning.dp_aggregator` builds.
+TUNED_BASELINE = f'{BASELINE} (tuned)'  # Its name in the verdicts.
 # TFF's correlated-noise baseline (`DifferentiallyPrivateFactory.
 # tree_adaptive`): what the correlated methods are compared with cell by cell.
 CORRELATED_BASELINE = 'tff_tree_adaptive'
@@ -134,6 +187,8 @@ QUICK_METHODS = ('tff_adaptive', 'normalize_adaptive')
 
 def grid(method: str) -> list:
   """The grid cells of `method`, each a dict of TrainConfig fields."""
+  if method in UNTUNED:
+    return [{}]
   if method == CEILING:
     knobs = [{}]
   elif METHODS[method].get('clip_norm') == 'adaptive':
@@ -146,6 +201,11 @@ def grid(method: str) -> list:
 
 def cell_name(cell: dict) -> str:
   return '_'.join(f'{key}{value:g}' for key, value in sorted(cell.items()))
+
+
+def tff_method(method: str) -> bool:
+  """Whether `method` is one of TFF's own aggregators."""
+  return method.startswith('tff_')
 
 
 def make_config(setting, method, cell, epsilon, seed, phase, root, quick):
@@ -161,7 +221,8 @@ def make_config(setting, method, cell, epsilon, seed, phase, root, quick):
                   noise_multiplier=None)
     if correlated(method):
       fields['bands'] = fields['num_clients'] // fields['clients_per_round']
-    name = f'{method}_eps{epsilon:g}_{cell_name(cell)}_seed{seed}'
+    name = '_'.join(part for part in (method, f'eps{epsilon:g}',
+                                      cell_name(cell), f'seed{seed}') if part)
   fields.update(cell)
   if quick:
     fields['rounds'] = 2
@@ -180,10 +241,13 @@ def make_config(setting, method, cell, epsilon, seed, phase, root, quick):
 
 def tuning_plan(setting, methods, cells, tune_epsilons, tuning_seeds, root,
                 quick):
-  """(method, epsilon, cell index, TrainConfig) of every tuning run."""
+  """(method, epsilon, cell index, TrainConfig) of every tuning run.
+
+  The untuned methods (`UNTUNED`) have none.
+  """
   plan = [(m, e, i, make_config(setting, m, cell, e, seed, 'tune', root,
                                 quick))
-          for m in methods for e in tune_epsilons
+          for m in methods if m not in UNTUNED for e in tune_epsilons
           for i, cell in enumerate(cells[m]) for seed in tuning_seeds]
   return plan + [(CEILING, None, i, make_config(setting, CEILING, cell, None,
                                                 seed, 'tune', root, quick))
@@ -244,7 +308,7 @@ def same_cell_leads(tuning_rows) -> list:
   out = []
   for method, epsilon in dict.fromkeys(
       (r['method'], r['epsilon']) for r in tuning_rows):
-    if method == CEILING or method.startswith('tff'):
+    if method == CEILING or tff_method(method):
       continue
     other = counterpart(method)
     leads = [100 * (value - score[other, e, cell])
@@ -294,7 +358,7 @@ def _tie_to_parent():
 
 def run_all(configs, jobs: int, label: str) -> list:
   """Runs `configs` (`jobs` at a time); returns (accuracy, epsilon) each."""
-  if jobs == 1:
+  if jobs == 1 or len(configs) <= 1:
     results = []
     for i, config in enumerate(configs, 1):
       results.append(_train(config))
@@ -302,8 +366,11 @@ def run_all(configs, jobs: int, label: str) -> list:
             f'{results[-1][0]:.4f}', flush=True)
     return results
   context = multiprocessing.get_context('spawn')
+  # One process a training: N jobs keep N cores busy (no more processes
+  # than trainings).
+  workers = min(jobs, len(configs))
   with concurrent.futures.ProcessPoolExecutor(
-      jobs, mp_context=context, initializer=_tie_to_parent) as pool:
+      workers, mp_context=context, initializer=_tie_to_parent) as pool:
     futures = [pool.submit(_train, config) for config in configs]
     try:
       for i, (config, future) in enumerate(zip(configs, futures), 1):
@@ -327,16 +394,59 @@ def _mean_std(values):
           statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def best_tuned(methods, chosen, tune_epsilon, tff: bool):
+  """The tuned method of TFF (`tff`) or of tff_clip with the best validation
+  accuracy at `tune_epsilon` (`choose`'s means; a tie: the earlier in
+  `methods`), or None."""
+  candidates = [m for m in methods if m not in UNTUNED and
+                tff_method(m) == tff and (m, tune_epsilon) in chosen]
+  if not candidates:
+    return None
+  return max(candidates, key=lambda m: chosen[m, tune_epsilon][1])
+
+
+def comparisons(runs, methods, epsilons, chosen, tune_epsilons) -> list:
+  """(method, against, epsilon, `verdicts.PairedDifference`) of each verdict.
+
+  `runs`: {(method, epsilon): {seed: verdicts.Run}} of the final runs;
+  `chosen`: `choose`'s cells and validation means. In order: every method
+  against tuned TFF `dp_aggregator` (`BASELINE`); then the default against
+  TFF's default, against the best tuned tff_clip method and against the best
+  tuned TFF method, each best picked by validation accuracy at the tuned
+  epsilon nearest (`best_tuned`), so the test seeds do not pick it. A
+  comparison of which one side did not run is left out.
+  """
+  out = []
+
+  def add(method, against, label, epsilon):
+    if (method, epsilon) in runs and (against, epsilon) in runs:
+      out.append((method, label, epsilon, verdicts.compare(
+          runs[method, epsilon], runs[against, epsilon])))
+
+  for method in methods:
+    if method != BASELINE:
+      for epsilon in epsilons:
+        add(method, BASELINE, TUNED_BASELINE, epsilon)
+  for epsilon in epsilons:
+    add(DEFAULT, TFF_DEFAULT, f'{TFF_DEFAULT} (untuned)', epsilon)
+  for tff, family in ((False, 'tff_clip'), (True, 'TFF')):
+    for epsilon in epsilons:
+      tuned_at = nearest(epsilon, tune_epsilons)
+      best = best_tuned(methods, chosen, tuned_at, tff)
+      if best is not None:
+        add(DEFAULT, best, f'{best} (best tuned {family})', epsilon)
+  return out
+
+
 def format_frontier(rows, epsilons):
   head = ('| method | ' + ' | '.join(f'ε = {e:g}' for e in epsilons) +
-          ' | lead over tuned TFF (points) | cohort |')
-  lines = [head, '|---|' + '---:|' * (len(epsilons) + 2)]
+          ' | cohort |')
+  lines = [head, '|---|' + '---:|' * (len(epsilons) + 1)]
   for row in rows:
     cells = [f'{row[f"eps{e:g}_mean"]:.4f} ± {row[f"eps{e:g}_std"]:.4f}'
              for e in epsilons]
-    lead = ', '.join(f'{row[f"eps{e:g}_lead"]:+.1f}' for e in epsilons)
     lines.append(f'| {row["method"]} | ' + ' | '.join(cells) +
-                 f' | {lead} | {row.get("cohort", "")} |')
+                 f' | {row.get("cohort", "")} |')
   return '\n'.join(lines)
 
 
@@ -384,8 +494,9 @@ def main(argv):
     return cli.fail(f'--methods: unknown {unknown}; choose from '
                     f'{", ".join(METHODS)}.')
   for name in ('tuning_seeds', 'final_seeds', 'jobs'):
-    if flags.FLAGS[name].value <= 0:
+    if flags.FLAGS[name].value is not None and flags.FLAGS[name].value <= 0:
       return cli.fail(f'--{name} must be positive.')
+  jobs = _cores() if _JOBS.value is None else _JOBS.value
   tuning_seeds = [TUNING_SEED_BASE + s for s in range(_TUNING_SEEDS.value)]
   final_seeds = list(range(_FINAL_SEEDS.value))
   quick = _QUICK.value
@@ -403,7 +514,7 @@ def main(argv):
                             tuning_seeds, root, quick)
   except config_lib.ConfigError as e:
     return cli.fail(e)
-  tuned = run_all([plan[3] for plan in tune_plan], _JOBS.value, 'tune')
+  tuned = run_all([plan[3] for plan in tune_plan], jobs, 'tune')
   chosen, tuning_rows = choose(tune_plan, [acc for acc, _ in tuned], cells)
   outputs.write_csv(os.path.join(root, 'tuning.csv'), tuning_rows)
 
@@ -412,7 +523,8 @@ def main(argv):
     final_plan = []
     for method in methods:
       for epsilon in epsilons:
-        i = chosen[method, nearest(epsilon, tune_epsilons)][0]
+        i = (0 if method in UNTUNED else
+             chosen[method, nearest(epsilon, tune_epsilons)][0])
         final_plan += [(method, epsilon, make_config(
             setting, method, cells[method][i], epsilon, seed, 'final', root,
             quick)) for seed in final_seeds]
@@ -421,8 +533,8 @@ def main(argv):
         seed, 'final', root, quick)) for seed in final_seeds]
   except config_lib.ConfigError as e:
     return cli.fail(e)
-  finals = run_all([plan[2] for plan in final_plan], _JOBS.value, 'final')
-  accuracy = collections.defaultdict(list)
+  finals = run_all([plan[2] for plan in final_plan], jobs, 'final')
+  runs = collections.defaultdict(dict)  # (method, epsilon): {seed: Run}
   spent = collections.defaultdict(list)
   cohorts = collections.defaultdict(list)
   for (method, epsilon, config), (acc, measured) in zip(final_plan, finals):
@@ -432,28 +544,41 @@ def main(argv):
     # never more.
     if epsilon is not None and measured > epsilon * (1 + 1e-3):
       return cli.fail(f'{method} at epsilon {epsilon:g} spent {measured}.')
-    accuracy[method, epsilon].append(acc)
+    runs[method, epsilon][config.seed] = verdicts.Run(
+        acc, verdicts.fresh_noise_key(config.output_dir))
     spent[method, epsilon].append(measured)
+  compared = comparisons(runs, methods, epsilons, chosen, tune_epsilons)
+  against_baseline = {(method, epsilon): d
+                      for method, against, epsilon, d in compared
+                      if against == TUNED_BASELINE}
   rows = []
   for method in methods:
     row = collections.OrderedDict(method=method)
     for epsilon in epsilons:
-      mean, std = _mean_std(accuracy[method, epsilon])
-      row[f'eps{epsilon:g}_mean'], row[f'eps{epsilon:g}_std'] = mean, std
-      row[f'eps{epsilon:g}_spent'] = max(spent[method, epsilon])
+      prefix = f'eps{epsilon:g}_'
+      row[prefix + 'mean'], row[prefix + 'std'] = _mean_std(
+          [run.accuracy for run in runs[method, epsilon].values()])
+      row[prefix + 'spent'] = max(spent[method, epsilon])
+      # The paired difference from tuned TFF `dp_aggregator` (none for
+      # itself, or where it did not run).
+      row.update(verdicts.csv_fields(
+          against_baseline.get((method, epsilon)), prefix))
     # The clients per round of its final runs (a correlated method's: the
     # smallest group of each seed, `separated_cohort`).
     row['cohort'] = benchmark_settings.cohort_range(cohorts[method])
     rows.append(row)
-  for row in rows:
-    for epsilon in epsilons:
-      base = (statistics.fmean(accuracy[BASELINE, epsilon])
-              if BASELINE in methods else float('nan'))
-      row[f'eps{epsilon:g}_lead'] = 100 * (row[f'eps{epsilon:g}_mean'] - base)
-    row.move_to_end('cohort')
-  ceiling = _mean_std(accuracy[CEILING, None])
+  ceiling = _mean_std([run.accuracy for run in runs[CEILING, None].values()])
   outputs.write_csv(os.path.join(root, 'frontier.csv'), rows)
-  table = format_frontier(rows, epsilons)
+  written = ['tuning.csv', 'chosen.md', 'frontier.csv']
+  if compared:
+    outputs.write_csv(os.path.join(root, 'verdicts.csv'), [
+        collections.OrderedDict(method=method, against=against,
+                                epsilon=epsilon, **verdicts.csv_fields(d))
+        for method, against, epsilon, d in compared])
+    written.append('verdicts.csv')
+  seeds = f'{len(final_seeds)} seed' + 's' * (len(final_seeds) > 1)
+  table = (f'Test accuracy, mean ± std over {seeds}:\n\n' +
+           format_frontier(rows, epsilons))
   ceiling_line = (f'Non-private ceiling (same model and rounds, tuned server '
                   f'learning rate): {ceiling[0]:.4f} ± {ceiling[1]:.4f}.')
   under = [f'{row["method"]}: ' + ' / '.join(
@@ -463,14 +588,19 @@ def main(argv):
     ceiling_line += ('\nEpsilon the ledgers report where below the target '
                      '(noise calibrated with RDP, the ledger tighter): ' +
                      '; '.join(under) + '.')
+  verdict_text = (verdicts.format_report(compared) if compared else
+                  'No verdicts: --methods holds no pair to compare.')
   with open(os.path.join(root, 'frontier.md'), 'w') as f:
-    f.write(table + '\n\n' + ceiling_line + '\n')
+    f.write(table + '\n\n' + ceiling_line + '\n\n' + verdict_text + '\n')
   chosen_lines = [
       f'Grid (every method): server learning rate {SERVER_LEARNING_RATES}; '
       f'target quantile {TARGET_QUANTILES} (adaptive norms) or clip norm '
       f'{FIXED_NORMS} (fixed norms). Tuned at epsilon {tune_epsilons} on '
       f'seeds {tuning_seeds} (validation split); reported on seeds '
-      f'{final_seeds} (test set).', '',
+      f'{final_seeds} (test set).' + (
+          f' Untuned, at their libraries\' defaults: '
+          f'{", ".join(m for m in methods if m in UNTUNED)}.'
+          if any(m in UNTUNED for m in methods) else ''), '',
       '| method | tuned at ε | chosen | validation accuracy |',
       '|---|---:|---|---:|']
   for (method, epsilon), (i, mean) in sorted(
@@ -486,13 +616,11 @@ def main(argv):
   first = final_plan[-1][2]  # The ceiling's: the setting's cohort.
   plot(rows, epsilons, ceiling, os.path.join(root, 'frontier.png'),
        f'{setting}: {first.num_clients} clients, {first.rounds} rounds x '
-       f'{first.clients_per_round}, δ = {first.delta:g}, '
-       f'{len(final_seeds)} seeds')
-  print('\n'.join(chosen_lines))
-  print(table)
-  print(ceiling_line)
-  print(f'outputs: {root}/tuning.csv, chosen.md, frontier.csv, frontier.md, '
-        'frontier.png')
+       f'{first.clients_per_round}, δ = {first.delta:g}, {seeds}')
+  print('\n\n'.join(['\n'.join(chosen_lines), table, ceiling_line,
+                     verdict_text]))
+  print(f'outputs: {root}/' + ', '.join(written + ['frontier.md',
+                                                   'frontier.png']))
   return 0
 
 

@@ -1,12 +1,19 @@
 """Specification of the privacy-utility frontier (`scripts.benchmark_frontier`)."""
 
+import ast
 import csv
+import importlib.util
 import json
+import math
 import os
+import pathlib
 
 import pytest
+from scipy import stats
 
 import as_a_user  # pylint: disable=g-bad-import-order
+from scripts import verdicts
+from tff_clip import config as config_lib
 
 
 def _python(code):
@@ -26,12 +33,14 @@ from tff_clip import sampling
 cells = {{m: b.grid(m) for m in list(b.METHODS) + [b.CEILING]}}
 plan = b.tuning_plan({setting!r}, list(b.METHODS), cells, [2.0, 8.0],
                      [1000, 1001], {str(tmp_path)!r}, False)
-sizes = {{len(cells[m]) for m in b.METHODS}}
+tuned = [m for m in b.METHODS if m not in b.UNTUNED]
+sizes = {{len(cells[m]) for m in tuned}}
 assert sizes == {{9}}, sizes
-for m in b.METHODS:
+for m in tuned:
   assert sorted({{c['server_learning_rate'] for c in cells[m]}}) == sorted(
       b.SERVER_LEARNING_RATES)
-assert len(plan) == len(b.METHODS) * 2 * 9 * 2 + len(cells[b.CEILING]) * 2
+# The untuned defaults run no tuning.
+assert len(plan) == len(tuned) * 2 * 9 * 2 + len(cells[b.CEILING]) * 2
 for method, epsilon, i, config in plan:
   assert config.eval_split == 'validation'
   assert config.validation_fraction > 0
@@ -120,6 +129,195 @@ for r in b.same_cell_leads(rows):
       'banded_normalize_adaptive tff_tree_adaptive 1 1 20.0 20.0 20.0']
 
 
+def _runs(accuracies, fresh=True):
+  return {seed: verdicts.Run(accuracy, fresh)
+          for seed, accuracy in accuracies.items()}
+
+
+def test_the_interval_is_students_t_over_the_paired_differences():
+  # Paired differences 1, 2, 3, 4, 5 points (the other side varies widely,
+  # the difference does not): mean 3, s = sqrt(2.5), t(0.975, 4) = 2.7764
+  # (the published table), so 3 -+ 2.7764 sqrt(2.5) / sqrt(5) = 3 -+ 1.9632.
+  theirs = {0: 0.40, 1: 0.70, 2: 0.50, 3: 0.60, 4: 0.30}
+  ours = {s: theirs[s] + (s + 1) / 100 for s in theirs}
+  d = verdicts.compare(_runs(ours), _runs(theirs))
+  assert (d.seeds, d.fresh, d.unpaired) == (5, 5, ())
+  assert d.difference == pytest.approx(3.0)
+  assert d.low == pytest.approx(3 - 1.9632, abs=1e-4)
+  assert d.high == pytest.approx(3 + 1.9632, abs=1e-4)
+  # scipy's interval of the mean over the same 20 differences.
+  differences = [((7 * s) % 11 - 4) / 3 for s in range(20)]
+  mean = sum(differences) / 20
+  sem = stats.sem(differences)
+  low, high = stats.t.interval(0.95, 19, loc=mean, scale=sem)
+  d = verdicts.compare(_runs({s: 0.5 + x / 100 for s, x in
+                              enumerate(differences)}),
+                       _runs({s: 0.5 for s in range(20)}))
+  assert (d.low, d.high) == (pytest.approx(low), pytest.approx(high))
+  assert d.half_width == pytest.approx((high - low) / 2)
+
+
+@pytest.mark.parametrize('low, high, called', [
+    (1e-9, 3.0, 'win'), (0.0, 3.0, 'tie'), (-3.0, 0.0, 'tie'),
+    (-3.0, -1e-9, 'loss'), (-1.0, 1.0, 'tie'), (2.0, 2.0, 'win'),
+    (None, None, 'n/a')])
+def test_the_verdict_is_read_from_the_interval_alone(low, high, called):
+  assert verdicts.verdict(low, high) == called
+
+
+def test_a_verdict_follows_the_interval_not_the_mean():
+  # The same mean difference, +2 points: decided by 20 steady pairs, not
+  # by 5 scattered ones (whose interval holds 0), and shown with its
+  # half-width so a reader sees how far the seeds were from deciding.
+  steady = verdicts.compare(
+      _runs({s: 0.52 + (s % 2 - 0.5) / 100 for s in range(20)}),
+      _runs({s: 0.50 for s in range(20)}))
+  scattered = verdicts.compare(
+      _runs({0: 0.62, 1: 0.42, 2: 0.57, 3: 0.47, 4: 0.52}),
+      _runs({s: 0.50 for s in range(5)}))
+  assert steady.difference == pytest.approx(2.0)
+  assert scattered.difference == pytest.approx(2.0)
+  assert steady.verdict == 'win' and scattered.verdict == 'tie'
+  assert verdicts.cells(scattered)[4] == (
+      f'tie (± {scattered.half_width:.1f})')
+  assert verdicts.cells(steady)[4] == 'win'
+  # One pair has no interval: no verdict.
+  single = verdicts.compare(_runs({0: 0.9}), _runs({0: 0.1}))
+  assert single.verdict == 'n/a' and single.low is None
+
+
+def test_seeds_are_paired_and_a_seed_on_one_side_only_is_left_out_and_named():
+  ours = _runs({0: 0.90, 1: 0.60, 2: 0.70, 3: 0.80})
+  theirs = _runs({1: 0.55, 2: 0.65, 3: 0.75, 5: 0.10})
+  d = verdicts.compare(ours, theirs)
+  # Seeds 1-3 pair, each 5 points ahead (the means of all runs differ by
+  # 23.75 points: seeds 0 and 5 count for nothing).
+  assert (d.seeds, d.unpaired) == (3, (0, 5))
+  assert d.difference == pytest.approx(5.0)
+  assert d.low == pytest.approx(5.0) and d.high == pytest.approx(5.0)
+  report = verdicts.format_report([('ours', 'theirs', 4.0, d)])
+  assert ('ours against theirs at ε = 4: seeds [0, 5] ran on one side only '
+          'and are left out.') in report.splitlines()
+  assert '| ours | theirs | 4 | +5.0 | [+5.0, +5.0] | 3 | 3 of 3 | win |' in (
+      report)
+
+
+def test_fresh_noise_keys_are_counted_from_each_runs_config_json(tmp_path):
+  def record(name, **fields):
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    config = config_lib.TrainConfig(experiment_name=name, **fields)
+    (run_dir / 'config.json').write_text(json.dumps(config.to_json()))
+    return str(run_dir)
+
+  fresh = record('fresh', target_epsilon=4.0)
+  seeded = record('seeded', target_epsilon=4.0, noise_seed=7)
+  tff = record('tff', target_epsilon=4.0, bounding='tff_gaussian')
+  legacy = tmp_path / 'legacy'  # Recorded before --noise_seed existed.
+  legacy.mkdir()
+  (legacy / 'config.json').write_text(json.dumps({'seed': 0}))
+  assert [verdicts.fresh_noise_key(d) for d in (fresh, seeded, tff,
+                                                str(legacy))] == [
+      True, False, True, True]
+  # A pair is fresh only when both its runs drew their own key.
+  key = verdicts.fresh_noise_key
+  ours = {0: verdicts.Run(0.6, key(fresh)), 1: verdicts.Run(0.6, key(seeded)),
+          2: verdicts.Run(0.6, key(fresh))}
+  theirs = {0: verdicts.Run(0.5, key(tff)), 1: verdicts.Run(0.5, key(tff)),
+            2: verdicts.Run(0.5, key(seeded))}
+  d = verdicts.compare(ours, theirs)
+  assert (d.fresh, d.seeds) == (1, 3)
+  assert verdicts.cells(d)[3] == '1 of 3'
+  with pytest.raises(ValueError, match='not a readable run configuration'):
+    verdicts.fresh_noise_key(str(tmp_path / 'missing'))
+
+
+def test_the_default_is_judged_against_tff_default_and_the_best_tuned():
+  out = _python('''
+from scripts import benchmark_frontier as b
+from scripts import verdicts
+methods = ['tff_adaptive', 'tff_fixed', 'clip_fixed', 'normalize_fixed',
+           'default', 'tff_default']
+runs = {(m, e): {s: verdicts.Run(0.5 + 0.01 * i + 0.001 * s, True)
+                 for s in range(3)}
+        for i, m in enumerate(methods) for e in (2.0, 8.0)}
+# On validation (tuned at 4) normalize_fixed beats clip_fixed and tff_fixed
+# beats tff_adaptive; on test clip_fixed leads: validation picks the best.
+chosen = {('tff_adaptive', 4.0): (0, 0.60), ('tff_fixed', 4.0): (0, 0.70),
+          ('clip_fixed', 4.0): (0, 0.65), ('normalize_fixed', 4.0): (0, 0.66)}
+for method, against, epsilon, d in b.comparisons(runs, methods, [2.0, 8.0],
+                                                 chosen, [4.0]):
+  print(method, against.replace(' ', '_'), epsilon, round(d.difference, 6),
+        d.seeds)
+''')
+  assert out.splitlines() == [
+      # Every method against tuned dp_aggregator (not itself), ...
+      'tff_fixed tff_adaptive_(tuned) 2.0 1.0 3',
+      'tff_fixed tff_adaptive_(tuned) 8.0 1.0 3',
+      'clip_fixed tff_adaptive_(tuned) 2.0 2.0 3',
+      'clip_fixed tff_adaptive_(tuned) 8.0 2.0 3',
+      'normalize_fixed tff_adaptive_(tuned) 2.0 3.0 3',
+      'normalize_fixed tff_adaptive_(tuned) 8.0 3.0 3',
+      'default tff_adaptive_(tuned) 2.0 4.0 3',
+      'default tff_adaptive_(tuned) 8.0 4.0 3',
+      'tff_default tff_adaptive_(tuned) 2.0 5.0 3',
+      'tff_default tff_adaptive_(tuned) 8.0 5.0 3',
+      # ... and the default against TFF's, and against the best tuned of
+      # each library on validation.
+      'default tff_default_(untuned) 2.0 -1.0 3',
+      'default tff_default_(untuned) 8.0 -1.0 3',
+      'default normalize_fixed_(best_tuned_tff_clip) 2.0 1.0 3',
+      'default normalize_fixed_(best_tuned_tff_clip) 8.0 1.0 3',
+      'default tff_fixed_(best_tuned_TFF) 2.0 3.0 3',
+      'default tff_fixed_(best_tuned_TFF) 8.0 3.0 3']
+
+
+def test_the_untuned_defaults_are_each_librarys_own():
+  tff = pathlib.Path(importlib.util.find_spec(
+      'tensorflow_federated').submodule_search_locations[0])
+  source = (tff / 'python/aggregators/differential_privacy.py').read_text()
+  [method] = [node for node in ast.walk(ast.parse(source))
+              if isinstance(node, ast.FunctionDef) and
+              node.name == 'gaussian_adaptive']
+  names = [a.arg for a in method.args.args][-len(method.args.defaults):]
+  tff_defaults = {name: ast.literal_eval(value)
+                  for name, value in zip(names, method.args.defaults)}
+  out = _python('''
+import json
+from scripts import benchmark_frontier as b
+from tff_clip import config
+default = b.make_config('mnist1000', 'default', {}, 4.0, 3, 'final', '/tmp/x',
+                        False)
+tff = b.make_config('mnist1000', 'tff_default', {}, 4.0, 3, 'final',
+                    '/tmp/x', False)
+fields = ('bounding', 'clip_norm', 'target_quantile', 'initial_clip_norm',
+          'clip_learning_rate', 'clipped_count_stddev', 'server_learning_rate')
+library = config.TrainConfig()
+print(json.dumps(dict(
+    default=[getattr(default, f) for f in fields],
+    library=[getattr(library, f) for f in fields],
+    tff=[getattr(tff, f) for f in fields], name=tff.experiment_name,
+    plan=[p[0] for p in b.tuning_plan('mnist1000', ['default', 'tff_default'],
+                                      {'no_dp': b.grid('no_dp')}, [4.0],
+                                      [1000], '/tmp/x', False)],
+    final_seeds=b._FINAL_SEEDS.default)))
+''')
+  got = json.loads(out)
+  # tff_clip's default sets nothing: TrainConfig's defaults throughout.
+  assert got['default'] == got['library']
+  # TFF's: gaussian_adaptive at its signature's defaults (dp_aggregator's),
+  # at the same server learning rate as tff_clip's default.
+  assert got['tff'] == ['tff_gaussian', 'adaptive',
+                        tff_defaults['target_unclipped_quantile'],
+                        tff_defaults['initial_l2_norm_clip'],
+                        tff_defaults['learning_rate'],
+                        tff_defaults['clipped_count_stddev'],
+                        got['library'][-1]]
+  assert got['name'] == 'tff_default_eps4_seed3'
+  assert set(got['plan']) == {'no_dp'}  # Untuned: no tuning runs.
+  assert got['final_seeds'] == 20
+
+
 @pytest.mark.slow
 def test_quick_run_tunes_reports_and_resumes(tmp_path):
   command = ['-m', 'scripts.benchmark_frontier', '--quick',
@@ -128,13 +326,21 @@ def test_quick_run_tunes_reports_and_resumes(tmp_path):
   assert first.returncode == 0, first.stderr[-3000:]
   assert 'round 1/' not in first.stdout  # The trainings run quietly.
   root = tmp_path / 'mnist1000'
-  for name in ('tuning.csv', 'chosen.md', 'frontier.csv', 'frontier.md',
-               'frontier.png'):
+  for name in ('tuning.csv', 'chosen.md', 'frontier.csv', 'verdicts.csv',
+               'frontier.md', 'frontier.png'):
     assert (root / name).exists(), name
   with open(root / 'frontier.csv', newline='') as f:
     rows = list(csv.DictReader(f))
   assert [r['method'] for r in rows] == ['tff_adaptive', 'normalize_adaptive']
-  assert float(rows[0]['eps8_lead']) == 0.0  # The baseline leads itself by 0.
+  # The baseline is not compared with itself; one seed pairs, whose key the
+  # run records say was fresh, and gives no interval.
+  assert rows[0]['eps8_verdict'] == ''
+  assert (rows[1]['eps8_seeds'], rows[1]['eps8_fresh_keys'],
+          rows[1]['eps8_verdict']) == ('1', '1', 'n/a')
+  assert float(rows[1]['eps8_difference']) == pytest.approx(
+      100 * (float(rows[1]['eps8_mean']) - float(rows[0]['eps8_mean'])))
+  assert 'Student t' in (root / 'frontier.md').read_text()
+  assert (root / 'verdicts.csv').exists()
   assert [r['cohort'] for r in rows] == ['50', '50']  # Poisson: the setting's.
   # Two runs per method and the ceiling's two tuning runs, then one final
   # run each: every one is a run directory.
@@ -200,6 +406,7 @@ def test_correlated_methods_run_under_the_same_protocol(tmp_path):
     ('--epsilons=2,x', '--epsilons must be numbers'),
     ('--epsilons=0', '--epsilons must be positive'),
     ('--final_seeds=0', '--final_seeds must be positive'),
+    ('--jobs=0', '--jobs must be positive'),
 ])
 def test_bad_flag_is_one_line_exit_2(tmp_path, flag, message):
   result = as_a_user.run(['-m', 'scripts.benchmark_frontier', flag,
