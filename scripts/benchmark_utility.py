@@ -179,7 +179,7 @@ def main(argv):
                    _PARTITION_ALPHA.value, root, _parse_extra(_EXTRA.value))
   except config_lib.ConfigError as e:
     return cli.fail(e)
-  from tff_clip import training  # pylint: disable=g-import-not-at-top
+  from tff_clip import run_records  # pylint: disable=g-import-not-at-top
   # Wall seconds per run, kept beside the runs: a rerun reuses finished runs
   # (their summary.json) and their recorded timings.
   timings_path = os.path.join(root, 'timings.json')
@@ -193,7 +193,7 @@ def main(argv):
     summary = program.run(config, quiet=True)
     seconds = timings.setdefault(config.experiment_name,
                                  time.perf_counter() - started)
-    training.write_json(timings_path, timings)
+    run_records.write_json(timings_path, timings)
     results.append(dict(variant=name, seed=seed, seconds=seconds,
                         accuracy=summary['final_eval_accuracy'],
                         epsilon=summary['epsilon']))

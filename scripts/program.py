@@ -85,8 +85,8 @@ def _check_population(config):
       raise config_lib.flag_error(e) from None
   if config.target_epsilon is not None and (
       population is not None or config.sampling == sampling.MIN_SEPARATION):
-    from tff_clip import training  # pylint: disable=g-import-not-at-top
-    noise_multiplier = training.resolve_noise_multiplier(
+    from tff_clip import assembly  # pylint: disable=g-import-not-at-top
+    noise_multiplier = assembly.resolve_noise_multiplier(
         config, population or config.clients_per_round)
     # The calibrated z, checked as a given one would be (z C, z C / n).
     config_lib.validate(dataclasses.replace(
@@ -107,14 +107,28 @@ def _check_workers(config):
                         f'({e}).') from None
 
 
+def _check_run_directory(config):
+  """Refuses a run directory that cannot take this run (cheap: first)."""
+  from tff_clip import run_directory  # pylint: disable=g-import-not-at-top
+  from tff_clip import run_records  # pylint: disable=g-import-not-at-top
+  try:
+    status = run_directory.existing_run(config)  # Another run, a foreign dir.
+  except run_records.RunRecordError:
+    return  # Damaged records: `training.run` reads and names them (exit 1).
+  if status != 'finished':  # A finished run is only reported.
+    run_directory.check_writable(config)
+
+
 def preflight(config: TrainConfig) -> None:
   """The checks of a run that need no data and no TensorFlow.
 
-  After `validate`: the population where the task fixes it
-  (`--clients_per_round`, minimum-separation groups, `--target_epsilon`)
-  and the remote workers' addresses. Whatever depends on data a task reads
-  (natural clients) is checked once the task is built.
+  After `validate`: the run directory (writable, free or this run's), the
+  population where the task fixes it (`--clients_per_round`,
+  minimum-separation groups, `--target_epsilon`) and the remote workers'
+  addresses. Whatever depends on data a task reads (natural clients) is
+  checked once the task is built.
   """
+  _check_run_directory(config)
   _check_population(config)
   _check_workers(config)
 

@@ -13,6 +13,7 @@ every released round on the rerun.
 """
 
 import collections
+import dataclasses
 import errno
 import math
 import os
@@ -28,29 +29,33 @@ from tff_clip import aggregators
 from tff_clip import config as config_lib
 from tff_clip import dp
 from tff_clip import plotting
+from tff_clip import run_directory
 from tff_clip import run_records
 from tff_clip import spec
 from tff_clip import training
 import as_a_user  # pylint: disable=g-bad-import-order
 
-# `scripts.train` as a user runs it; the process fails if TensorFlow was
-# imported by the time it exits (a refusal never needs it).
+# `scripts.train` as a user runs it; the process fails if a module of
+# $NOT_IMPORTED (TensorFlow: a refusal never needs it) was imported by the
+# time it exits. Deterministic, unlike a time limit on a loaded machine.
 _TRAIN = '''
-import sys
+import os, sys
 from scripts import cli, train
 sys.argv = ['scripts.train', *sys.argv[1:]]
 try:
   cli.run(train.main)
 finally:
-  assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'
+  imported = [name for name in os.environ['NOT_IMPORTED'].split(',')
+              if name in sys.modules]
+  assert not imported, f'imported: {imported}'
 '''
 
 
-def _refusal(tmp_path, *args):
+def _refusal(tmp_path, *args, not_imported=('tensorflow',)):
   """The one line `scripts.train *args` refuses with; nothing is written."""
   runs = tmp_path / 'runs'
   proc = as_a_user.python(_TRAIN, f'--root_output_dir={runs}', *args,
-                          timeout=120)
+                          timeout=120, NOT_IMPORTED=','.join(not_imported))
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert proc.stdout == ''
   lines = proc.stderr.splitlines()
@@ -122,12 +127,60 @@ def test_a_bad_flag_is_refused_before_tensorflow(tmp_path, args, flag):
   assert flag in _refusal(tmp_path, *args)
 
 
-def test_a_file_as_root_output_dir_is_refused_before_tensorflow(tmp_path):
+# A bad output directory is refused at once: before TensorFlow and before
+# dp_accounting (half a second), within the time of any bad flag.
+AT_ONCE = ('tensorflow', 'dp_accounting')
+
+
+def test_a_file_as_root_output_dir_is_refused_at_once(tmp_path):
   blocker = tmp_path / 'file'
   blocker.write_text('mine')
-  line = _refusal(tmp_path, f'--root_output_dir={blocker}')
-  assert '--root_output_dir' in line
+  line = _refusal(tmp_path, f'--root_output_dir={blocker}',
+                  not_imported=AT_ONCE)
+  assert line == (f"error: --root_output_dir: cannot create '{blocker}/"
+                  f"{config_lib.TrainConfig().experiment_name}' "
+                  f"('{blocker}' is not a writable directory).")
   assert blocker.read_text() == 'mine'
+
+
+def test_an_output_directory_the_file_system_refuses_is_refused_at_once(
+    tmp_path):
+  # /proc takes no directory, whoever asks (root included, whom permission
+  # bits never stop): asked of the file system, not of the bits.
+  line = _refusal(tmp_path, '--root_output_dir=/proc/tff_clip_runs',
+                  not_imported=AT_ONCE)
+  assert line.startswith("error: --root_output_dir: cannot write in '/proc' (")
+  assert not os.path.exists('/proc/tff_clip_runs')
+
+
+def test_a_run_of_another_configuration_in_the_directory_is_refused_at_once(
+    tmp_path):
+  # The run there is left as it was, and resumes with its own flags.
+  runs = tmp_path / 'runs'
+  config = config_lib.TrainConfig(root_output_dir=str(runs),
+                                  experiment_name='run', rounds=3)
+  run_directory.prepare_output_dir(config)
+  recorded = (runs / 'run' / 'config.json').read_bytes()
+  proc = as_a_user.python(_TRAIN, f'--root_output_dir={runs}',
+                          '--experiment_name=run', '--rounds=4', timeout=120,
+                          NOT_IMPORTED=','.join(AT_ONCE))
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert re.fullmatch(r"error: '.*run' holds a run with a different "
+                      r'configuration \(differs in: rounds\).*\n',
+                      proc.stderr), proc.stderr
+  assert sorted(os.listdir(runs / 'run')) == ['config.json']
+  assert (runs / 'run' / 'config.json').read_bytes() == recorded
+  assert run_directory.existing_run(config) == 'resume'
+
+
+def test_the_writability_probe_leaves_nothing_behind(tmp_path):
+  config = config_lib.TrainConfig(root_output_dir=str(tmp_path / 'a' / 'b'))
+  run_directory.check_writable(config)  # Probed in tmp_path.
+  (tmp_path / 'run').mkdir()
+  run_directory.check_writable(dataclasses.replace(
+      config, root_output_dir=str(tmp_path), experiment_name='run'))
+  assert sorted(os.listdir(tmp_path)) == ['run']
+  assert not os.listdir(tmp_path / 'run')
 
 
 def test_an_unreachable_worker_is_refused_before_tensorflow(tmp_path):

@@ -15,7 +15,9 @@ import portpicker
 import pytest
 
 from scripts import program
+from tff_clip import assembly
 from tff_clip import execution
+from tff_clip import run_directory
 from tff_clip import training
 import as_a_user  # pylint: disable=g-bad-import-order
 
@@ -153,20 +155,20 @@ def test_unwritable_output_dir_is_refused(tmp_path):
   blocker.write_text('not a directory')
   config = training.TrainConfig(root_output_dir=str(blocker / 'runs'))
   with pytest.raises(training.ConfigError, match='root_output_dir'):
-    training.existing_run(config)
+    run_directory.existing_run(config)
 
 
 def test_other_configuration_in_existing_dir_is_refused_untouched(tmp_path):
   config = training.TrainConfig(root_output_dir=str(tmp_path),
                                 experiment_name='run')
-  assert training.prepare_output_dir(config) is False
+  assert run_directory.prepare_output_dir(config) is False
   marker = tmp_path / 'run' / 'metrics.csv'
   marker.write_text('round\n1\n')
   other = dataclasses.replace(config, rounds=99)
   with pytest.raises(training.ConfigError, match='rounds'):
-    training.prepare_output_dir(other)
+    run_directory.prepare_output_dir(other)
   assert marker.read_text() == 'round\n1\n'
-  assert training.prepare_output_dir(config) is True  # Same config resumes.
+  assert run_directory.prepare_output_dir(config) is True  # Same config resumes.
 
 
 def test_run_recorded_under_earlier_knob_names_resumes(tmp_path):
@@ -180,10 +182,10 @@ def test_run_recorded_under_earlier_knob_names_resumes(tmp_path):
   recorded['blur_lambda'] = recorded.pop('blur_strength')
   (tmp_path / 'run').mkdir()
   (tmp_path / 'run' / 'config.json').write_text(json.dumps(recorded))
-  assert training.existing_run(config) == 'resume'
+  assert run_directory.existing_run(config) == 'resume'
   other = dataclasses.replace(config, local_clip_norm=3.0)
   with pytest.raises(training.ConfigError, match='local_clip_norm'):
-    training.existing_run(other)
+    run_directory.existing_run(other)
 
 
 def test_foreign_nonempty_dir_is_refused(tmp_path):
@@ -192,7 +194,7 @@ def test_foreign_nonempty_dir_is_refused(tmp_path):
   config = training.TrainConfig(root_output_dir=str(tmp_path),
                                 experiment_name='run')
   with pytest.raises(training.ConfigError, match='not empty'):
-    training.prepare_output_dir(config)
+    run_directory.prepare_output_dir(config)
 
 
 def test_unreachable_worker_is_a_clear_error_before_its_timeout(tmp_path):
@@ -347,7 +349,7 @@ def test_target_epsilon_calibrates_the_noise_multiplier():
   from tff_clip import accounting  # pylint: disable=g-import-not-at-top
   config = training.TrainConfig(noise_multiplier=None, target_epsilon=8.0,
                                 rounds=20, clients_per_round=10)
-  z = training.resolve_noise_multiplier(config, population=50)
+  z = assembly.resolve_noise_multiplier(config, population=50)
   achieved = accounting.compute_training_epsilon(
       z, clients_per_round=10, population_size=50, rounds=20,
       delta=config.delta, sampling=accounting.POISSON).epsilon
@@ -469,7 +471,7 @@ def test_a_run_another_process_is_training_is_refused_untouched(tmp_path):
                                 experiment_name='run', progress=False,
                                 clients_per_round=6, eval_every=1, seed=3,
                                 rounds=1)
-  training.prepare_output_dir(config)
+  run_directory.prepare_output_dir(config)
   holder = subprocess.Popen(
       [sys.executable, '-c',
        'import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | '

@@ -45,7 +45,6 @@ import asyncio
 import atexit
 import collections
 import dataclasses
-import functools
 import glob
 import math
 import os
@@ -57,7 +56,9 @@ from absl import logging
 import numpy as np
 
 from tff_clip import accounting
+from tff_clip import assembly
 from tff_clip import privacy_ledger
+from tff_clip import run_directory
 from tff_clip import run_records
 from tff_clip import sampling as sampling_lib
 from tff_clip.config import BOUNDINGS, CLIENT_OPTIMIZERS, EXECUTION_KEYS, EXECUTORS, RENAMED_KEYS, SERVER_OPTIMIZERS  # pylint: disable=unused-import
@@ -85,76 +86,6 @@ NOT_COVERED = ('clients', 'train_loss', 'train_accuracy', 'objective',
 
 # ----------------------------------------------------------------------------
 # The run directory: read-only checks first, writes only once all is checked.
-
-write_json = run_records.write_json
-
-
-def existing_run(config: TrainConfig) -> str:
-  """'new', 'resume' or 'finished' for `config.output_dir`; writes nothing.
-
-  Raises `ConfigError` when the directory holds another configuration or
-  something else, or cannot be created, and `run_records.RunRecordError`
-  when its config.json cannot be read.
-  """
-  out = config.output_dir
-  if not os.path.exists(out):
-    parent = os.path.abspath(out)
-    while not os.path.exists(parent):
-      parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-      raise ConfigError(f'--root_output_dir: cannot create {out!r} ({parent!r} '
-                        'is not a writable directory).')
-    return 'new'
-  if not os.path.isdir(out) or not os.access(out, os.W_OK):
-    raise ConfigError(f'--root_output_dir: {out!r} is not a writable '
-                      'directory.')
-  config_path = os.path.join(out, 'config.json')
-  if not os.path.lexists(config_path):
-    if os.listdir(out):
-      raise ConfigError(
-          f'{out!r} is not empty and holds no tff_clip run; nothing was '
-          'changed. Choose another --experiment_name or --root_output_dir.')
-    return 'new'
-  recorded = run_records.read_json(config_path, 'run configuration')
-  if not isinstance(recorded, dict):
-    raise run_records.RunRecordError(
-        f'{config_path} is not a run configuration (damaged).')
-  previous = {RENAMED_KEYS.get(k, k): v for k, v in recorded.items()
-              if k not in EXECUTION_KEYS}
-  current = config.identity()
-  # A run recorded before a knob existed ran with that knob's default.
-  defaults = TrainConfig().identity()
-  previous = {**{k: defaults[k] for k in current if k not in previous},
-              **previous}
-  if previous != current:
-    changed = sorted(k for k in set(previous) | set(current)
-                     if previous.get(k) != current.get(k))
-    was_private = (previous.get('noise_multiplier') is not None or
-                   previous.get('target_epsilon') is not None)
-    raise ConfigError(
-        f'{out!r} holds a run with a different configuration (differs in: '
-        f'{", ".join(changed)}); nothing was changed. Choose another '
-        '--experiment_name or --root_output_dir' + (
-            ' (that directory is the record of a DP run: deleting it does '
-            'not take back what it released).' if was_private else
-            ', or delete that directory.'))
-  if os.path.lexists(os.path.join(out, 'summary.json')):
-    return 'finished'
-  return 'resume'
-
-
-def prepare_output_dir(config: TrainConfig) -> bool:
-  """Creates the directory and config.json; True when a run can resume there."""
-  status = existing_run(config)
-  try:
-    os.makedirs(config.output_dir, exist_ok=True)
-  except OSError as e:
-    raise run_records.RunRecordError(
-        f'cannot create {config.output_dir}: {e.strerror}.') from None
-  if status == 'new':
-    write_json(os.path.join(config.output_dir, 'config.json'),
-               config.to_json())
-  return status != 'new'
 
 
 # Building blocks (TFF imported lazily so `validate` stays instant).
@@ -518,113 +449,6 @@ def _event_dict(event):
   return None if event is None else privacy_ledger.event_to_dict(event)
 
 
-def _ledger_of(log) -> privacy_ledger.PrivacyLedger:
-  """The DP events of the released rounds (what epsilon must count)."""
-  ledger = privacy_ledger.PrivacyLedger()
-  for round_num, event in log.events():
-    if event is not None:
-      ledger.record(round_num, privacy_ledger.event_from_dict(event))
-  return ledger
-
-
-def _epsilons(ledger, delta) -> dict[str, Any]:
-  """The run's epsilon by each accountant that applies, and the tightest.
-
-  {'epsilon': the smaller valid one, 'accountant': 'pld' or 'rdp',
-  'epsilon_rdp', 'epsilon_pld' (None where PLD does not apply: fixed-size
-  sampling, tree events)}. Both are upper bounds (PLD pessimistic), so the
-  smaller is a valid guarantee.
-  """
-  import dp_accounting  # pylint: disable=g-import-not-at-top
-  rdp = ledger.guarantee(delta).epsilon
-  try:
-    pld = ledger.guarantee(delta, accounting.PLD).epsilon
-  except (dp_accounting.UnsupportedEventError, ValueError):
-    pld = None
-  tightest = accounting.PLD if pld is not None and pld < rdp else accounting.RDP
-  return collections.OrderedDict(
-      epsilon=pld if tightest == accounting.PLD else rdp,
-      accountant=tightest, epsilon_rdp=rdp, epsilon_pld=pld)
-
-
-def _proven_spent(config, log, evidence) -> tuple[int, Optional[float]]:
-  """(rounds, epsilon): the most that `releases.jsonl` or any other
-  surviving file proves was released, and spent.
-
-  Rounds beyond the log's are charged the round event a checkpoint, the log
-  or `ledger.json` recorded (under minimum separation, one participation per
-  cycle of b rounds, as `accounting.min_separation_round_event`); the
-  epsilon is the larger of that composition and any epsilon a file recorded.
-  """
-  ledger = _ledger_of(log)
-  rounds = max(log.last_round, evidence.rounds)
-  template = next((e for _, e in log.events()
-                   if e is not None and e.get('type') != 'NoOpDpEvent'),
-                  evidence.event)
-  if template is not None:
-    template = privacy_ledger.event_from_dict(template)
-    for round_num in range(log.last_round + 1, rounds + 1):
-      event = template
-      if config.sampling == sampling_lib.MIN_SEPARATION:
-        event = accounting.min_separation_round_event(
-            template, round_num - 1, config.separation)
-      ledger.record(round_num, event)
-  epsilons = [e for e in (evidence.epsilon,) if e is not None]
-  if len(ledger):
-    epsilons.append(ledger.guarantee(config.delta).epsilon)
-  return rounds, max(epsilons) if epsilons else None
-
-
-def _spent(log, config, evidence=None) -> str:
-  evidence = evidence or run_records.release_evidence(config.output_dir)
-  rounds, epsilon = _proven_spent(config, log, evidence)
-  if not rounds:
-    return ''
-  spent = ('an epsilon no surviving file records' if epsilon is None else
-           f'epsilon = {epsilon:.4g} at delta = {config.delta:g}')
-  return (f' The {rounds} rounds released so far spent {spent} (at least: '
-          'the most that the surviving files prove).')
-
-
-def _refuse(config, log, what, evidence=None) -> run_records.RunRecordError:
-  return run_records.RunRecordError(
-      f'{config.output_dir}: {what}; continuing would compute released '
-      'rounds again under the same or a new noise key, so the run stops here '
-      f'and nothing was changed.{_spent(log, config, evidence)}')
-
-
-def _check_released(config: TrainConfig) -> None:
-  """Refuses a DP run whose files prove releases its log does not list.
-
-  A DP run directory whose `releases.jsonl` was deleted, emptied or cut
-  short while other files (`metrics.csv`, `tensorboard/`, `summary.json`,
-  `ledger.json`, `plot.png`, a checkpoint) show that rounds were released
-  must never train those rounds again: they would be released a second
-  time under a new noise key, and the privacy cost would add up.
-  """
-  log = run_records.ReleaseLog(config.output_dir)
-  evidence = run_records.release_evidence(config.output_dir)
-  covered = log.last_round
-  # A round checkpointed (with its row) but cut from the log by a kill is
-  # released again from its checkpoint: the same row, never computed again.
-  checkpoints = run_records.Checkpoints(
-      os.path.join(config.output_dir, 'checkpoints'))
-  if covered + 1 in checkpoints.versions():
-    try:
-      _, header = checkpoints.load(covered + 1)
-      if header.get('pending') and header.get('log_hash') == log.hash_at(
-          covered):
-        covered += 1
-    except run_records.RunRecordError:
-      pass
-  if evidence.rounds > covered:
-    listed = (f'lists only rounds 1-{log.last_round}' if log.last_round else
-              'lists none')
-    raise _refuse(config, log, f'{evidence.proof} shows that rounds up to '
-                  f'{evidence.rounds} were released but '
-                  f'{run_records.RELEASES} {listed}', evidence)
-
-
 def _restore(config, session, log, checkpoints):
   """(state, first round to train, pending (round, row, event) or None).
 
@@ -640,7 +464,7 @@ def _restore(config, session, log, checkpoints):
     if released == 0:
       return session.initial_state(), 1, None
     if session.private:
-      raise _refuse(config, log, f'rounds 1-{released} were released '
+      raise run_directory.refusal(config, log, f'rounds 1-{released} were released '
                     f'({run_records.RELEASES}) but no loadable checkpoint '
                     'covers them (checkpoints/ is missing or damaged)')
     print(f'No loadable checkpoint: rounds 1-{released} run again (no DP).',
@@ -652,7 +476,7 @@ def _restore(config, session, log, checkpoints):
   base = version - 1 if pending else version
   if released > version:
     if session.private:
-      raise _refuse(config, log, f'rounds {version + 1}-{released} were '
+      raise run_directory.refusal(config, log, f'rounds {version + 1}-{released} were '
                     f'released ({run_records.RELEASES}) but the newest '
                     f'loadable checkpoint is of round {version}')
     print(f'Rounds {version + 1}-{released} run again from the checkpoint of '
@@ -660,12 +484,12 @@ def _restore(config, session, log, checkpoints):
     log.truncate(version)
     released = version
   if released < base:
-    raise _refuse(config, log, f'the checkpoint of round {version} covers '
+    raise run_directory.refusal(config, log, f'the checkpoint of round {version} covers '
                   f'rounds up to {base} but {run_records.RELEASES} lists only '
                   f'{released}: the records of rounds {released + 1}-{base} '
                   'are lost')
   if log.hash_at(min(released, base)) != header.get('log_hash'):
-    raise _refuse(config, log, f'the checkpoint of round {version} does not '
+    raise run_directory.refusal(config, log, f'the checkpoint of round {version} does not '
                   f'belong to {run_records.RELEASES} (the log hashes differ)')
   state = _state_from_leaves(session.process, leaves)
   if pending is not None and released == base:
@@ -802,40 +626,6 @@ def _tensorboard_steps(tb_dir):
 # The loop.
 
 
-def resolve_noise_multiplier(config: TrainConfig, population: int):
-  """z from the flags: given, calibrated from `target_epsilon`, or None."""
-  try:
-    hash(config)
-  except TypeError:  # An unhashable field value: calibrate afresh.
-    return _resolve_noise_multiplier.__wrapped__(config, population)
-  return _resolve_noise_multiplier(config, population)
-
-
-# Calibration takes seconds: the program's early check and the session
-# share one (a pure function of the configuration and the population).
-@functools.lru_cache(maxsize=16)
-def _resolve_noise_multiplier(config: TrainConfig, population: int):
-  if config.clients_per_round > population:
-    raise ConfigError(
-        f'--clients_per_round ({config.clients_per_round}) exceeds the '
-        f'number of training clients ({population}).')
-  if config.target_epsilon is None:
-    return config.noise_multiplier
-  try:
-    if config.sampling == sampling_lib.MIN_SEPARATION:
-      # The total z; with adaptive clipping the ledger's event (value noise
-      # / its sensitivity, plus the count noise) is then at most as large.
-      return accounting.calibrate_correlated_noise_multiplier(
-          config.target_epsilon, config.noise_mechanism, config.bands,
-          config.rounds, config.separation, config.delta)
-    return accounting.calibrate_noise_multiplier(
-        config.target_epsilon, clients_per_round=config.clients_per_round,
-        population_size=population, rounds=config.rounds, delta=config.delta,
-        sampling=config.sampling)
-  except ValueError as e:
-    raise ConfigError(f'--target_epsilon: {e}') from e
-
-
 class _Session:
   """Everything built from a configuration before the first file is written."""
 
@@ -853,7 +643,7 @@ class _Session:
           'validation data; hold some out with --validation_fraction.')
     self.client_ids = list(self.task.datasets.train_data.client_ids)
     self.population = len(self.client_ids)
-    self.noise_multiplier = resolve_noise_multiplier(config, self.population)
+    self.noise_multiplier = assembly.resolve_noise_multiplier(config, self.population)
     self.private = self.noise_multiplier is not None
     try:  # E.g. a minimum-separation group smaller than the cohort.
       self.sampler = sampling_lib.ClientSampler(
@@ -971,59 +761,6 @@ class _Session:
                         math.nan)))
 
 
-def _last_eval(rows):
-  for row in reversed(rows):
-    if math.isfinite(row.get('eval_accuracy', math.nan)) or math.isfinite(
-        row.get('eval_loss', math.nan)):
-      return collections.OrderedDict(
-          eval_loss=row.get('eval_loss', math.nan),
-          eval_accuracy=row.get('eval_accuracy', math.nan))
-  return collections.OrderedDict(eval_loss=math.nan, eval_accuracy=math.nan)
-
-
-def _finished_summary(config: TrainConfig):
-  """A finished run's summary.json, if it agrees with the run's records.
-
-  summary.json is a report, never the truth: its epsilon and final figures
-  are recomputed from `releases.jsonl`. None (after saying why) when it
-  is damaged or disagrees: the caller then rebuilds it from the records.
-  """
-  out = config.output_dir
-  path = os.path.join(out, 'summary.json')
-  try:
-    stored = run_records.read_json(path, 'summary')
-    if not isinstance(stored, dict):
-      raise run_records.RunRecordError(f'{path} is not a summary (damaged).')
-  except run_records.RunRecordError as e:
-    print(f'{e} It is rebuilt from the run\'s records.', flush=True)
-    return None
-  log = run_records.ReleaseLog(out)
-  ledger = _ledger_of(log)
-  last_eval = _last_eval(log.rows())
-  expected = dict(
-      rounds=log.last_round,
-      epsilon=(_epsilons(ledger, config.delta)['epsilon'] if len(ledger)
-               else None),
-      final_eval_accuracy=last_eval['eval_accuracy'],
-      final_eval_loss=last_eval['eval_loss'])
-  expected = run_records.strict_json(expected)
-  expected['rounds'] = config.rounds if log.last_round == config.rounds else (
-      f'{log.last_round} released')
-  differs = [k for k, v in expected.items() if not _same(stored.get(k), v)]
-  if differs:
-    print(f'{path} does not match the run\'s records ({", ".join(differs)}); '
-          'it is rebuilt from them.', flush=True)
-    return None
-  return stored
-
-
-def _same(a, b) -> bool:
-  if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not (
-      isinstance(a, bool) or isinstance(b, bool)):
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
-  return a == b
-
-
 # What a session is not built from: a later run in this process that differs
 # from an earlier one only in these reuses its session (`_session`).
 _NOT_BUILT_FROM = ('root_output_dir', 'experiment_name', 'rounds', 'eval_every',
@@ -1086,11 +823,11 @@ def run(config: TrainConfig, task_builder: TaskBuilder) -> dict[str, Any]:
   """
   validate(config)
   out = config.output_dir
-  status = existing_run(config)
+  status = run_directory.existing_run(config)
   if status != 'new' and config.private:
-    _check_released(config)  # Nothing released is ever trained again.
+    run_directory.check_released(config)  # Nothing released is ever trained again.
   if status == 'finished':
-    summary = _finished_summary(config)
+    summary = run_directory.finished_summary(config)
     if summary is not None:
       csv_path = os.path.join(out, 'metrics.csv')
       if run_records.repair_metrics_csv(
@@ -1102,6 +839,7 @@ def run(config: TrainConfig, task_builder: TaskBuilder) -> dict[str, Any]:
               'metrics.csv, ledger.json); nothing was changed.', flush=True)
       return summary
     status = 'resume'
+  run_directory.check_writable(config)
   if config.noise_seed is not None and config.private:
     print(f'WARNING: --noise_seed={config.noise_seed}: the DP noise is '
           'reproducible and predictable; this run is NOT private.',
@@ -1111,7 +849,7 @@ def run(config: TrainConfig, task_builder: TaskBuilder) -> dict[str, Any]:
     run_records.ReleaseLog(out)  # Damaged records are refused here.
   set_execution_context(config)
   session = _session(config, task_builder)
-  prepare_output_dir(config)  # The first write: everything is checked.
+  run_directory.prepare_output_dir(config)  # The first write: everything is checked.
   with run_records.exclusive(out):  # One process trains a run at a time.
     # Read again under the lock: another process may have run rounds since.
     return _train(config, session, run_records.ReleaseLog(out),
@@ -1123,7 +861,7 @@ def _train(config, session, log, resuming):
   out = config.output_dir
   checkpoints = run_records.Checkpoints(os.path.join(out, 'checkpoints'))
   state, start_round, pending = _restore(config, session, log, checkpoints)
-  ledger = _ledger_of(log)
+  ledger = run_directory.ledger_of(log)
   writers = _MetricsWriters(out, log, resuming, config, session.private)
   if pending is not None:
     # Killed between the checkpoint and the release: release the saved row
@@ -1134,7 +872,7 @@ def _train(config, session, log, resuming):
   released = released_metric(config, session.private)
   model = _model_layout(session.process)  # For `run_records.share`.
   progress = _Progress(config, start_round, released)
-  last_eval = _last_eval(log.rows())
+  last_eval = run_directory.last_eval(log.rows())
   last_checkpoint = -math.inf
   for round_num in range(start_round, config.rounds + 1):
     state, row = session.train_round(state, round_num, ledger)
@@ -1242,18 +980,18 @@ def _ledger_report(ledger, config, session, log):
 def _finish(config, session, ledger, log, audit_report=None):
   out = config.output_dir
   rows = log.rows()
-  summary = _summary(config, session, ledger, _last_eval(rows),
+  summary = _summary(config, session, ledger, run_directory.last_eval(rows),
                      rows[-1] if rows else {})
   if audit_report is not None:
     summary['empirical_epsilon'] = audit_report
-  write_json(os.path.join(out, 'ledger.json'),
+  run_records.write_json(os.path.join(out, 'ledger.json'),
              _ledger_report(ledger, config, session, log))
   from tff_clip import plotting  # pylint: disable=g-import-not-at-top
   plotting.plot_metrics(os.path.join(out, 'metrics.csv'),
                         os.path.join(out, 'plot.png'),
                         title=config.experiment_name)
   # Last: its presence marks the run finished.
-  write_json(os.path.join(out, 'summary.json'), summary)
+  run_records.write_json(os.path.join(out, 'summary.json'), summary)
   return run_records.strict_json(summary)
 
 
@@ -1272,7 +1010,7 @@ def _summary(config, session, ledger, last_eval, last_row):
     summary['objective_name'] = session.task.problem.report_name
     summary['final_objective'] = last_row['objective']
   if session.private:
-    summary.update(_epsilons(ledger, config.delta))  # 0 if empty.
+    summary.update(run_directory.epsilons(ledger, config.delta))  # 0 if empty.
     released = [k for k in NOT_COVERED if k in last_row]
     if released:
       summary['not_covered_by_epsilon'] = released
