@@ -49,7 +49,8 @@ import dp_accounting
 
 from scripts import cli
 from tff_clip import accounting
-from tff_clip import correlated_noise
+from tff_clip import mechanisms
+from tff_clip import spec
 
 _NOISE_MULTIPLIER = flags.DEFINE_float(
     'noise_multiplier', None,
@@ -70,9 +71,9 @@ _SAMPLING = flags.DEFINE_enum(
     'sampling', accounting.POISSON, list(accounting.SAMPLINGS),
     'How each cohort is drawn; must be what the training loop does.')
 _NOISE_MECHANISM = flags.DEFINE_enum(
-    'noise_mechanism', 'independent', list(correlated_noise.NOISE_MECHANISMS),
-    'With --sampling=min_separation: independent, tree (restarted every '
-    '--bands rounds) or banded (--bands bands) noise.')
+    'noise_mechanism', spec.parameter('noise_mechanism').default,
+    list(mechanisms.NOISE_MECHANISMS),
+    'With --sampling=min_separation: the noise mechanism (see --bands).')
 _BANDS = flags.DEFINE_integer('bands', 1, 'Bands, or the tree restart period.')
 _MIN_SEPARATION = flags.DEFINE_integer(
     'min_separation', None,

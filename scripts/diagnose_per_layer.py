@@ -40,6 +40,7 @@ from scripts import cli
 from scripts import outputs
 from scripts import program
 from tff_clip import config as config_lib
+from tff_clip import mechanisms
 
 _SETTING = flags.DEFINE_enum('setting', 'mnist28', ['digits', 'mnist28'],
                              'A setting of scripts.benchmark_settings.')
@@ -169,12 +170,10 @@ def plot(rows, path, title):
 def main(argv):
   if len(argv) > 1:
     return cli.fail(f'unexpected arguments: {argv[1:]}')
-  unknown = [b for b in _BOUNDINGS.value if b not in ('clip', 'normalize',
-                                                      'per_layer_clip',
-                                                      'per_layer_normalize')]
+  unknown = [b for b in _BOUNDINGS.value if b not in mechanisms.BOUNDINGS]
   if unknown or not _BOUNDINGS.value:
-    return cli.fail(f'--boundings: unknown {unknown}; choose from clip, '
-                    'normalize, per_layer_clip, per_layer_normalize.')
+    return cli.fail(f'--boundings: unknown {unknown}; choose from '
+                    f'{", ".join(mechanisms.BOUNDINGS)}.')
   fields = dict(benchmark_settings.SETTINGS[_SETTING.value],
                 partition_alpha=0.5, target_quantile=_QUANTILE.value,
                 seed=_SEED.value, progress=False)

@@ -23,6 +23,7 @@ from tensorflow_privacy.privacy.analysis import tree_aggregation_accountant
 from tff_clip import accounting
 from tff_clip import correlated_noise
 from tff_clip import dp
+from tff_clip import mechanisms
 from tff_clip import sampling
 
 DELTA = 1e-5
@@ -108,7 +109,7 @@ def test_separation_below_bands_is_refused_because_the_bound_breaks():
                                         (None, TypeError)])
 def test_bad_bands_are_refused(bad, error):
   with pytest.raises(error, match='`bands`'):
-    correlated_noise.check_mechanism('banded', bad)
+    mechanisms.noise_mechanism('banded', bad)
   with pytest.raises(error, match='`bands`'):
     dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=2,
                   clip_norm=1.0, noise_mechanism='banded', bands=bad)
@@ -183,7 +184,7 @@ def test_banded_noise_covariance_across_rounds_is_c_inverse_c_inverse_t():
   np.testing.assert_allclose(empirical, expected,
                              atol=0.05 * (z * clip_norm)**2)
   np.testing.assert_allclose(
-      correlated_noise.noise_covariance('banded', bands, rounds),
+      mechanisms.noise_mechanism('banded', bands).noise_covariance(rounds),
       inverse @ inverse.T, atol=1e-9)
 
 

@@ -62,7 +62,7 @@ __all__ = [
     'calibrate_correlated_noise_multiplier',
 ]
 
-from tff_clip import correlated_noise  # pylint: disable=g-bad-import-order,wrong-import-position
+from tff_clip import mechanisms  # pylint: disable=g-bad-import-order,wrong-import-position
 from tff_clip.names import ACCOUNTANTS, FIXED_SIZE, MIN_SEPARATION, PLD, POISSON, RDP, SAMPLINGS  # pylint: disable=g-bad-import-order,wrong-import-position
 
 # dp_accounting's default Renyi orders (1.1 ... 10.9, 11 ... 63, 128 ... 1024).
@@ -235,7 +235,7 @@ def min_separation_round_event(noise_event: dp_accounting.DpEvent,
 
   A client takes part at most once in each cycle of b rounds
   (`tff_clip.sampling`), so each cycle is charged `noise_event` -- ONE
-  participation (`tff_clip.correlated_noise.participation_event`) -- at its
+  participation (`NoiseMechanism.participation_event`) -- at its
   first round, and its other rounds `NoOpDpEvent`: after T rounds the ledger
   composes k = ceil(T / b) participations, with no amplification.
   """
@@ -252,22 +252,17 @@ def correlated_training_event(noise_mechanism: str, noise_multiplier: float,
                               separation: int) -> dp_accounting.DpEvent:
   """T rounds with separation b: k = ceil(T / b) participation events.
 
-  Banded: k Gaussians with z / max_j ||C e_j|| (one Gaussian with
-  z / (sqrt(k) max_j ||C e_j||), Choquette-Choo et al. 2023); tree: k
-  restarted trees (tensorflow-privacy's
-  `compute_rdp_tree_restart`); independent: k Gaussians.
+  The mechanism's own `training_event` (`tff_clip.noise_mechanisms`), the
+  events its query records: banded, k Gaussians with z / max_j ||C e_j||
+  (one Gaussian with z / (sqrt(k) max_j ||C e_j||), Choquette-Choo et al.
+  2023); tree, k restarted trees (tensorflow-privacy's
+  `compute_rdp_tree_restart`); independent, k Gaussians.
   """
   noise_multiplier = _real(noise_multiplier, 'noise_multiplier')
-  rounds = _integer(rounds, 'rounds')
-  separation = _integer(separation, 'separation')
-  bands = correlated_noise.check_mechanism(noise_mechanism, bands)
-  if separation < bands:
-    raise ValueError(f'`bands` ({bands}) must be at most the participation '
-                     f'separation ({separation}).')
-  return dp_accounting.SelfComposedDpEvent(
-      correlated_noise.participation_event(noise_mechanism, noise_multiplier,
-                                           bands),
-      correlated_noise.participations(rounds, separation))
+  mechanism = mechanisms.noise_mechanism(
+      noise_mechanism, bands, rounds=_integer(rounds, 'rounds'),
+      separation=_integer(separation, 'separation'))
+  return mechanism.training_event(noise_multiplier)
 
 
 # ---------------------------------------------------------------------------

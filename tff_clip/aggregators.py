@@ -54,6 +54,7 @@ import tensorflow_federated as tff
 
 from tff_clip import bounding
 from tff_clip import checks
+from tff_clip import mechanisms
 
 __all__ = [
     'BOUNDINGS',
@@ -139,8 +140,8 @@ class _BoundingFactoryBase:
 
   def __init__(self, method: str, clip_norm: NormSource,
                split: bounding.Split, inner_agg_factory):
-    self._method = bounding.check_method(method, 'bounding')
-    self._per_layer = bounding.is_per_layer(method)
+    self._per_layer = mechanisms.bounding(method, 'bounding').per_layer
+    self._method = method
     self._clip_norm = check_norm_source(clip_norm)
     if self._per_layer:
       bounding.check_split(split)

@@ -110,6 +110,7 @@ import tensorflow_privacy as tfp
 
 from tff_clip import aggregators
 from tff_clip import checks
+from tff_clip import mechanisms
 
 __all__ = [
     'CanaryFactory',
@@ -359,28 +360,13 @@ def whitening_weights(noise_mechanism: str, bands: int, round_num):
 
   The released aggregates Delta_t = x_t + s (C^{-1} z)_t of correlated noise
   (`tff_clip.correlated_noise`) are correlated across rounds; an adversary
-  who knows C undoes it:
-    * 'banded': a_j = c_j, the bands of C, so sum_j c_j Delta_{t-j} =
-      (C x)_t + s z_t (a released aggregate before round 0 counts as 0, as
-      the mechanism's history does);
-    * 'tree': with step k = t mod b + 1 of the restarted tree, a_j = 1 for
-      j < lowbit(k) (the largest power of two dividing k): the sum of the
-      last lowbit(k) aggregates is the value of the tree node that ends at
-      step k, whose noise is that node's own draw (Kairouz et al. 2021,
-      Sec. 3: every node is released once, at its last leaf);
-    * 'independent': a = [1].
-  `round_num` may be a tensor; returns a float32 [b] tensor (b = 1 for
-  independent noise).
+  who knows C undoes it with the mechanism's own weights
+  (`NoiseMechanism.whitening_weights`: the bands of C for banded noise, the
+  node sums of the tree, [1] for independent noise). `round_num` may be a
+  tensor; returns a float32 tensor.
   """
-  from tff_clip import correlated_noise  # pylint: disable=g-import-not-at-top
-  bands = correlated_noise.check_mechanism(noise_mechanism, bands)
-  if noise_mechanism == correlated_noise.BANDED:
-    return tf.constant(correlated_noise.banded_coefficients(bands), tf.float32)
-  if noise_mechanism == correlated_noise.TREE:
-    step = tf.cast(round_num, tf.int64) % bands + 1
-    lowbit = tf.bitwise.bitwise_and(step, -step)
-    return tf.cast(tf.range(bands, dtype=tf.int64) < lowbit, tf.float32)
-  return tf.ones([1], tf.float32)
+  return mechanisms.noise_mechanism(noise_mechanism,
+                                    bands).whitening_weights(round_num)
 
 
 def _fold(seed, *data):
@@ -430,9 +416,10 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
   t iff t mod b is its group, and then with probability q: with q = 1 every
   canary takes part the k = ceil(T / b) times, b rounds apart, that the
   ledger's accounting allows a client. Correlated noise
-  (`noise_mechanism`, `bands`: the inner query's) adds a third statistic,
-  the cosine with the whitened aggregate (`whitening_weights`); it keeps the
-  last b - 1 aggregates in the state.
+  (`noise_mechanism`, `bands`, `rounds`: the inner query's) adds a third
+  statistic, the cosine with the whitened aggregate (the mechanism's
+  `whitening_weights`); it keeps the past aggregates those weights need
+  (`whitening_depth`) in the state.
 
   The inner query's preprocessed record must start (in `tf.nest.flatten`
   order) with the value's leaves: true of every query in `tff_clip.dp`.
@@ -443,8 +430,8 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
                per_layer: bool, seed: Optional[int] = None,
                canary_raw_norm: float = CANARY_RAW_NORM, *,
                separation: Optional[int] = None,
-               noise_mechanism: str = 'independent', bands: int = 1):
-    from tff_clip import correlated_noise  # pylint: disable=g-import-not-at-top
+               noise_mechanism: str = 'independent', bands: int = 1,
+               rounds: Optional[int] = None):
     if not isinstance(inner_query, tfp.SumAggregationDPQuery):
       raise TypeError('`inner_query` must be a tfp.SumAggregationDPQuery; got '
                       f'{inner_query!r}.')
@@ -472,22 +459,15 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
     else:
       raise TypeError(f'`seed` must be an int or None; got {seed!r}.')
     self._seed = np.asarray(seed, np.int64)
-    self._bands = correlated_noise.check_mechanism(noise_mechanism, bands)
-    self._mechanism = noise_mechanism
-    if separation is not None and (
-        isinstance(separation, bool) or
-        not isinstance(separation, (int, np.integer)) or separation < 1):
-      raise ValueError('`separation` must be a positive int or None; got '
-                       f'{separation!r}.')
-    correlated = noise_mechanism != correlated_noise.INDEPENDENT
-    if correlated and (separation is None or separation < self._bands):
-      raise ValueError(
-          f'`separation` ({separation}) must be at least `bands` '
-          f'({self._bands}) for {noise_mechanism!r} noise: correlated noise '
-          'is private only under participation with minimum separation.')
-    self._separation = None if separation is None else int(separation)
+    # The inner query's noise, under the canaries' participation: refused
+    # where the mechanism is not private (correlated noise without
+    # `separation`, or one below `bands`).
+    self._noise = mechanisms.noise_mechanism(
+        noise_mechanism, bands, rounds=rounds, separation=separation)
+    self._noise.check_participation()
+    self._separation = self._noise.separation
     # Aggregates kept for the whitened statistic.
-    self._depth = self._bands - 1 if correlated else 0
+    self._depth = self._noise.whitening_depth
     # The bounded candidates kept between the two passes of a round (one
     # draw each, cosines as matrix products) when they fit in
     # CANARY_STORE_BYTES; otherwise drawn again for the cosines.
@@ -619,8 +599,7 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
     past_results = global_state.past_results
     whitened = flat_result
     if self._depth:
-      weights = whitening_weights(self._mechanism, self._bands,
-                                  global_state.round)
+      weights = self._noise.whitening_weights(global_state.round)
       whitened, past_results = [], []
       for r, past in zip(flat_result, global_state.past_results):
         r = tf.cast(r, tf.float32)
@@ -744,7 +723,8 @@ class CanaryFactory(tff.aggregators.UnweightedAggregationFactory,
         seed=self._seed, canary_raw_norm=self._raw_norm,
         separation=self._separation,
         noise_mechanism=self._dp_factory.spec.noise_mechanism,
-        bands=self._dp_factory.spec.bands)
+        bands=self._dp_factory.spec.bands,
+        rounds=self._dp_factory.spec.rounds)
     factory = tff.aggregators.DifferentiallyPrivateFactory(
         self.query, self._dp_factory.record_aggregation_factory)
     if weight_type is None:

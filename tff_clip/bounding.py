@@ -69,9 +69,13 @@ __all__ = [
     'rounding_margins',
 ]
 
-from tff_clip.names import BOUNDINGS, SPLITS  # pylint: disable=g-bad-import-order,wrong-import-position
-# The names and rules live in the TensorFlow-free spec; re-exported here.
-from tff_clip.spec import ExplicitBudgets, Split, check_method, check_split, is_per_layer  # pylint: disable=g-bad-import-order,wrong-import-position,unused-import
+from tff_clip import mechanisms  # pylint: disable=g-bad-import-order,wrong-import-position
+from tff_clip.names import SPLITS  # pylint: disable=g-bad-import-order,wrong-import-position
+# The split's rules live in the TensorFlow-free spec; re-exported here.
+from tff_clip.spec import ExplicitBudgets, Split, check_split  # pylint: disable=g-bad-import-order,wrong-import-position
+
+# The registered boundings' names (`tff_clip.mechanisms.BOUNDINGS`).
+BOUNDINGS = mechanisms.BOUNDINGS.names
 
 _FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 
@@ -381,9 +385,10 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
 
   Args:
     structure: a (nested) structure of float tensors: one client's update.
-    method: 'clip' (u * min(1, C/||u||)), 'normalize' (C u / ||u||, Das et al. 2022
-      DP-NormFedAvg), 'per_layer_clip' (u_h * min(1, C_h/||u_h||), Pelikan et al. 2025)
-      or 'per_layer_normalize' (C_h u_h / ||u_h||).
+    method: the name of a registered bounding (`tff_clip.boundings`):
+      'clip' (u * min(1, C/||u||)), 'normalize' (C u / ||u||, Das et al.
+      2022 DP-NormFedAvg), 'per_layer_clip' (u_h * min(1, C_h/||u_h||),
+      Pelikan et al. 2025) or 'per_layer_normalize' (C_h u_h / ||u_h||).
     clip_norm: C, a float or scalar tensor (global methods).
     budgets: [H] per-layer norms C_h (per-layer methods), e.g. from
       `layer_budgets`.
@@ -391,7 +396,8 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
   Returns:
     A `BoundedUpdate`.
   """
-  per_layer = is_per_layer(check_method(method, 'method'))
+  bounder = mechanisms.bounding(method, 'method')
+  per_layer = bounder.per_layer
   if per_layer and budgets is None:
     raise ValueError(f'`budgets` is required for method {method!r}.')
   if not per_layer and clip_norm is None:
@@ -406,7 +412,6 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
   wide = tf.float64
   layer, total, finite, fast = _norms(leaves, dtype)
   zero = tf.zeros([], wide)
-  one = tf.ones([], wide)
 
   margins = rounding_margins(leaves, dtype)
   if per_layer:
@@ -415,12 +420,8 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
       raise ValueError(
           f'`budgets` has {budgets.shape[0]} entries but the structure has '
           f'{len(leaves)} leaves.')
-    safe_layer = tf.where(layer > 0, layer, tf.ones_like(layer))
     targets = budgets * tf.constant(margins, wide) if leaves else budgets
-    if method == 'per_layer_clip':
-      factors = tf.minimum(tf.ones_like(layer), targets / safe_layer)
-    else:
-      factors = tf.where(layer > 0, targets / safe_layer, tf.zeros_like(layer))
+    factors = bounder.factor(layer, targets)
     # A layer whose norm overflowed even float64 gets factor 0.
     factors = tf.where(tf.math.is_finite(factors), factors,
                        tf.zeros_like(factors))
@@ -429,11 +430,7 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
   else:
     norm = _sanitize_norm(clip_norm, wide)
     target = norm * (float(margins.min()) if leaves else 1.0)
-    safe_total = tf.where(total > 0, total, one)
-    if method == 'clip':
-      factor = tf.minimum(one, target / safe_total)
-    else:
-      factor = tf.where(total > 0, target / safe_total, zero)
+    factor = bounder.factor(total, target)
     factor = tf.where(tf.math.is_finite(factor), factor, zero)
     factors = tf.fill([len(leaves)], factor)
     was_bounded = total > norm

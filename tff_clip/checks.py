@@ -113,8 +113,10 @@ def integer(value, label: str, minimum: int = 0,
       value, numbers.Integral):
     raise TypeError(f'`{label}` must be an integer; got {value!r}.')
   if not minimum <= value <= maximum:
-    raise ValueError(f'`{label}` must be an integer in [{minimum}, {maximum}]'
-                     f'; got {value!r}.')
+    wanted = (f'an integer in [{minimum}, {maximum}]' if maximum < INT64_MAX
+              else 'a positive integer' if minimum == 1 else
+              f'an integer >= {minimum}')
+    raise ValueError(f'`{label}` must be {wanted}; got {value!r}.')
   return int(value)
 
 

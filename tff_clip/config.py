@@ -2,8 +2,9 @@
 
 Every field carries its flag's help text, so `scripts.train` generates its
 flags from this declaration (a new knob is added here, and only here). The
-adaptive-clipping and DP fields have the names and defaults of
-`tff_clip.dp.dp_factory`. Validation needs no TensorFlow: a bad flag is
+DP fields are declared once, in `tff_clip.spec.DPSpec` (their names,
+defaults and help, shared with `tff_clip.dp.dp_factory`); `dp_spec` turns a
+configuration into that spec. Validation needs no TensorFlow: a bad flag is
 reported in well under two seconds, before anything is imported or written.
 """
 
@@ -21,6 +22,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from tff_clip import checks
+from tff_clip import mechanisms
 from tff_clip import names
 from tff_clip import spec
 
@@ -37,7 +39,37 @@ TFF_GAUSSIAN = 'tff_gaussian'
 # TFF's DifferentiallyPrivateFactory.tree_adaptive (DP-FTRL), restarted
 # every --bands rounds: the baseline of docs/correlated_noise.md.
 TFF_TREE = 'tff_tree_adaptive'
-BOUNDINGS = ('none',) + names.BOUNDINGS + (TFF_GAUSSIAN, TFF_TREE)
+NO_BOUNDING = 'none'
+BOUNDINGS = ((NO_BOUNDING,) + mechanisms.BOUNDINGS.names +
+             (TFF_GAUSSIAN, TFF_TREE))
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+  """A --bounding that is not a tff_clip bounding: what it needs.
+
+  `private`: the run must be DP (True) or must not be (False);
+  `noise_mechanism`: the noise it adds (when private); `adaptive`: it needs
+  --clip_norm=adaptive; `seeded`: it draws its noise from tff_clip's key
+  (so --noise_seed applies and the noise is checked secret).
+  """
+  description: str
+  private: bool
+  noise_mechanism: Optional[str] = None
+  adaptive: bool = False
+  seeded: bool = True
+
+
+# The --bounding values outside `mechanisms.BOUNDINGS`.
+BASELINES = {
+    NO_BOUNDING: Baseline('no bounding (noise would have no sensitivity)',
+                          private=False),
+    TFF_GAUSSIAN: Baseline(
+        "TFF's own DP aggregator (gaussian_fixed / gaussian_adaptive)",
+        private=True, noise_mechanism='independent', seeded=False),
+    TFF_TREE: Baseline("TFF's tree_adaptive", private=True,
+                       noise_mechanism='tree', adaptive=True),
+}
 CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
 EXECUTORS = ('inprocess', 'local', 'gpu', 'remote')
@@ -66,6 +98,15 @@ def _field(default, help_text: str, choices=None, flag=None):
   """A field and its flag (named `flag`, default: the field's name)."""
   return dataclasses.field(default=default, metadata=dict(
       help=help_text, choices=choices, flag=flag))
+
+
+def _dp(name: str):
+  """The field of DP parameter `name`: its default, help and choices as
+  declared in `tff_clip.spec.DPSpec` (arguments written as flags)."""
+  declared = spec.parameter(name)
+  return _field(declared.default,
+                re.sub(r'`(\w+)`', r'--\1', declared.metadata['help']),
+                declared.metadata['choices'])
 
 
 def _option_value(text: str):
@@ -141,25 +182,14 @@ class TrainConfig:
   # `scripts.benchmark_utility` (README, "Accuracy at equal privacy").
   bounding: str = _field('normalize', 'How each client update is bounded '
                          'before aggregation.', BOUNDINGS)
-  clip_norm: Union[float, str] = _field(
-      'adaptive', "Clip norm C (a number) or 'adaptive' (quantile tracking "
-      'from --initial_clip_norm).')
-  split: str = _field('dim', 'Per-layer budget split of a fixed C (or of '
-                      'one adaptive C): C/sqrt(H) or C sqrt(d_h/sum d).',
-                      names.SPLITS)
-  initial_clip_norm: float = _field(0.1, 'Adaptive clipping: starting C.')
-  target_quantile: float = _field(
-      0.3, 'Adaptive clipping: fraction of clients left unclipped (0.3: '
-      'the utility benchmark\'s winner; Andrew et al. use 0.5).')
-  clip_learning_rate: float = _field(
-      0.2, 'Adaptive clipping: geometric learning rate eta_C.')
-  clipped_count_stddev: Optional[float] = _field(
-      None, 'Adaptive clipping: std of the noise on the clipped count '
-      '(default: n/20, raised so the value noise grows by at most 10%).')
-  per_layer_quantiles: bool = _field(
-      True, 'Per-layer adaptive clipping: one quantile estimate per layer, '
-      'each starting at --initial_clip_norm/sqrt(H) (else one C split by '
-      '--split).')
+  # The DP parameters, declared in `tff_clip.spec.DPSpec` (`dp_spec`).
+  clip_norm: Union[float, str] = _dp('clip_norm')
+  split: str = _dp('split')
+  initial_clip_norm: float = _dp('initial_clip_norm')
+  target_quantile: float = _dp('target_quantile')
+  clip_learning_rate: float = _dp('clip_learning_rate')
+  clipped_count_stddev: Optional[float] = _dp('clipped_count_stddev')
+  per_layer_quantiles: bool = _dp('per_layer_quantiles')
   # Privacy.
   noise_multiplier: Optional[float] = _field(
       0.5, "Gaussian noise multiplier z ('none': no DP). Excludes "
@@ -167,17 +197,9 @@ class TrainConfig:
   target_epsilon: Optional[float] = _field(
       None, 'Calibrate z to reach this epsilon at --delta after --rounds.')
   delta: float = _field(1e-5, 'DP delta.')
-  noise_placement: str = _field(
-      'central', 'central: the server noises the sum; client: each client '
-      'adds its share.', names.NOISE_PLACEMENTS)
-  denominator: str = _field(
-      'expected', 'What the noisy sum is divided by: expected (n, private) '
-      'or actual (the clients present, released in the clear: only with '
-      '--sampling=fixed_size, where it is public).', names.DENOMINATORS)
-  noise_seed: Optional[int] = _field(
-      None, 'Seed of the DP noise, for tests and debugging ONLY: the noise is '
-      'then reproducible, predictable, and the run is NOT private. Default: '
-      'fresh OS entropy, kept only in the checkpoints.')
+  noise_placement: str = _dp('noise_placement')
+  denominator: str = _dp('denominator')
+  noise_seed: Optional[int] = _dp('noise_seed')
   release_uncovered_metrics: bool = _field(
       False, 'Under DP, also release what epsilon does not cover (cohort '
       'size, client training metrics, synthetic objective, round seconds); '
@@ -188,14 +210,8 @@ class TrainConfig:
                          'one used. min_separation: round t takes group t mod '
                          'b of b seeded client groups (b = --min_separation), '
                          'no amplification.', names.SAMPLINGS)
-  noise_mechanism: str = _field(
-      'independent', 'DP noise across rounds: independent, tree (DP-FTRL, '
-      'restarted every --bands rounds) or banded (banded square-root matrix '
-      'factorization, --bands bands). tree/banded need '
-      '--sampling=min_separation (docs/correlated_noise.md).',
-      names.NOISE_MECHANISMS)
-  bands: int = _field(1, 'Bands of --noise_mechanism=banded; the tree '
-                      'restart period of --noise_mechanism=tree.')
+  noise_mechanism: str = _dp('noise_mechanism')
+  bands: int = _dp('bands')
   min_separation: Optional[int] = _field(
       None, 'Groups b of --sampling=min_separation: a client takes part at '
       'most every b rounds (default: --bands).')
@@ -275,6 +291,36 @@ class TrainConfig:
   @property
   def private(self) -> bool:
     return self.noise_multiplier is not None or self.target_epsilon is not None
+
+  @property
+  def participation_separation(self) -> Optional[int]:
+    """The minimum separation of participation: None unless
+    --sampling=min_separation."""
+    return (self.separation if self.sampling == names.MIN_SEPARATION else
+            None)
+
+  @property
+  def noise(self):
+    """The noise mechanism of the flags (`tff_clip.noise_mechanisms`)."""
+    return mechanisms.noise_mechanism(
+        self.noise_mechanism, self.bands, rounds=self.rounds,
+        separation=self.participation_separation)
+
+  def dp_spec(self, noise_multiplier: float,
+              bounding_method: Optional[str] = None) -> spec.DPSpec:
+    """The DP aggregation these flags describe, checked (`spec.DPSpec`).
+
+    `bounding_method`: in place of --bounding (a baseline's stand-in). The
+    participation schema is the run's: --rounds, and the separation of
+    --sampling=min_separation.
+    """
+    declared = {name: getattr(self, name) for name in spec.PARAMETERS
+                if name in self.__dataclass_fields__}
+    declared.update(bounding_method=bounding_method or self.bounding,
+                    noise_multiplier=noise_multiplier,
+                    clients_per_round=self.clients_per_round,
+                    min_separation=self.participation_separation)
+    return spec.DPSpec(**declared)
 
   def to_json(self) -> dict[str, Any]:
     out = dataclasses.asdict(self)
@@ -376,9 +422,16 @@ def _check_choices(config):
       one_of(getattr(config, field.name), field.name, choices)
 
 
+# The library's argument names whose flags are named otherwise.
+_FLAG_NAMES = {'separation': 'min_separation'}
+
+
 def flag_error(error: Exception) -> ConfigError:
   """The library's error, with `name` (an argument) written as --name."""
-  return ConfigError(re.sub(r'`(\w+)`', r'--\1', str(error)))
+  return ConfigError(re.sub(
+      r'`(\w+)`', lambda match: '--' + _FLAG_NAMES.get(match.group(1),
+                                                       match.group(1)),
+      str(error)))
 
 
 
@@ -394,42 +447,50 @@ def _check_mechanism(config):
         '--noise_multiplier=0 adds no noise: a DP run needs z > 0 (its '
         'epsilon would be infinite). For a run without DP say '
         '--noise_multiplier=none.')
-  method = config.bounding if config.bounding in names.BOUNDINGS else 'clip'
+  # A baseline --bounding's other knobs are checked as a tff_clip bounding
+  # would check them: the first registered one stands in.
+  stand_in = (None if config.bounding in mechanisms.BOUNDINGS else
+              mechanisms.BOUNDINGS.names[0])
   try:
-    spec.DPSpec(
-        bounding_method=method,
-        # Calibrated later from --target_epsilon; 0 stands in until then.
-        noise_multiplier=(0.0 if config.noise_multiplier is None else
-                          config.noise_multiplier),
-        clients_per_round=config.clients_per_round,
-        clip_norm=config.clip_norm, split=config.split,
-        denominator=config.denominator,
-        initial_clip_norm=config.initial_clip_norm,
-        target_quantile=config.target_quantile,
-        clip_learning_rate=config.clip_learning_rate,
-        clipped_count_stddev=config.clipped_count_stddev,
-        per_layer_quantiles=config.per_layer_quantiles,
-        noise_placement=config.noise_placement, noise_seed=config.noise_seed,
-        noise_mechanism=config.noise_mechanism, bands=config.bands)
+    # Calibrated later from --target_epsilon; 0 stands in until then.
+    config.dp_spec(0.0 if config.noise_multiplier is None else
+                   config.noise_multiplier, stand_in)
   except (TypeError, ValueError) as e:
     raise flag_error(e) from None
+
+
+def _check_baseline(config):
+  """What a --bounding outside tff_clip's boundings needs (`BASELINES`)."""
+  baseline = BASELINES.get(config.bounding)
+  if baseline is None:
+    return
+  said = f'--bounding={config.bounding} is {baseline.description}'
+  if not baseline.private:
+    if config.private:
+      raise ConfigError(f'{said}: give --noise_multiplier=none, or a '
+                        f'tff_clip --bounding ({", ".join(mechanisms.BOUNDINGS)})'
+                        ' for DP.')
+    return
+  if not config.private:
+    raise ConfigError(f'{said}: it needs --noise_multiplier or '
+                      '--target_epsilon.')
+  if config.noise_mechanism != baseline.noise_mechanism:
+    raise ConfigError(f'{said}: its noise is --noise_mechanism='
+                      f'{baseline.noise_mechanism}.')
+  if config.noise_placement != spec.parameter('noise_placement').default:
+    raise ConfigError(f'{said}: it adds its noise on the server '
+                      '(--noise_placement=central).')
+  if baseline.adaptive and not isinstance(config.clip_norm, str):
+    raise ConfigError(f'{said}: it needs --clip_norm=adaptive.')
+  if not baseline.seeded and config.noise_seed is not None:
+    raise ConfigError(f'{said}: it draws its noise with its own generator, '
+                      'which --noise_seed does not seed.')
 
 
 def _check_privacy(config):
   _positive(config.target_epsilon, 'target_epsilon', allow_none=True,
             dtype=np.float64)
-  if config.bounding == TFF_GAUSSIAN and (
-      not config.private or config.noise_placement != 'central' or
-      config.noise_seed is not None):
-    raise ConfigError(
-        '--bounding=tff_gaussian is TFF\'s own DP aggregator: it needs '
-        '--noise_multiplier or --target_epsilon, central noise, and no '
-        '--noise_seed (TFF draws its noise with its own generator).')
-  if config.private and config.bounding == 'none':
-    raise ConfigError(
-        'Noise without bounding has no sensitivity: set --bounding (clip, '
-        'normalize, per_layer_clip, per_layer_normalize) or give '
-        '--noise_multiplier=none.')
+  _check_baseline(config)
   if config.denominator == 'actual' and config.sampling != names.FIXED_SIZE:
     raise ConfigError('--denominator=actual releases the cohort size: it is '
                       'private under --sampling=poisson; use '
@@ -547,7 +608,7 @@ def _check_audit(config):
     raise ConfigError('--audit_canaries must be an integer >= 0; got '
                       f'{config.audit_canaries!r}.')
   if config.audit_canaries and (not config.private or
-                                config.bounding == TFF_GAUSSIAN):
+                                config.bounding in BASELINES):
     raise ConfigError('--audit_canaries audits a tff_clip DP run: set '
                       '--noise_multiplier or --target_epsilon and a tff_clip '
                       '--bounding.')
@@ -560,23 +621,19 @@ def _check_audit(config):
 def _check_correlated(config):
   _positive(config.min_separation, 'min_separation', kind=int,
             allow_none=True)
-  if config.bounding == TFF_TREE and (
-      config.noise_mechanism != 'tree' or config.clip_norm != 'adaptive'):
-    raise ConfigError(f'--bounding={TFF_TREE} is TFF\'s tree_adaptive: it '
-                      'needs --noise_mechanism=tree and --clip_norm=adaptive.')
-  if config.noise_mechanism != 'independent' and (
-      config.sampling != names.MIN_SEPARATION or not config.private or
-      config.bounding not in names.BOUNDINGS + (TFF_TREE,) or
-      config.noise_placement != 'central'):
-    raise ConfigError(
-        '--noise_mechanism=tree/banded needs --sampling=min_separation, '
-        '--noise_multiplier or --target_epsilon, central noise and a '
-        'tff_clip --bounding: correlated noise is accounted per '
-        'participation, without amplification.')
-  if config.sampling == names.MIN_SEPARATION:
-    if config.separation < config.bands:
-      raise ConfigError(f'--min_separation ({config.separation}) must be at '
-                        f'least --bands ({config.bands}).')
+  # The mechanism's own checks (placement and `bands` against the
+  # separation were checked with the spec, `_check_mechanism`).
+  noise = config.noise
+  if not config.private:
+    if noise.correlated:
+      raise ConfigError(
+          f'--noise_mechanism={noise.name} correlates DP noise across rounds: '
+          'it needs --noise_multiplier or --target_epsilon.')
+    return
+  try:
+    noise.check_participation()
+  except ValueError as e:
+    raise flag_error(e) from None
 
 
 def validate(config: TrainConfig) -> None:

@@ -38,28 +38,24 @@ GaussianDpEvent(z / max_j ||C e_j||): the per-participation event
 Gaussian with z / sqrt(floor(log2 b) + 1) (tensorflow-privacy's
 `compute_rdp_tree_restart`), composed k times.
 
-No TensorFlow import at module level: `tff_clip.accounting` uses the
-accounting half, and the command-line accountant must start fast.
+The two mechanisms are the classes `Banded` and `Tree` (registered in
+`tff_clip.mechanisms`); the functions are their matrices and coefficients.
+No TensorFlow or dp_accounting import at module level
+(`tff_clip.noise_mechanisms`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
 
-import dp_accounting
 import numpy as np
 
-from tff_clip import spec
-from tff_clip.names import BANDED, INDEPENDENT, NOISE_MECHANISMS, TREE  # pylint: disable=g-bad-import-order
+from tff_clip import checks
+from tff_clip import noise_mechanisms
+from tff_clip.noise_mechanisms import participations  # pylint: disable=unused-import
 
-__all__ = ['BANDED', 'INDEPENDENT', 'NOISE_MECHANISMS', 'TREE',
-           'banded_coefficients', 'banded_matrix', 'max_column_norm',
-           'sensitivity', 'participation_event', 'tree_levels',
-           'check_mechanism', 'initial_history', 'correlated_noise']
-
-
-check_mechanism = spec.check_mechanism
+__all__ = ['Banded', 'Tree', 'banded_coefficients', 'banded_matrix',
+           'max_column_norm', 'participations', 'sensitivity', 'tree_levels']
 
 
 def banded_coefficients(bands: int) -> np.ndarray:
@@ -67,7 +63,7 @@ def banded_coefficients(bands: int) -> np.ndarray:
 
   Computed by the recurrence c_j = c_{j-1} (2j - 1) / (2j).
   """
-  bands = check_mechanism(BANDED, bands)
+  bands = checks.integer(bands, 'bands', minimum=1)
   coeffs = np.ones(bands)
   for j in range(1, bands):
     coeffs[j] = coeffs[j - 1] * (2 * j - 1) / (2 * j)
@@ -89,38 +85,13 @@ def max_column_norm(bands: int) -> float:
   return float(np.sqrt(np.sum(banded_coefficients(bands)**2)))
 
 
-def participations(rounds: int, separation: int) -> int:
-  """k = ceil(T / b): the most rounds a client can take part in."""
-  return -(-int(rounds) // int(separation))
-
-
 def sensitivity(bands: int, rounds: int, separation: int) -> float:
   """sqrt(k) max_j ||C e_j|| for unit per-round sensitivity (b <= separation)."""
-  bands = check_mechanism(BANDED, bands)
+  bands = checks.integer(bands, 'bands', minimum=1)
   if separation < bands:
     raise ValueError(f'`bands` ({bands}) must be at most the participation '
                      f'separation ({separation}).')
   return math.sqrt(participations(rounds, separation)) * max_column_norm(bands)
-
-
-def participation_event(noise_mechanism: str, noise_multiplier: float,
-                        bands: int) -> dp_accounting.DpEvent:
-  """The DpEvent of one participation (one cycle of `bands` rounds)."""
-  bands = check_mechanism(noise_mechanism, bands)
-  if isinstance(noise_multiplier, (int, float, np.number)):
-    noise_multiplier = float(noise_multiplier)  # Else a tensor (graph mode).
-  if noise_mechanism == TREE:
-    # A leaf lies in `tree_levels` nodes: sensitivity sqrt(levels) under
-    # add-or-remove-one, the Gaussian of tensorflow-privacy's
-    # `compute_rdp_tree_restart` (Kairouz et al. 2021, App. D).
-    # dp_accounting's SingleEpochTreeAggregationDpEvent is the same
-    # mechanism, but only under its REPLACE_SPECIAL adjacency.
-    return dp_accounting.GaussianDpEvent(
-        noise_multiplier / math.sqrt(tree_levels(bands)))
-  if noise_mechanism == BANDED and bands > 1:
-    return dp_accounting.GaussianDpEvent(
-        noise_multiplier / max_column_norm(bands))
-  return dp_accounting.GaussianDpEvent(noise_multiplier)
 
 
 def tree_levels(bands: int) -> int:
@@ -129,95 +100,132 @@ def tree_levels(bands: int) -> int:
   return int(bands).bit_length()
 
 
-def initial_history(noise_mechanism: str, bands: int, template):
-  """The state of the noise: b - 1 past noise vectors per leaf (banded), else
-  an empty [0, ...] tensor per leaf."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  depth = bands - 1 if noise_mechanism == BANDED else 0
-  return tf.nest.map_structure(
-      lambda spec: tf.zeros([depth] + list(spec.shape), tf.float32), template)
-
-
-def _standard_normals(structure, key):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf.nest.pack_sequence_as(structure, [
-      tf.random.stateless_normal(tf.shape(leaf), tf.random.experimental
-                                 .stateless_fold_in(key, tf.constant(i, tf.int64)),
-                                 dtype=tf.float32)
-      for i, leaf in enumerate(tf.nest.flatten(structure))])
-
-
-def _fold(key, *data):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  for d in data:
-    key = tf.random.experimental.stateless_fold_in(key, tf.cast(d, tf.int64))
-  return key
-
-
 def _tree_prefix(structure, key, tree, step, levels):
   """Unit-variance prefix noise of `step` leaves of tree `tree` (step >= 0)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  total = tf.nest.map_structure(tf.zeros_like, structure)
+  # float32 like the draws, whatever the records' dtypes.
+  total = tf.nest.map_structure(
+      lambda leaf: tf.zeros(tf.shape(leaf), tf.float32), structure)
   for level in range(levels):
     bit = tf.cast(tf.bitwise.bitwise_and(
         tf.bitwise.right_shift(step, level), 1), tf.float32)
     node = tf.bitwise.right_shift(step, level + 1)
-    draws = _standard_normals(structure, _fold(key, tree, level, node))
+    draws = noise_mechanisms.standard_normals(
+        structure, noise_mechanisms.fold(key, tree, level, node))
     total = tf.nest.map_structure(lambda t, d: t + bit * d, total, draws)
   return total
 
 
-def correlated_noise(noise_mechanism: str, bands: int, structure, key,
-                     round_num, history, round_key=None):
-  """(unit-variance noise of round `round_num`, new history).
+class Banded(noise_mechanisms.NoiseMechanism):
+  """Banded square-root matrix factorization with `bands` bands (Kalinin and
+  Lampert 2024; Choquette-Choo et al. 2023); 1 band is independent noise."""
 
-  `structure`: float32 tensors giving the shapes; `key`: the run's [2] secret
-  key; `round_key`: the round's key fold_in(key, round) (derived if None);
-  `history`: `initial_history`'s structure. The caller scales by z S_t.
-  'independent' and 'banded' with b = 1 draw exactly the independent noise.
-  """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if round_key is None:
-    round_key = _fold(key, round_num)
-  if noise_mechanism == TREE:
-    levels = tree_levels(bands)
+  name = 'banded'
+  correlated = True
+
+  @property
+  def state_vectors(self) -> int:
+    return self.bands - 1
+
+  @property
+  def whitening_depth(self) -> int:
+    return self.bands - 1
+
+  def initial_state(self, template):
+    # w_{t-1} .. w_{t-b+1}: the past noise the recursion needs (secret).
+    return noise_mechanisms.noise_history(template, self.state_vectors)
+
+  def unit_noise(self, structure, key, round_num, state):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    draws = noise_mechanisms.standard_normals(
+        structure, noise_mechanisms.fold(key, round_num))
+    if self.bands == 1:
+      return draws, state
+    bands = self.bands
+    coeffs = tf.constant(banded_coefficients(bands)[1:], tf.float32)
+
+    def step_leaf(z, past):
+      # w_t = z_t - sum_{j>=1} c_j w_{t-j}; past[0] is w_{t-1}.
+      shape = tf.concat([[bands - 1], tf.ones([tf.rank(z)], tf.int32)], 0)
+      w = z - tf.reduce_sum(tf.reshape(coeffs, shape) * past, axis=0)
+      return w, tf.concat([w[tf.newaxis], past[:-1]], axis=0)
+
+    pairs = [step_leaf(z, p) for z, p in zip(tf.nest.flatten(draws),
+                                            tf.nest.flatten(state))]
+    noise = tf.nest.pack_sequence_as(draws, [p[0] for p in pairs])
+    return noise, tf.nest.pack_sequence_as(state, [p[1] for p in pairs])
+
+  @property
+  def participation_sensitivity(self) -> float:
+    # One participation touches one column of C: max_j ||C e_j|| when
+    # participations are >= `bands` rounds apart (Choquette-Choo et al.
+    # 2023, Thm. 2).
+    return max_column_norm(self.bands)
+
+  def whitening_weights(self, round_num):
+    # sum_j c_j Delta_{t-j} = (C x)_t + s z_t (a release before round 0
+    # counts as 0, as the mechanism's history does).
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    del round_num
+    return tf.constant(banded_coefficients(self.bands), tf.float32)
+
+  def noise_covariance(self, rounds: int) -> np.ndarray:
+    inverse = np.linalg.inv(banded_matrix(self.bands, rounds))
+    return inverse @ inverse.T
+
+
+class Tree(noise_mechanisms.NoiseMechanism):
+  """Binary-tree aggregation (DP-FTRL; Kairouz et al. 2021), restarted every
+  `bands` rounds."""
+
+  name = 'tree'
+  correlated = True
+
+  @property
+  def whitening_depth(self) -> int:
+    return self.bands - 1
+
+  def initial_state(self, template):
+    # Node noises are a function of (key, tree, node): nothing to keep. An
+    # empty history keeps the state's layout that of every correlated run.
+    return noise_mechanisms.noise_history(template, 0)
+
+  def unit_noise(self, structure, key, round_num, state):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    levels = tree_levels(self.bands)
     round_num = tf.cast(round_num, tf.int64)
-    tree = round_num // bands
-    step = round_num % bands + 1
-    tree_key = _fold(key, -1)  # A stream apart from the per-round draws.
+    tree = round_num // self.bands
+    step = round_num % self.bands + 1
+    tree_key = noise_mechanisms.fold(key, -1)  # Apart from per-round draws.
     now = _tree_prefix(structure, tree_key, tree, step, levels)
     before = _tree_prefix(structure, tree_key, tree, step - 1, levels)
-    return tf.nest.map_structure(tf.subtract, now, before), history
-  draws = _standard_normals(structure, round_key)
-  if noise_mechanism == INDEPENDENT or bands == 1:
-    return draws, history
-  coeffs = tf.constant(banded_coefficients(bands)[1:], tf.float32)
+    return tf.nest.map_structure(tf.subtract, now, before), state
 
-  def step_leaf(z, past):
-    # w_t = z_t - sum_{j>=1} c_j w_{t-j}; past[0] is w_{t-1}.
-    shape = tf.concat([[bands - 1], tf.ones([tf.rank(z)], tf.int32)], 0)
-    w = z - tf.reduce_sum(tf.reshape(coeffs, shape) * past, axis=0)
-    return w, tf.concat([w[tf.newaxis], past[:-1]], axis=0)
+  @property
+  def participation_sensitivity(self) -> float:
+    # A leaf lies in `tree_levels` nodes: sqrt(levels) under add-or-remove-
+    # one, the Gaussian of tensorflow-privacy's `compute_rdp_tree_restart`
+    # (Kairouz et al. 2021, App. D). dp_accounting's
+    # SingleEpochTreeAggregationDpEvent is the same mechanism, but only
+    # under its REPLACE_SPECIAL adjacency.
+    return math.sqrt(tree_levels(self.bands))
 
-  pairs = [step_leaf(z, p) for z, p in zip(tf.nest.flatten(draws),
-                                          tf.nest.flatten(history))]
-  noise = tf.nest.pack_sequence_as(draws, [p[0] for p in pairs])
-  new_history = tf.nest.pack_sequence_as(history, [p[1] for p in pairs])
-  return noise, new_history
+  def whitening_weights(self, round_num):
+    # With step k = t mod b + 1 of the restarted tree, the sum of the last
+    # lowbit(k) aggregates (lowbit: the largest power of two dividing k) is
+    # the tree node that ends at step k, whose noise is that node's own
+    # draw (Kairouz et al. 2021, Sec. 3: each node is released once).
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    step = tf.cast(round_num, tf.int64) % self.bands + 1
+    lowbit = tf.bitwise.bitwise_and(step, -step)
+    return tf.cast(tf.range(self.bands, dtype=tf.int64) < lowbit, tf.float32)
 
-
-def noise_covariance(noise_mechanism: str, bands: int,
-                     rounds: int) -> np.ndarray:
-  """[rounds, rounds] covariance of the unit noise across rounds (numpy)."""
-  if noise_mechanism == BANDED:
-    inverse = np.linalg.inv(banded_matrix(bands, rounds))
-    return inverse @ inverse.T
-  if noise_mechanism == TREE:
-    levels = tree_levels(bands)
+  def noise_covariance(self, rounds: int) -> np.ndarray:
+    levels = tree_levels(self.bands)
     nodes = {}
     columns = []
     for t in range(rounds):
-      tree, step = divmod(t, bands)
+      tree, step = divmod(t, self.bands)
       row = {}
       for s, sign in ((step + 1, 1.0), (step, -1.0)):
         for level in range(levels):
@@ -232,16 +240,3 @@ def noise_covariance(noise_mechanism: str, bands: int,
       for node, value in row.items():
         residual[t, nodes[node]] = value
     return residual @ residual.T
-  return np.eye(rounds)
-
-
-def effective_noise_multiplier(noise_mechanism: str, noise_multiplier: float,
-                               bands: int, rounds: int,
-                               separation: Optional[int] = None) -> float:
-  """Banded / independent: z / (sqrt(k) max column norm), one Gaussian."""
-  separation = bands if separation is None else separation
-  if noise_mechanism == TREE:
-    raise ValueError('Tree aggregation is not one Gaussian mechanism; use '
-                     '`participation_event`.')
-  b = bands if noise_mechanism == BANDED else 1
-  return float(noise_multiplier) / sensitivity(b, rounds, separation)

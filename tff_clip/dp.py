@@ -48,8 +48,10 @@ References:
 from __future__ import annotations
 
 import collections
+import dataclasses
+import inspect
 import math
-from typing import Optional, Union
+from typing import Optional
 
 import dp_accounting
 import numpy as np
@@ -59,7 +61,7 @@ import tensorflow_privacy as tfp
 
 from tff_clip import aggregators
 from tff_clip import bounding
-from tff_clip import correlated_noise
+from tff_clip import mechanisms
 from tff_clip import spec as spec_lib
 
 __all__ = [
@@ -183,12 +185,16 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
                noise_seed: Optional[int] = None,
                noise_placement: str = 'central',
                expected_clients: Optional[float] = None,
-               noise_mechanism: str = correlated_noise.INDEPENDENT,
-               bands: int = 1):
-    self._mechanism = noise_mechanism
-    self._bands = correlated_noise.check_mechanism(noise_mechanism, bands)
-    self._method = bounding.check_method(bounding_method, 'bounding')
-    self._per_layer = bounding.is_per_layer(bounding_method)
+               noise_mechanism: str = spec_lib.parameter(
+                   'noise_mechanism').default,
+               bands: int = 1, *, rounds: Optional[int] = None,
+               separation: Optional[int] = None):
+    # One object draws the noise and states its DpEvent (`noise_mechanisms`).
+    self._noise = mechanisms.noise_mechanism(
+        noise_mechanism, bands, rounds=rounds, separation=separation)
+    self._method = bounding_method
+    self._per_layer = mechanisms.bounding(bounding_method,
+                                          'bounding').per_layer
     self._clip_norm = np.asarray(clip_norm, np.float32)
     self._vector = self._clip_norm.ndim == 1
     if self._per_layer and not self._vector and layer_fractions is None:
@@ -204,15 +210,14 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
     if noise_placement == 'client' and not expected_clients:
       raise ValueError('`clients_per_round` is required for client noise.')
     self._placement = noise_placement
-    if noise_placement == 'client' and self._correlated:
-      raise ValueError('`noise_mechanism`: correlated noise needs '
-                       "noise_placement='central'.")
+    self._noise.check_placement(noise_placement)
     self._expected_clients = expected_clients
     self._template = None
 
   @property
-  def _correlated(self):
-    return self._mechanism != correlated_noise.INDEPENDENT
+  def noise_mechanism(self):
+    """The noise mechanism object (`tff_clip.noise_mechanisms`)."""
+    return self._noise
 
   def initial_global_state(self):
     # The key lives in the aggregator state: checkpointed (server-private),
@@ -221,11 +226,11 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
                              tf.constant(self._noise_multiplier, tf.float32),
                              _initial_key(self._noise_seed),
                              tf.constant(0, tf.int64))
-    if not self._correlated:
+    noise_state = self._noise.initial_state(self._template)
+    if noise_state is None:
       return state
-    # Correlated noise: its past noise vectors are server-private state too.
-    return self.CorrelatedGlobalState(*state, correlated_noise.initial_history(
-        self._mechanism, self._bands, self._template))
+    # E.g. correlated noise's past noise vectors: server-private state too.
+    return self.CorrelatedGlobalState(*state, noise_state)
 
   def initial_sample_state(self, template=None):
     # Records are summed in >= float32 (see `_widen`).
@@ -280,23 +285,22 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
   def get_noised_result(self, sample_state, global_state):
     stddev = global_state.noise_multiplier * self.sensitivity(
         global_state.clip_norm)
-    round_key = _fold_in(global_state.noise_key, global_state.round)
-    if self._correlated:
-      # x_t + S_t (C^{-1} z)_t: `tff_clip.correlated_noise`.
-      unit, history = correlated_noise.correlated_noise(
-          self._mechanism, self._bands, sample_state, global_state.noise_key,
-          global_state.round, global_state.noise_history, round_key)
+    if self._placement == 'central':
+      # x_t + z S_t n_t, n_t the mechanism's unit noise of round t (for
+      # correlated noise, (C^{-1} w)_t: `tff_clip.correlated_noise`).
+      noise_state = getattr(global_state, 'noise_history', None)
+      unit, noise_state = self._noise.unit_noise(
+          sample_state, global_state.noise_key, global_state.round,
+          noise_state)
       result = tf.nest.map_structure(
           lambda s, u: s + tf.cast(stddev * u, s.dtype), sample_state, unit)
-      global_state = global_state._replace(noise_history=history)
-    elif self._placement == 'central':
-      result = _add_noise(sample_state, stddev, round_key)
+      if noise_state is not None:
+        global_state = global_state._replace(noise_history=noise_state)
     else:
-      result = sample_state
+      result = sample_state  # Each client added its share.
     new_state = global_state._replace(round=global_state.round + 1)
     # Per participation: `tff_clip.accounting` composes one per cycle.
-    event = correlated_noise.participation_event(
-        self._mechanism, global_state.noise_multiplier, self._bands)
+    event = self._noise.participation_event(global_state.noise_multiplier)
     return result, new_state, event
 
   def derive_metrics(self, global_state):
@@ -546,7 +550,7 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
     """
     spec = self._spec
     method = spec.bounding_method
-    per_layer = bounding.is_per_layer(method)
+    per_layer = spec.per_layer
     num_layers = len(tf.nest.flatten(
         tff.types.type_to_tf_tensor_specs(value_type)))
     fractions = None
@@ -560,7 +564,8 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
     if not spec.adaptive:
       query = sum_query = BoundedGaussianSumQuery(
           method, spec.clip_norm, z, fractions, spec.noise_seed,
-          spec.noise_placement, n, spec.noise_mechanism, spec.bands)
+          spec.noise_placement, n, spec.noise_mechanism, spec.bands,
+          rounds=spec.rounds, separation=spec.min_separation)
     else:
       per_layer_quantiles = per_layer and spec.per_layer_quantiles
       num_counts = num_layers if per_layer_quantiles else 1
@@ -580,7 +585,8 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
       initial_norms = initial
       sum_query = BoundedGaussianSumQuery(
           method, initial, value_z, fractions, spec.noise_seed,
-          spec.noise_placement, n, spec.noise_mechanism, spec.bands)
+          spec.noise_placement, n, spec.noise_mechanism, spec.bands,
+          rounds=spec.rounds, separation=spec.min_separation)
       # The count noise gets its own seed stream (seed + 1): reusing the
       # value noise's seed would correlate the two releases.
       count_seed = (None if spec.noise_seed is None else
@@ -625,88 +631,56 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
 def dp_factory(
     bounding_method: str,
     *,
-    noise_multiplier: float,
-    clients_per_round: float,
-    clip_norm: Union[float, str] = 'adaptive',
-    split: bounding.Split = 'dim',
-    denominator: str = 'expected',
-    initial_clip_norm: float = 0.1,
-    target_quantile: float = 0.3,
-    clip_learning_rate: float = 0.2,
-    clipped_count_stddev: Optional[float] = None,
-    per_layer_quantiles: bool = True,
-    noise_placement: str = 'central',
-    noise_seed: Optional[int] = None,
     record_aggregation_factory: Optional[
         tff.aggregators.UnweightedAggregationFactory] = None,
-    noise_mechanism: str = correlated_noise.INDEPENDENT,
-    bands: int = 1,
+    **parameters,
 ) -> DPBoundingFactory:
   """User-level DP aggregation: bound, add N(0,(z S)^2 I) to the sum, average.
 
+  The DP parameters are declared once, in `tff_clip.spec.DPSpec` (this
+  function's signature is generated from it); `noise_multiplier` and
+  `clients_per_round` are required. `record_aggregation_factory`: how the
+  bounded records are summed (default `tff.aggregators.SumFactory`; a
+  secure sum fits here).
+
   Args:
-    bounding_method: 'clip' | 'normalize' | 'per_layer_clip' |
-      'per_layer_normalize' (see `tff_clip.bounding`).
-    noise_multiplier: z >= 0, the TOTAL noise multiplier: with adaptive
-      clipping the value noise is raised so the round is exactly as private
-      as one Gaussian mechanism with z (`adaptive_noise_multipliers`).
-    clients_per_round: n > 0, the expected cohort size (the denominator, and
-      an input of the default count noise `default_clipped_count_stddev`).
-    clip_norm: C > 0, or 'adaptive' (start at `initial_clip_norm`, track
-      `target_quantile` of the client norms).
-    split: per-layer boundings: 'uniform', 'dim', weights, or explicit budgets.
-    denominator: 'expected' (noisy sum / n, unbiased; the private choice) or
-      'actual' (noisy sum / clients present; the count is released in the
-      clear, which is private only when the cohort size is public, i.e. under
-      fixed-size sampling).
-    initial_clip_norm: starting C for adaptive clipping (Andrew et al.: 0.1).
-    target_quantile: gamma in [0, 1], the fraction of clients to leave
-      unclipped. Default 0.3, not Andrew et al.'s median (0.5): in README's
-      utility benchmark (`scripts/benchmark_utility.py`, equal epsilon) 0.3
-      raised adaptive normalization on digits under two label skews (+1.5
-      and +1.3 points) and on MNIST-28 with the EMNIST CNN (about +30).
-    clip_learning_rate: eta_C > 0 of the geometric update.
-    clipped_count_stddev: sigma_b > 0, the count noise std (default
-      `default_clipped_count_stddev`: n/20, raised where needed so the value
-      noise grows by at most 10%; unused when z = 0).
-    per_layer_quantiles: per-layer adaptive boundings: True gives every layer
-      its own norm C_h, starting at `initial_clip_norm` / sqrt(H) and
-      tracking its own quantile (`split` then plays no part); False moves
-      one C split by the static `split` fractions.
-    noise_placement: 'central' (the server adds N(0, (zS)^2) to the sum) or
-      'client' (each client adds N(0, (zS)^2/n); the sum carries the same
-      noise when n clients take part, less when fewer do -- Zhang et al. 2022, Pelikan et al. 2025).
-    noise_seed: None (fresh randomness; use this for real privacy) or an int
-      for reproducible experiments (the noise is then predictable from it).
-    record_aggregation_factory: how bounded records are summed (default
-      `tff.aggregators.SumFactory`; a secure sum fits here).
-    noise_mechanism: 'independent' (fresh noise every round), 'tree'
-      (DP-FTRL tree aggregation restarted every `bands` rounds) or 'banded'
-      (banded square-root matrix factorization with `bands` bands); see
-      `tff_clip.correlated_noise`. Correlated noise needs central noise and
-      participation with minimum separation >= `bands`
-      (`sampling='min_separation'`); each round's DpEvent is then the event of
-      one participation. The adaptive norm's count noise stays independent.
-    bands: b >= 1 (b = 1 'banded' is independent noise).
+{parameters}
 
   Returns:
     A `DPBoundingFactory`.
   """
-  spec = spec_lib.DPSpec(
-      bounding_method=bounding_method, noise_multiplier=noise_multiplier,
-      clients_per_round=clients_per_round, clip_norm=clip_norm, split=split,
-      denominator=denominator, initial_clip_norm=initial_clip_norm,
-      target_quantile=target_quantile, clip_learning_rate=clip_learning_rate,
-      clipped_count_stddev=clipped_count_stddev,
-      per_layer_quantiles=per_layer_quantiles,
-      noise_placement=noise_placement, noise_seed=noise_seed,
-      noise_mechanism=noise_mechanism, bands=bands)
+  unknown = sorted(set(parameters) - set(spec_lib.PARAMETERS))
+  if unknown:
+    raise TypeError(f'`{unknown[0]}` is not a parameter of dp_factory; its DP '
+                    f'parameters are {spec_lib.PARAMETERS[1:]}.')
+  spec = spec_lib.DPSpec(bounding_method=bounding_method, **parameters)
   if record_aggregation_factory is not None and not isinstance(
       record_aggregation_factory,
       tff.aggregators.UnweightedAggregationFactory):
     raise TypeError('`record_aggregation_factory` must be an unweighted '
                     f'tff.aggregators factory; got {record_aggregation_factory!r}.')
   return DPBoundingFactory(spec, record_aggregation_factory)
+
+
+def _signature_from_spec(function):
+  """`function`'s signature with the DP parameters of `DPSpec` spelled out."""
+  signature = inspect.signature(function)
+  first, record, _ = signature.parameters.values()
+  declared = [
+      inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY,
+                        default=(inspect.Parameter.empty
+                                 if field.default is dataclasses.MISSING
+                                 else field.default),
+                        annotation=field.type)
+      for field in dataclasses.fields(spec_lib.DPSpec)[1:]]
+  function.__signature__ = signature.replace(
+      parameters=[first, *declared, record])
+  function.__doc__ = function.__doc__.replace(
+      '{parameters}', spec_lib.parameters_doc())
+  return function
+
+
+_signature_from_spec(dp_factory)
 
 
 def extract_dp_event(aggregator_state) -> dp_accounting.DpEvent:

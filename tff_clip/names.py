@@ -3,8 +3,9 @@
 No imports, so the command line can check its flags before TensorFlow loads.
 """
 
-# How a client update is bounded (`tff_clip.bounding`).
-BOUNDINGS = ('clip', 'normalize', 'per_layer_clip', 'per_layer_normalize')
+# Boundings and noise mechanisms are named by their classes, listed in
+# their registries (`tff_clip.mechanisms`): one class and one line there.
+
 # Per-layer budget splits (`tff_clip.bounding.layer_budgets`).
 SPLITS = ('uniform', 'dim')
 # Where DP noise is added, and what the noisy sum is divided by (`tff_clip.dp`).
@@ -19,12 +20,6 @@ FIXED_SIZE = 'fixed_size'
 # group t mod b of b seeded groups; accounted without amplification.
 MIN_SEPARATION = 'min_separation'
 SAMPLINGS = (POISSON, FIXED_SIZE, MIN_SEPARATION)
-# How the DP noise of successive rounds is correlated
-# (`tff_clip.correlated_noise`).
-INDEPENDENT = 'independent'
-TREE = 'tree'
-BANDED = 'banded'
-NOISE_MECHANISMS = (INDEPENDENT, TREE, BANDED)
 # Privacy accountants.
 RDP = 'rdp'
 PLD = 'pld'

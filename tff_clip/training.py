@@ -308,21 +308,9 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
     return factory.gaussian_fixed(noise_multiplier, n,
                                   float(config.clip_norm))
   if noise_multiplier is not None:
-    return dp.dp_factory(
-        config.bounding, noise_multiplier=noise_multiplier,
-        clients_per_round=float(config.clients_per_round),
-        clip_norm=config.clip_norm, split=config.split,
-        initial_clip_norm=config.initial_clip_norm,
-        target_quantile=config.target_quantile,
-        clip_learning_rate=config.clip_learning_rate,
-        clipped_count_stddev=config.clipped_count_stddev,
-        per_layer_quantiles=config.per_layer_quantiles,
-        noise_placement=config.noise_placement,
-        denominator=config.denominator,
-        # None: a key from OS entropy, drawn in the graph at initialize and
-        # kept only in the (checkpointed) aggregator state. Never `seed`.
-        noise_seed=config.noise_seed,
-        noise_mechanism=config.noise_mechanism, bands=config.bands)
+    # --noise_seed None: a key from OS entropy, drawn in the graph at
+    # initialize and kept only in the (checkpointed) aggregator state.
+    return dp.DPBoundingFactory(config.dp_spec(noise_multiplier))
   if config.clip_norm == 'adaptive':
     # CE-FedAvg with a moving threshold, noise-free.
     clip_norm = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
@@ -698,10 +686,8 @@ class _Session:
     if self.private:  # The event the aggregator actually ran this round.
       if self.config.bounding == config_lib.TFF_TREE:
         # TFF's tree queries report UnsupportedDpEvent: the same restarted
-        # tree, accounted as tff_clip's (`correlated_noise`).
-        from tff_clip import correlated_noise  # pylint: disable=g-import-not-at-top
-        event = correlated_noise.participation_event(
-            'tree', self.noise_multiplier, self.config.bands)
+        # tree (--noise_mechanism=tree), accounted as tff_clip's.
+        event = self.config.noise.participation_event(self.noise_multiplier)
       else:
         event = dp.extract_dp_event(state.aggregator)
       if self.config.sampling == sampling_lib.MIN_SEPARATION:
@@ -952,9 +938,8 @@ class _Progress:
 def _noise_label(config, session):
   if not session.private:
     return 'none'
-  mechanism = ('' if config.noise_mechanism == 'independent' else
-               f'{config.noise_mechanism} (b = {config.bands}) correlated '
-               'across rounds; ')
+  mechanism = (f'{config.noise_mechanism} (b = {config.bands}) correlated '
+               'across rounds; ' if config.noise.correlated else '')
   if config.bounding == config_lib.TFF_GAUSSIAN:
     return mechanism + ("TFF's own generator (not checked for secrecy by "
                         'tff_clip)')

@@ -1,0 +1,99 @@
+"""The registries: every bounding and every noise mechanism, by public name.
+
+A bounding (`tff_clip.boundings`) and a noise mechanism
+(`tff_clip.noise_mechanisms`, `tff_clip.correlated_noise`) are each one
+small class; the two lists below are the one place that names them. Every
+other module looks a name up here -- an unknown name is refused at the
+lookup, with the known ones -- and then asks the object: is it per-layer,
+what noise does round t add, what does a participation cost, which
+placement and participation does it need. Adding one is a class and a line
+here; `register` adds one from outside the library (e.g. in a test).
+
+No TensorFlow import: the command line checks its flags against these
+names before TensorFlow loads.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from tff_clip import boundings
+from tff_clip import correlated_noise
+from tff_clip import noise_mechanisms
+
+__all__ = ['BOUNDINGS', 'NOISE_MECHANISMS', 'Registry', 'bounding',
+           'noise_mechanism']
+
+
+class Registry:
+  """Classes by their `name`, in the order given; looked up by `get`."""
+
+  def __init__(self, label: str, classes):
+    self._label = label
+    self._classes = {}
+    for cls in classes:
+      self.register(cls)
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    """The registered names, in registration order."""
+    return tuple(self._classes)
+
+  def __iter__(self):
+    return iter(self._classes)
+
+  def __contains__(self, name) -> bool:
+    return isinstance(name, str) and name in self._classes
+
+  def get(self, name, label: Optional[str] = None) -> type:
+    """The class registered as `name`; ValueError naming `label` (default:
+    the registry's) and the known names for any other value."""
+    if name not in self:
+      raise ValueError(f'`{label or self._label}` must be one of '
+                       f'{self.names}; got {name!r}.')
+    return self._classes[name]
+
+  def register(self, cls: type) -> type:
+    """Adds `cls` under `cls.name` (refused if the name is taken)."""
+    name = getattr(cls, 'name', None)
+    if not isinstance(name, str) or not name:
+      raise ValueError(f'{cls!r} has no `name` to be registered under.')
+    if name in self._classes:
+      raise ValueError(f'`{self._label}` {name!r} is already registered '
+                       f'({self._classes[name]!r}).')
+    self._classes[name] = cls
+    return cls
+
+  def unregister(self, name: str) -> None:
+    """Removes `name` (e.g. a class a test registered)."""
+    self.get(name)
+    del self._classes[name]
+
+
+BOUNDINGS = Registry('bounding_method', [
+    boundings.Clip,
+    boundings.Normalize,
+    boundings.PerLayerClip,
+    boundings.PerLayerNormalize,
+])
+
+NOISE_MECHANISMS = Registry('noise_mechanism', [
+    noise_mechanisms.Independent,
+    correlated_noise.Tree,
+    correlated_noise.Banded,
+])
+
+
+def bounding(name: str, label: str = 'bounding_method') -> boundings.Bounding:
+  """The bounding registered as `name` (ValueError naming `label`)."""
+  return BOUNDINGS.get(name, label)()
+
+
+def noise_mechanism(name: str, bands: int = 1, *,
+                    rounds: Optional[int] = None,
+                    separation: Optional[int] = None
+                    ) -> noise_mechanisms.NoiseMechanism:
+  """The noise mechanism registered as `name`, for `bands`, `rounds` and the
+  participation `separation` (see `NoiseMechanism`)."""
+  return NOISE_MECHANISMS.get(name)(bands, rounds=rounds,
+                                    separation=separation)
