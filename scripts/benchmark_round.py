@@ -212,7 +212,7 @@ class _Floor:
 
 def _bench_task(task_name, dp_on, mechanism='independent'):
   """{runner: (first build s, [seconds per round])} for one configuration."""
-  from tff_clip import audit, client_data, execution, simulation, training  # pylint: disable=g-import-not-at-top
+  from tff_clip import assembly, audit, client_data, execution, simulation, training  # pylint: disable=g-import-not-at-top
   config = _config(task_name, dp_on, mechanism)
   task = program.build_task(config)
   clients = client_data.ClientDatasets(task, config.seed, config.local_steps)
@@ -237,9 +237,9 @@ def _bench_task(task_name, dp_on, mechanism='independent'):
       auditor = None
       if name == 'audited':  # 100 canaries in the DP query (tff_clip.audit).
         auditor = audit.CanaryFactory(
-            training.build_aggregator(config, noise), 100,
+            assembly.build_aggregator(config, noise), 100,
             config.clients_per_round / len(client_ids))
-      process = training.build_process(config, task, noise, auditor)
+      process = assembly.build_process(config, task, noise, auditor)
       if name in ('inprocess', 'audited', 'sequential'):
         runners[name] = simulation.InProcessRunner(
             process, client_threads=1 if name == 'sequential' else None)
@@ -317,7 +317,7 @@ def _memory_mib(field):
 
 def _cohort_rows(sizes, population, rounds):
   """[(clients, s/round, ms/client, RSS round 2, RSS last, peak)] per size."""
-  from tff_clip import client_data, simulation, training  # pylint: disable=g-import-not-at-top
+  from tff_clip import assembly, client_data, simulation, training  # pylint: disable=g-import-not-at-top
   rows = []
   for size in sizes:
     config = training.TrainConfig(
@@ -327,7 +327,7 @@ def _cohort_rows(sizes, population, rounds):
     task = program.build_task(config)
     clients = client_data.ClientDatasets(task, config.seed)
     runner = simulation.InProcessRunner(
-        training.build_process(config, task, config.noise_multiplier))
+        assembly.build_process(config, task, config.noise_multiplier))
     state = runner.initialize()
     client_ids = list(task.datasets.train_data.client_ids)
     rng = np.random.default_rng(0)

@@ -94,15 +94,15 @@ def layer_rows(bounding, round_num, sizes, mean_layer_norms, budgets, stddev):
 
 def diagnose(base, bounding):
   """(rows, final accuracy) of one DP run of `base` under `bounding`."""
-  from tff_clip import training  # pylint: disable=g-import-not-at-top
+  from tff_clip import assembly  # pylint: disable=g-import-not-at-top
   config = dataclasses.replace(base, bounding=bounding, clip_norm='adaptive')
   probe_config = dataclasses.replace(
       base, bounding='per_layer_clip', clip_norm=1e9, noise_multiplier=None,
       target_quantile=0.5)
   program.validate(config)
   program.validate(probe_config)
-  session = training._Session(config, program.build_task)  # pylint: disable=protected-access
-  probe = training._Session(probe_config, program.build_task)  # pylint: disable=protected-access
+  session = assembly.Session(config, program.build_task)
+  probe = assembly.Session(probe_config, program.build_task)
   sizes = [int(np.prod(v.shape)) for v in session.initial_weights.trainable]
   state, probe_state = session.initial_state(), probe.initial_state()
   rows = []

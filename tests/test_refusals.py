@@ -12,6 +12,7 @@ line, loses no record, and TensorBoard, a view of `releases.jsonl`, gets
 every released round on the rerun.
 """
 
+import asyncio
 import collections
 import dataclasses
 import errno
@@ -29,10 +30,10 @@ from tff_clip import aggregators
 from tff_clip import config as config_lib
 from tff_clip import dp
 from tff_clip import plotting
+from tff_clip import release_managers
 from tff_clip import run_directory
 from tff_clip import run_records
 from tff_clip import spec
-from tff_clip import training
 import as_a_user  # pylint: disable=g-bad-import-order
 
 # `scripts.train` as a user runs it; the process fails if a module of
@@ -267,12 +268,22 @@ def test_z_zero_is_a_noise_free_aggregate_in_the_library_but_not_a_dp_run():
 # Faults: one line, nothing lost, a rerun completes the views.
 
 
-def _writers(run_dir, resuming):
-  config = training.TrainConfig(bounding='none', noise_multiplier=None,
-                                root_output_dir=str(run_dir.parent),
-                                experiment_name=run_dir.name)
-  return training._MetricsWriters(str(run_dir), run_records.ReleaseLog(
-      str(run_dir)), resuming, config, private=False)
+def _tensorboard(run_dir, resuming):
+  """The run's TensorBoard view of its records (`releases.jsonl`)."""
+  return release_managers.TensorBoardView(
+      str(run_dir / 'tensorboard'), run_records.ReleaseLog(str(run_dir)),
+      resuming)
+
+
+def _release(run_dir, view, round_num, row):
+  """Round `round_num` released as the round loop does: recorded, shown."""
+  run_records.ReleaseLog(str(run_dir)).append(round_num, row, None)
+  if view is not None:
+    asyncio.run(view.release(row, key=round_num))
+
+
+def _steps(run_dir):
+  return release_managers.tensorboard_steps(str(run_dir / 'tensorboard'))
 
 
 def _row(round_num, **values):
@@ -281,17 +292,15 @@ def _row(round_num, **values):
 
 
 def test_a_rerun_writes_tensorboard_the_rounds_a_kill_left_out(tmp_path):
-  # Killed after round 2's record and before its TensorBoard write.
   run_dir = tmp_path / 'run'
   run_dir.mkdir()
-  _writers(run_dir, resuming=False).release(1, _row(1))
-  run_records.ReleaseLog(str(run_dir)).append(2, _row(2), None)
-  assert training._tensorboard_steps(str(run_dir / 'tensorboard')) == {1}
-  writers = _writers(run_dir, resuming=True)
-  assert training._tensorboard_steps(str(run_dir / 'tensorboard')) == {1, 2}
-  writers.release(3, _row(3))
-  assert training._tensorboard_steps(str(run_dir / 'tensorboard')) == {
-      1, 2, 3}
+  _release(run_dir, _tensorboard(run_dir, resuming=False), 1, _row(1))
+  _release(run_dir, None, 2, _row(2))  # Killed before its TensorBoard write.
+  assert _steps(run_dir) == {1}
+  view = _tensorboard(run_dir, resuming=True)
+  assert _steps(run_dir) == {1, 2}
+  _release(run_dir, view, 3, _row(3))
+  assert _steps(run_dir) == {1, 2, 3}
 
 
 def test_a_value_beyond_float32_is_left_out_of_tensorboard_not_fatal(
@@ -300,8 +309,9 @@ def test_a_value_beyond_float32_is_left_out_of_tensorboard_not_fatal(
   # (float32) leaves it out, as it does inf, instead of failing every rerun.
   run_dir = tmp_path / 'run'
   run_dir.mkdir()
-  _writers(run_dir, resuming=False).release(1, _row(1, objective=1e60))
-  assert training._tensorboard_steps(str(run_dir / 'tensorboard')) == {1}
+  _release(run_dir, _tensorboard(run_dir, resuming=False), 1,
+           _row(1, objective=1e60))
+  assert _steps(run_dir) == {1}
   assert run_records.ReleaseLog(str(run_dir)).rows()[0]['objective'] == 1e60
 
 
@@ -314,7 +324,7 @@ def test_a_tensorboard_writer_that_cannot_be_created_is_one_line(
   run_dir = tmp_path / 'run'
   run_dir.mkdir()
   with pytest.raises(run_records.RunRecordError) as error:
-    _writers(run_dir, resuming=False)
+    _tensorboard(run_dir, resuming=False)
   message = str(error.value)
   assert '\n' not in message
   assert message.startswith(f'cannot write {run_dir / "tensorboard"}: no '

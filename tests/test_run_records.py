@@ -20,6 +20,7 @@ import pytest
 import as_a_user  # pylint: disable=g-bad-import-order
 
 from scripts import program
+from tff_clip import program_logic
 from tff_clip import run_records
 from tff_clip import training
 
@@ -305,7 +306,7 @@ def test_a_checkpoint_holds_only_the_metrics_its_release_shows(finished):
   newest = sorted((run_dir / 'checkpoints').iterdir())[-1]
   with np.load(newest) as data:
     header = json.loads(str(data['header']))
-  assert set(header['pending']['row']) <= set(training.RELEASED)
+  assert set(header['pending']['row']) <= set(program_logic.RELEASED)
 
 
 def test_share_run_hands_over_the_released_outputs_without_secrets(

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from scripts import program
+from tff_clip import assembly
 from tff_clip import training
 import as_a_user  # pylint: disable=g-bad-import-order
 
@@ -76,9 +77,9 @@ def test_seeded_run_says_it_is_not_private(straight):
 
 def test_same_seeded_configuration_releases_the_same_rounds(straight, root):
   _, run_dir = straight
-  built = len(training._sessions)  # pylint: disable=protected-access
+  built = len(assembly._sessions)  # pylint: disable=protected-access
   program.run(_config(root, 'again'))
-  assert len(training._sessions) == built  # Reused: nothing was rebuilt.  # pylint: disable=protected-access
+  assert len(assembly._sessions) == built  # Reused: nothing was rebuilt.  # pylint: disable=protected-access
   _assert_same_rows(_rows(run_dir), _rows(root / 'again'))
 
 

@@ -21,6 +21,7 @@ from tensorflow_federated.python.core.impl.executors import value_serialization
 
 from scripts import program
 from tff_clip import algorithms
+from tff_clip import assembly
 from tff_clip import dp
 from tff_clip import execution
 from tff_clip import split_execution
@@ -344,11 +345,11 @@ def test_attacker_on_a_remote_worker_port_reads_split_rounds_but_not_the_key(
     secret_runner, restore_local_context):
   """The default suite's case of the slow test below: split rounds on a
   worker reached over TCP, through the context `--executor=remote` sets
-  (`training.set_execution_context`), attacked on that worker's port."""
+  (`assembly.set_execution_context`), attacked on that worker's port."""
   del restore_local_context
   proc, target = started_worker()
   try:
-    training.set_execution_context(training.TrainConfig(
+    assembly.set_execution_context(training.TrainConfig(
         executor='remote', workers=(target,)))
     state = secret_runner.initialize()
     key = noise_key(state)

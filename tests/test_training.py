@@ -17,6 +17,7 @@ import pytest
 from scripts import program
 from tff_clip import assembly
 from tff_clip import execution
+from tff_clip import program_logic
 from tff_clip import run_directory
 from tff_clip import training
 import as_a_user  # pylint: disable=g-bad-import-order
@@ -385,36 +386,34 @@ def test_dp_round_is_checkpointed_before_release_and_never_computed_twice(
   # trains rounds 3-4 only. Re-running round 2 would release a second
   # aggregate under the same noise (a function of the key and the round).
   base = dict(rounds=4, clients_per_round=6, eval_every=1, seed=3)
-  release = training._MetricsWriters.release
+  record = run_directory.RunState.record
   attempted = {}
 
-  def release_until_round_2(self, round_num, row, *event):
+  def record_until_round_2(self, round_num, row, event):
     if round_num == 2 and not attempted:
       attempted.update(row)
       raise _Killed()
-    release(self, round_num, row, *event)
+    record(self, round_num, row, event)
 
-  monkeypatch.setattr(training._MetricsWriters, 'release',
-                      release_until_round_2)
+  monkeypatch.setattr(run_directory.RunState, 'record', record_until_round_2)
   with pytest.raises(_Killed):
     _run(tmp_path, 'run', **base)
   assert [r['round'] for r in _rows(tmp_path / 'run' / 'metrics.csv')] == ['1']
 
-  trained = []
-  train_round = training._Session.train_round
+  trained = []  # A DP round accounts its event once it ran.
+  round_event = assembly.Session.round_event
 
-  def recording_train_round(self, state, round_num, ledger):
+  def recording_round_event(self, state, round_num):
     trained.append(round_num)
-    return train_round(self, state, round_num, ledger)
+    return round_event(self, state, round_num)
 
-  monkeypatch.setattr(training._Session, 'train_round',
-                      recording_train_round)
+  monkeypatch.setattr(assembly.Session, 'round_event', recording_round_event)
   summary, run_dir = _run(tmp_path, 'run', **base)
   assert trained == [3, 4]
   rows = _rows(run_dir / 'metrics.csv')
   assert [r['round'] for r in rows] == ['1', '2', '3', '4']
-  # Round 2's row as computed before the kill, filtered for release.
-  assert set(rows[1]) < set(attempted)
+  # Round 2's row as computed before the kill, as released.
+  assert set(rows[1]) == set(attempted)
   for key, value in rows[1].items():
     if key != 'round':
       np.testing.assert_equal(float(value), float(attempted[key]))
@@ -427,13 +426,13 @@ def test_dp_round_is_checkpointed_before_release_and_never_computed_twice(
 def builds(monkeypatch):
   """The experiment names of the sessions built from here on."""
   built = []
-  build = training._Session.__init__
+  build = assembly.Session.__init__
 
   def counting_build(self, config, task_builder):
     built.append(config.experiment_name)
     build(self, config, task_builder)
 
-  monkeypatch.setattr(training._Session, '__init__', counting_build)
+  monkeypatch.setattr(assembly.Session, '__init__', counting_build)
   return built
 
 
@@ -461,6 +460,28 @@ def test_runs_in_one_process_share_their_build_never_their_noise(
   keys_a, keys_b = _state_keys(tmp_path / 'a'), _state_keys(tmp_path / 'b')
   assert len(keys_a) == len(keys_b) == 2 and not keys_a & keys_b
   assert 'clients' in b[0] and 'clients' not in a[0]
+
+
+def test_a_release_destination_is_one_release_manager_behind_the_filter(
+    tmp_path):
+  # Handed to the run, a `tff.program.ReleaseManager` gets each round's
+  # released row, keyed by the round: under DP what epsilon covers (the
+  # rows of metrics.csv), never the clients' metrics.
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  memory = tff.program.MemoryReleaseManager()
+  config = training.TrainConfig(root_output_dir=str(tmp_path),
+                                experiment_name='run', progress=False,
+                                rounds=2, clients_per_round=6, eval_every=1,
+                                seed=3)
+  training.run(config, program.build_task, release_managers=[memory])
+  released = memory.values()
+  assert list(released) == [1, 2]
+  rows = _rows(tmp_path / 'run' / 'metrics.csv')
+  for round_num, row in zip(released, rows):
+    assert set(released[round_num]) == set(row) == set(
+        program_logic.RELEASED)
+    for key, value in row.items():
+      assert float(value) == released[round_num][key], key
 
 
 def test_a_run_another_process_is_training_is_refused_untouched(tmp_path):
@@ -495,17 +516,17 @@ def test_a_run_another_process_is_training_is_refused_untouched(tmp_path):
 
 def test_a_calibrated_run_never_shares_a_build_of_other_rounds(monkeypatch):
   # Its noise multiplier is calibrated for its rounds when it is built.
-  monkeypatch.setattr(training, '_sessions', collections.OrderedDict())
-  monkeypatch.setattr(training, '_Session',
+  monkeypatch.setattr(assembly, '_sessions', collections.OrderedDict())
+  monkeypatch.setattr(assembly, 'Session',
                       lambda config, task_builder: object())
   calibrated = training.TrainConfig(noise_multiplier=None, target_epsilon=4.0)
   fixed = training.TrainConfig()
   for config in (calibrated, fixed):
-    first = training._session(config, print)
-    assert training._session(dataclasses.replace(
+    first = assembly.session(config, print)
+    assert assembly.session(dataclasses.replace(
         config, experiment_name='other', root_output_dir='elsewhere'),
-                             print) is first
-    longer = training._session(dataclasses.replace(config, rounds=60), print)
+                            print) is first
+    longer = assembly.session(dataclasses.replace(config, rounds=60), print)
     assert (longer is first) == (config is fixed)
 
 

@@ -7,7 +7,9 @@ is a record, never silently changed. Before anything is built or written,
 `check_writable` whether this process can create it, and `check_released`
 whether a DP run's surviving files prove releases that its log
 (`releases.jsonl`) lost, which must never be trained again. A finished
-run's report is `finished_summary`, recomputed from its records.
+run's report is `finished_summary`, recomputed from its records. A run
+that trains keeps its state in `RunState`: checkpoints that name the
+release they follow, and the log of released rounds.
 
 None of this imports TensorFlow, and the location checks do not import
 dp_accounting either (about half a second): a bad `--root_output_dir` is
@@ -20,6 +22,7 @@ from __future__ import annotations
 import collections
 import math
 import os
+import sys
 import tempfile
 from typing import Any, Optional
 
@@ -28,9 +31,9 @@ from tff_clip.config import EXECUTION_KEYS, RENAMED_KEYS, ConfigError, TrainConf
 from tff_clip.names import MIN_SEPARATION
 
 __all__ = [
-    'check_released', 'check_writable', 'epsilons', 'existing_run',
-    'finished_summary', 'last_eval', 'ledger_of', 'prepare_output_dir',
-    'refusal',
+    'RunState', 'check_released', 'check_writable', 'epsilons',
+    'existing_run', 'finished_summary', 'last_eval', 'ledger_of',
+    'prepare_output_dir', 'refusal',
 ]
 
 
@@ -296,3 +299,120 @@ def check_released(config: TrainConfig) -> None:
     raise refusal(config, log, f'{evidence.proof} shows that rounds up to '
                   f'{evidence.rounds} were released but '
                   f'{run_records.RELEASES} {listed}', evidence)
+
+
+# ----------------------------------------------------------------------------
+# The run's program state: checkpoints, each naming the release it follows.
+
+
+class RunState:
+  """The state manager of a run: its checkpoints and its release log.
+
+  The role of TFF's `tff.program.ProgramStateManager`, for a run whose
+  releases must never be computed twice: a checkpoint
+  (`checkpoints/round_NNNNNN.npz`, readable by its owner only: it holds the
+  noise key) records the `releases.jsonl` hash of the last round it covers,
+  and a DP round's checkpoint also the row and event its release will
+  show. `restore` trusts a checkpoint only together with the log; `record`
+  appends a released round to the log.
+
+  `to_leaves(state)` and `from_leaves(leaves)` turn the state into the flat
+  arrays a checkpoint holds and back; `model_layout` says where the model's
+  weights lie among them (`run_records.share`).
+  """
+
+  def __init__(self, config: TrainConfig, log: run_records.ReleaseLog,
+               private: bool, to_leaves, from_leaves,
+               model_layout: Optional[dict[str, int]]):
+    self._config = config
+    self._log = log
+    self._private = private
+    self._to_leaves = to_leaves
+    self._from_leaves = from_leaves
+    self._model = model_layout
+    self._checkpoints = run_records.Checkpoints(
+        os.path.join(config.output_dir, 'checkpoints'))
+
+  def restore(self, initial_state):
+    """(state, first round to train, pending (round, row, event) or None).
+
+    `initial_state()` when nothing was trained. A DP run whose released
+    rounds no loadable checkpoint covers is refused (it would release them
+    again), as is a log that lost rounds a checkpoint covers; a run without
+    DP trains the rounds after its checkpoint again.
+    """
+    config, log = self._config, self._log
+    released = log.last_round
+    found = self._checkpoints.load_latest(
+        warn=lambda message: print(message, file=sys.stderr, flush=True))
+    if found is None:
+      if released == 0:
+        return initial_state(), 1, None
+      if self._private:
+        raise refusal(config, log, f'rounds 1-{released} were released '
+                      f'({run_records.RELEASES}) but no loadable checkpoint '
+                      'covers them (checkpoints/ is missing or damaged)')
+      print(f'No loadable checkpoint: rounds 1-{released} run again (no '
+            'DP).', flush=True)
+      log.truncate(0)
+      return initial_state(), 1, None
+    version, leaves, header = found
+    pending = header.get('pending')
+    base = version - 1 if pending else version
+    if released > version:
+      if self._private:
+        raise refusal(config, log, f'rounds {version + 1}-{released} were '
+                      f'released ({run_records.RELEASES}) but the newest '
+                      f'loadable checkpoint is of round {version}')
+      print(f'Rounds {version + 1}-{released} run again from the checkpoint '
+            f'of round {version} (no DP).', flush=True)
+      log.truncate(version)
+      released = version
+    if released < base:
+      raise refusal(config, log, f'the checkpoint of round {version} covers '
+                    f'rounds up to {base} but {run_records.RELEASES} lists '
+                    f'only {released}: the records of rounds '
+                    f'{released + 1}-{base} are lost')
+    if log.hash_at(min(released, base)) != header.get('log_hash'):
+      raise refusal(config, log, f'the checkpoint of round {version} does '
+                    f'not belong to {run_records.RELEASES} (the log hashes '
+                    'differ)')
+    state = self._from_leaves(leaves)
+    if pending is not None and released == base:
+      from tff_clip import privacy_ledger  # pylint: disable=g-import-not-at-top
+      pending = (version, {k: math.nan if v is None else v
+                           for k, v in pending['row'].items()},
+                 privacy_ledger.event_from_dict(pending['event']))
+    else:
+      pending = None
+    print(f'Resuming {config.output_dir}/ from its checkpoint after round '
+          f'{version} of {config.rounds}.', flush=True)
+    return state, version + 1, pending
+
+  def checkpoint(self, round_num: int, state, pending=None) -> None:
+    """Saves round `round_num`'s state.
+
+    `pending`: (row, event) of a DP round saved before its release; the
+    checkpoint then follows the log of the rounds before it.
+    """
+    if pending is None:
+      header = dict(pending=None, log_hash=self._log.hash_at(round_num),
+                    model=self._model)
+    else:
+      row, event = pending
+      header = dict(pending=dict(row=run_records.strict_json(row),
+                                 event=_event_dict(event)),
+                    log_hash=self._log.hash_at(round_num - 1),
+                    model=self._model)
+    self._checkpoints.save(round_num, self._to_leaves(state), header)
+
+  def record(self, round_num: int, row, event) -> None:
+    """Appends the released round (its row and DP event) to the log."""
+    self._log.append(round_num, row, _event_dict(event))
+
+
+def _event_dict(event):
+  if event is None:
+    return None
+  from tff_clip import privacy_ledger  # pylint: disable=g-import-not-at-top
+  return privacy_ledger.event_to_dict(event)

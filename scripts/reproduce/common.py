@@ -176,6 +176,7 @@ def train(output_dir: str, name: str, **config_fields) -> dict:
   """
   from tff_clip import plotting  # pylint: disable=g-import-not-at-top
   from scripts import program  # pylint: disable=g-import-not-at-top
+  from tff_clip import config as config_lib  # pylint: disable=g-import-not-at-top
   from tff_clip import training  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   config = training.TrainConfig(
@@ -187,7 +188,7 @@ def train(output_dir: str, name: str, **config_fields) -> dict:
   if os.path.exists(summary_path) and os.path.exists(config_path):
     with open(config_path) as f:
       stored = {k: v for k, v in json.load(f).items()
-                if k not in training.EXECUTION_KEYS}
+                if k not in config_lib.EXECUTION_KEYS}
     done = stored == config.identity()
   if done:
     with open(summary_path) as f:
