@@ -169,7 +169,7 @@ def test_other_configuration_in_existing_dir_is_refused_untouched(tmp_path):
   with pytest.raises(training.ConfigError, match='rounds'):
     run_directory.prepare_output_dir(other)
   assert marker.read_text() == 'round\n1\n'
-  assert run_directory.prepare_output_dir(config) is True  # Same config resumes.
+  assert run_directory.prepare_output_dir(config) is True  # Resumes.
 
 
 def test_run_recorded_under_earlier_knob_names_resumes(tmp_path):

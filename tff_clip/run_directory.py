@@ -26,8 +26,10 @@ import sys
 import tempfile
 from typing import Any, Optional
 
+from tff_clip import release_evidence
 from tff_clip import run_records
-from tff_clip.config import EXECUTION_KEYS, RENAMED_KEYS, ConfigError, TrainConfig
+from tff_clip.config import ConfigError, TrainConfig
+from tff_clip.config import EXECUTION_KEYS, RENAMED_KEYS
 from tff_clip.names import MIN_SEPARATION
 
 __all__ = [
@@ -250,7 +252,7 @@ def _proven_spent(config, log, evidence) -> tuple[int, Optional[float]]:
 
 
 def _spent(log, config, evidence=None) -> str:
-  evidence = evidence or run_records.release_evidence(config.output_dir)
+  evidence = evidence or release_evidence.release_evidence(config.output_dir)
   rounds, epsilon = _proven_spent(config, log, evidence)
   if not rounds:
     return ''
@@ -279,7 +281,7 @@ def check_released(config: TrainConfig) -> None:
   time under a new noise key, and the privacy cost would add up.
   """
   log = run_records.ReleaseLog(config.output_dir)
-  evidence = run_records.release_evidence(config.output_dir)
+  evidence = release_evidence.release_evidence(config.output_dir)
   covered = log.last_round
   # A round checkpointed (with its row) but cut from the log by a kill is
   # released again from its checkpoint: the same row, never computed again.
