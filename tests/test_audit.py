@@ -356,7 +356,9 @@ def test_bad_arguments_are_named():
 def test_audited_tff_process_keeps_the_dp_event_and_reports_both_threats():
   plain = dp.dp_factory('per_layer_clip', noise_multiplier=0.5, clients_per_round=20.0, clip_norm='adaptive')
   audited = audit.CanaryFactory(plain, 10, 0.4)
+  factory_before = dict(vars(audited))
   process = audited.create(VALUE_TYPE, tff.TensorType(np.float32))
+  assert vars(audited) == factory_before  # `create` has no side effect.
   reference = plain.create(VALUE_TYPE, tff.TensorType(np.float32))
   rng = np.random.default_rng(0)
   data = [[rng.normal(size=300).astype(np.float32),
@@ -366,7 +368,7 @@ def test_audited_tff_process_keeps_the_dp_event_and_reports_both_threats():
     state = process.next(state, data, [1.0] * 4).state
     reference_state = reference.next(reference_state, data, [1.0] * 4).state
   assert dp.extract_dp_event(state) == dp.extract_dp_event(reference_state)
-  report = audit.audit_report(audited.query, state,
+  report = audit.audit_report(audited.build_query(VALUE_TYPE), state,
                               [np.ones(300, np.float32),
                                np.ones(30, np.float32)], DELTA)
   assert report['rounds'] == 2 and report['candidates'] == 20

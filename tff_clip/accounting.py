@@ -87,47 +87,28 @@ _PLD_RELATIVE_GRID, _PLD_MIN_GRID, _PLD_MAX_GRID = 1e-4, 1e-6, 100.0
 _MIN_NOISE_MULTIPLIER, _MAX_NOISE_MULTIPLIER = 2.0**-10, 2.0**20
 _RDP_CACHE: dict[tuple[dp_accounting.DpEvent,
                        dp_accounting.NeighboringRelation], np.ndarray] = {}
-# What each real argument must be: (requirement, test).
-_POSITIVE = ('finite and > 0', lambda v: math.isfinite(v) and v > 0)
-_REAL_RULES = {
-    'noise_multiplier': ('finite and >= 0',
-                         lambda v: math.isfinite(v) and v >= 0),
-    'delta': ('in (0, 1)', lambda v: 0 < v < 1),
-    'sampling_probability': ('in (0, 1]', lambda v: 0 < v <= 1),
-    'clients_per_round': ('> 0 (the expected cohort size under Poisson '
-                          'sampling)', _POSITIVE[1]),
-    'target_epsilon': ('finite and > 0 (epsilon = 0 is unreachable with '
-                       'Gaussian noise)', _POSITIVE[1]),
-    'tolerance': _POSITIVE,
-    'value_discretization_interval': _POSITIVE,
-    'scales': ('real', lambda v: True),
-}
 
 
 # ---------------------------------------------------------------------------
-# Argument checks (`tff_clip.checks`' rule: TypeError for a value of the
-# wrong type, ValueError for one out of range), naming the argument.
+# Argument checks: `tff_clip.checks`' rules (TypeError for a value of the
+# wrong type, ValueError for one out of range), naming the argument, in the
+# float64 the accountants compute in.
 
 
 def _integer(value, name: str, minimum: int = 1) -> int:
   return checks.integer(value, name, minimum=minimum)
 
 
-def _real(value, name: str) -> float:
-  """`value` as a float, checked against `_REAL_RULES[name]`."""
-  if not checks.is_real(value):
-    raise TypeError(f'`{name}` must be a real number; got {value!r}.')
-  value = float(value)
-  requirement, ok = _REAL_RULES[name]
-  if not ok(value):
-    raise ValueError(f'`{name}` must be {requirement}; got {value!r}.')
-  return value
+def _nonnegative(value, name: str) -> float:
+  return checks.nonnegative_float(value, name, np.float64)
 
 
-def _choice(value, name: str, choices: tuple[str, ...]) -> str:
-  if value not in choices:
-    raise ValueError(f'`{name}` must be one of {choices}; got {value!r}.')
-  return value
+def _positive(value, name: str) -> float:
+  return checks.positive_float(value, name, np.float64)
+
+
+def _delta(value) -> float:
+  return checks.probability(value, 'delta')
 
 
 def _cohort(clients_per_round, population_size,
@@ -141,7 +122,7 @@ def _cohort(clients_per_round, population_size,
       clients_per_round = int(clients_per_round)
     clients_per_round = _integer(clients_per_round, 'clients_per_round')
   else:
-    clients_per_round = _real(clients_per_round, 'clients_per_round')
+    clients_per_round = _positive(clients_per_round, 'clients_per_round')
   if clients_per_round > population_size:
     raise ValueError(
         f'`clients_per_round` ({clients_per_round:g}) must be <= '
@@ -156,9 +137,10 @@ def _check_event(event, name: str = 'event') -> None:
     raise TypeError(
         f'`{name}` must be a dp_accounting.DpEvent; got {type(event)}.')
   if isinstance(event, dp_accounting.GaussianDpEvent):
-    _real(event.noise_multiplier, 'noise_multiplier')
+    _nonnegative(event.noise_multiplier, 'noise_multiplier')
   elif isinstance(event, dp_accounting.PoissonSampledDpEvent):
-    _real(event.sampling_probability, 'sampling_probability')
+    checks.probability(event.sampling_probability, 'sampling_probability',
+                       high_open=False)
   elif isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent):
     _cohort(event.sample_size, event.source_dataset_size, FIXED_SIZE)
   elif isinstance(event, dp_accounting.SelfComposedDpEvent):
@@ -191,7 +173,7 @@ def round_event(noise_event: dp_accounting.DpEvent,
   expected cohort under Poisson sampling (may be fractional).
   """
   _check_event(noise_event, 'noise_event')
-  sampling = _choice(sampling, 'sampling', SAMPLINGS)
+  sampling = checks.one_of(sampling, 'sampling', SAMPLINGS)
   if sampling == MIN_SEPARATION:
     raise ValueError("`sampling`: 'min_separation' rounds are recorded with "
                      '`min_separation_round_event` (they depend on the '
@@ -211,8 +193,8 @@ def gaussian_round_event(noise_multiplier: float,
                          sampling: str = POISSON) -> dp_accounting.DpEvent:
   """`round_event(GaussianDpEvent(noise_multiplier), ...)`."""
   return round_event(
-      dp_accounting.GaussianDpEvent(_real(noise_multiplier,
-                                          'noise_multiplier')),
+      dp_accounting.GaussianDpEvent(_nonnegative(noise_multiplier,
+                                                 'noise_multiplier')),
       clients_per_round, population_size, sampling)
 
 
@@ -258,7 +240,7 @@ def correlated_training_event(noise_mechanism: str, noise_multiplier: float,
   2023); tree, k restarted trees (tensorflow-privacy's
   `compute_rdp_tree_restart`); independent, k Gaussians.
   """
-  noise_multiplier = _real(noise_multiplier, 'noise_multiplier')
+  noise_multiplier = _nonnegative(noise_multiplier, 'noise_multiplier')
   mechanism = mechanisms.noise_mechanism(
       noise_mechanism, bands, rounds=_integer(rounds, 'rounds'),
       separation=_integer(separation, 'separation'))
@@ -526,10 +508,10 @@ def compute_epsilon(
   account for the event (e.g. PLD with fixed-size sampling).
   """
   _check_event(event)
-  delta = _real(delta, 'delta')
-  accountant = _choice(accountant, 'accountant', ACCOUNTANTS)
+  delta = _delta(delta)
+  accountant = checks.one_of(accountant, 'accountant', ACCOUNTANTS)
   grid = (None if value_discretization_interval is None else
-          _real(value_discretization_interval, 'value_discretization_interval'))
+          _positive(value_discretization_interval, 'value_discretization_interval'))
   relation = _neighboring_relation(event)
   return _guarantee(_accounting_view(event, relation), relation, delta,
                     accountant, grid)
@@ -548,7 +530,7 @@ def compute_training_epsilon(
 
   z = 0 gives epsilon = inf; n is the expected cohort for Poisson sampling.
   """
-  delta = _real(delta, 'delta')
+  delta = _delta(delta)
   event = training_event(noise_multiplier, clients_per_round, population_size,
                          rounds, sampling)
   return compute_epsilon(event, delta, accountant,
@@ -615,16 +597,16 @@ def calibrate_noise_multiplier(target_epsilon: float,
   search and `compute_epsilon`'s for the check. Returns z ~ 2**-10 if that
   meets the target; ValueError if z = 2**20 does not.
   """
-  target_epsilon = _real(target_epsilon, 'target_epsilon')
-  delta = _real(delta, 'delta')
-  accountant = _choice(accountant, 'accountant', ACCOUNTANTS)
-  sampling = _choice(sampling, 'sampling', SAMPLINGS)
+  target_epsilon = _positive(target_epsilon, 'target_epsilon')
+  delta = _delta(delta)
+  accountant = checks.one_of(accountant, 'accountant', ACCOUNTANTS)
+  sampling = checks.one_of(sampling, 'sampling', SAMPLINGS)
   clients_per_round, population_size = _cohort(clients_per_round,
                                                population_size, sampling)
   rounds = _integer(rounds, 'rounds')
-  tolerance = _real(tolerance, 'tolerance')
+  tolerance = _positive(tolerance, 'tolerance')
   grid = (None if value_discretization_interval is None else
-          _real(value_discretization_interval, 'value_discretization_interval'))
+          _positive(value_discretization_interval, 'value_discretization_interval'))
 
   relation = _REPLACE_ONE if sampling == FIXED_SIZE else _ADD_OR_REMOVE
 
@@ -700,23 +682,20 @@ def extrapolate_population(
   `compute_training_epsilon` of (z', n', K', rounds) per accountant; K' is
   rounded, and n' too for fixed-size sampling (z' from the rounded n').
   """
-  noise_multiplier = _real(noise_multiplier, 'noise_multiplier')
-  sampling = _choice(sampling, 'sampling', SAMPLINGS)
+  noise_multiplier = _nonnegative(noise_multiplier, 'noise_multiplier')
+  sampling = checks.one_of(sampling, 'sampling', SAMPLINGS)
   clients_per_round, population_size = _cohort(clients_per_round,
                                                population_size, sampling)
   rounds = _integer(rounds, 'rounds')
-  delta = _real(delta, 'delta')
-  accountants = [_choice(a, 'accountant', ACCOUNTANTS) for a in accountants]
+  delta = _delta(delta)
+  accountants = [checks.one_of(a, 'accountant', ACCOUNTANTS) for a in accountants]
   sigma_dp = noise_multiplier / clients_per_round
   rows = []
   for pair in scales:
     if len(pair) != 2:
       raise ValueError('`scales` must be (cohort scale, population scale) '
                        f'pairs; got {pair!r}.')
-    cohort_scale, population_scale = (_real(s, 'scales') for s in pair)
-    if not (cohort_scale > 0 and population_scale > 0 and
-            math.isfinite(cohort_scale) and math.isfinite(population_scale)):
-      raise ValueError(f'`scales` must be positive and finite; got {pair!r}.')
+    cohort_scale, population_scale = (_positive(s, 'scales') for s in pair)
     cohort = clients_per_round * cohort_scale
     if sampling == FIXED_SIZE:
       cohort = max(1, round(cohort))
@@ -740,8 +719,8 @@ def calibrate_correlated_noise_multiplier(target_epsilon: float,
                                           delta: float,
                                           tolerance: float = 1e-6) -> float:
   """The smallest z whose `correlated_training_event` meets the target (RDP)."""
-  target_epsilon = _real(target_epsilon, 'target_epsilon')
-  delta = _real(delta, 'delta')
+  target_epsilon = _positive(target_epsilon, 'target_epsilon')
+  delta = _delta(delta)
   correlated_training_event(noise_mechanism, 1.0, bands, rounds, separation)
 
   def view_for(noise_multiplier: float) -> dp_accounting.DpEvent:

@@ -191,9 +191,7 @@ def gaussian_pair_epsilon(null_mean: float, null_std: float,
   Wang 2018, Thm. 5 in the equal-variance case). Returns `inf` when even a
   huge eps leaves more than delta.
   """
-  delta = checks.positive_float(delta, 'delta', np.float64)
-  if delta >= 1:
-    raise ValueError(f'`delta` must be in (0, 1); got {delta!r}.')
+  delta = checks.probability(delta, 'delta')
   for value, label in ((null_std, 'null_std'), (observed_std, 'observed_std')):
     checks.positive_float(value, label, np.float64)
   p = (float(null_mean), float(null_std))
@@ -323,8 +321,7 @@ def one_run_lower_bound(scores: Sequence[Sequence[float]],
   (1 - confidence) / G, G the number of tests (Bonferroni), so the whole
   procedure holds at `confidence`.
   """
-  if not 0.0 < confidence < 1.0:
-    raise ValueError(f'`confidence` must be in (0, 1); got {confidence!r}.')
+  checks.probability(confidence, 'confidence')
   inserted = np.asarray(inserted, bool)
   m = inserted.size
   scores = [np.asarray(s, np.float64) for s in scores]
@@ -435,16 +432,9 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
     if not isinstance(inner_query, tfp.SumAggregationDPQuery):
       raise TypeError('`inner_query` must be a tfp.SumAggregationDPQuery; got '
                       f'{inner_query!r}.')
-    if (isinstance(num_candidates, bool) or
-        not isinstance(num_candidates, (int, np.integer)) or
-        num_candidates < 2):
-      raise ValueError('`num_candidates` must be an int >= 2; got '
-                       f'{num_candidates!r}.')
-    sampling_probability = checks.positive_float(
-        sampling_probability, 'sampling_probability', np.float64)
-    if sampling_probability > 1:
-      raise ValueError('`sampling_probability` must be in (0, 1]; got '
-                       f'{sampling_probability!r}.')
+    checks.integer(num_candidates, 'num_candidates', minimum=2)
+    sampling_probability = checks.probability(
+        sampling_probability, 'sampling_probability', high_open=False)
     self._inner = inner_query
     self._specs = record_specs
     self._flat_specs = tf.nest.flatten(record_specs)
@@ -695,28 +685,24 @@ class CanaryFactory(tff.aggregators.UnweightedAggregationFactory,
     if not isinstance(dp_factory, dp.DPBoundingFactory):
       raise TypeError('`dp_factory` must come from `tff_clip.dp.dp_factory`; '
                       f'got {dp_factory!r}.')
-    if (isinstance(num_canaries, bool) or
-        not isinstance(num_canaries, (int, np.integer)) or num_canaries < 1):
-      raise ValueError(f'`num_canaries` must be a positive int; got '
-                       f'{num_canaries!r}.')
-    checks.positive_float(sampling_probability, 'sampling_probability',
-                          np.float64)
-    if sampling_probability > 1:
-      raise ValueError('`sampling_probability` must be in (0, 1]; got '
-                       f'{sampling_probability!r}.')
+    checks.integer(num_canaries, 'num_canaries', minimum=1)
+    checks.probability(sampling_probability, 'sampling_probability',
+                       high_open=False)
     self._dp_factory = dp_factory
     self._num_canaries = int(num_canaries)
     self._q = float(sampling_probability)
     self._seed = seed
     self._raw_norm = canary_raw_norm
     self._separation = separation
-    self.query = None
 
-  def create(self, value_type, weight_type=None):
+  def build_query(self, value_type) -> 'CanaryQuery':
+    """The `CanaryQuery` that `create` wraps, for `value_type`: a new one
+    on every call (the factory is not changed), e.g. for `audit_report`
+    after training (the canaries' seed is read from the state)."""
     value_type = tff.types.to_type(value_type)
     aggregators.check_value_type(value_type)
     inner = self._dp_factory.build_query(value_type)
-    self.query = CanaryQuery(
+    return CanaryQuery(
         inner, tff.types.type_to_tf_tensor_specs(value_type),
         2 * self._num_canaries, self._q,
         per_layer=self._dp_factory.spec.per_layer,
@@ -725,8 +711,13 @@ class CanaryFactory(tff.aggregators.UnweightedAggregationFactory,
         noise_mechanism=self._dp_factory.spec.noise_mechanism,
         bands=self._dp_factory.spec.bands,
         rounds=self._dp_factory.spec.rounds)
+
+  def create(self, value_type, weight_type=None):
+    """The audited aggregation process; like TFF's factories, no side
+    effect (`build_query` gives its query)."""
     factory = tff.aggregators.DifferentiallyPrivateFactory(
-        self.query, self._dp_factory.record_aggregation_factory)
+        self.build_query(value_type),
+        self._dp_factory.record_aggregation_factory)
     if weight_type is None:
       return factory.create(value_type)
     return tff.aggregators.as_weighted_aggregator(factory).create(
@@ -771,7 +762,8 @@ def audit_report(query: CanaryQuery, aggregator_state, model_delta,
   """Both threat models' estimates and lower bounds.
 
   Args:
-    query: the `CanaryQuery` of the run (`CanaryFactory.query`).
+    query: the run's `CanaryQuery` (`CanaryFactory.build_query` of the
+      aggregated value's type: the state holds the canaries' seed).
     aggregator_state: the final aggregator (or whole learning) state.
     model_delta: the model's total movement in the aggregated value's
       structure AND sign convention, or None to skip the final-model threat

@@ -7,6 +7,10 @@ outside its range a `ValueError`. A number is checked in the dtype it will be
 used in (float32 by default: norms, noise multipliers, learning rates and
 counts enter TensorFlow as float32), so 1e39 (inf in float32) and 1e-50 (0 in
 float32) are refused rather than silently becoming inf or 0. No TF import.
+
+The project's one set of these rules: the library, the flags
+(`tff_clip.config`, which writes `name` as --name), the accountant and the
+optimizers all check their numbers and names here.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import numbers
 import numpy as np
 
 __all__ = ['FLOAT32_TINY', 'INT64_MAX', 'boolean', 'integer', 'is_real',
-           'nonnegative_float', 'normal_float', 'positive_float', 'probability']
+           'nonnegative_float', 'normal_float', 'one_of', 'positive_float',
+           'probability']
 
 INT64_MAX = 2**63 - 1
 # The smallest normal float32. TensorFlow's CPU kernels flush smaller
@@ -94,7 +99,8 @@ def normal_float(value: float, label: str, dtype=np.float32) -> float:
 def probability(value, label: str, low_open: bool = True,
                 high_open: bool = True, dtype=np.float64) -> float:
   """`value` as a float in (0, 1) (a closed end where `*_open` is False):
-  TypeError if not a number, ValueError outside the interval."""
+  TypeError if not a number, ValueError outside the interval. The rule of
+  every number in the unit interval (probabilities, fractions, decays)."""
   number = _as_number(value, label)
   low_ok = number > 0 if low_open else number >= 0
   high_ok = number < 1 if high_open else number <= 1
@@ -118,6 +124,15 @@ def integer(value, label: str, minimum: int = 0,
               f'an integer >= {minimum}')
     raise ValueError(f'`{label}` must be {wanted}; got {value!r}.')
   return int(value)
+
+
+def one_of(value, label: str, choices) -> str:
+  """`value` if it is one of `choices` (names); ValueError listing them."""
+  choices = tuple(choices)
+  if not isinstance(value, str) or value not in choices:
+    raise ValueError(f'`{label}` must be one of {", ".join(choices)}; got '
+                     f'{value!r}.')
+  return value
 
 
 def boolean(value, label: str) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import re
 import typing
@@ -389,30 +388,32 @@ def fields() -> list[tuple[dataclasses.Field, Any]]:
 # Validation.
 
 
-def _positive(value, name, kind=float, allow_none=False, dtype=np.float32):
-  """A positive number (float: finite and positive in `dtype` too)."""
-  if value is None and allow_none:
+# The largest value of an int flag: counts enter TensorFlow as int32.
+_INT32_MAX = 2**31 - 1
+
+
+def _check(rule, value, name, *args, optional=False, **kwargs):
+  """Flag `name` checked by the `tff_clip.checks` `rule` (None passes when
+  `optional`): the library's one rule, its error a `ConfigError`."""
+  if value is None and optional:
     return
-  ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and
-        (kind is float or float(value).is_integer()) and math.isfinite(value)
-        and value > 0)
-  if not ok:
-    raise ConfigError(f'--{name} must be a positive '
-                      f'{"integer" if kind is int else "number"}; got '
-                      f'{value!r}.')
   try:
-    if kind is float:
-      checks.positive_float(value, name, dtype)
-    else:
-      checks.integer(int(value), name, minimum=1, maximum=2**31 - 1)
-  except ValueError as e:
+    rule(value, name, *args, **kwargs)
+  except (TypeError, ValueError) as e:
     raise flag_error(e) from None
 
 
+def _positive(value, name, optional=False, dtype=np.float32):
+  _check(checks.positive_float, value, name, dtype, optional=optional)
+
+
+def _count(value, name, optional=False):
+  _check(checks.integer, value, name, minimum=1, maximum=_INT32_MAX,
+         optional=optional)
+
+
 def one_of(value, name, choices):
-  if value not in choices:
-    raise ConfigError(f'--{name} must be one of {", ".join(choices)}; got '
-                      f'{value!r}.')
+  _check(checks.one_of, value, name, choices)
 
 
 def _check_choices(config):
@@ -488,41 +489,32 @@ def _check_baseline(config):
 
 
 def _check_privacy(config):
-  _positive(config.target_epsilon, 'target_epsilon', allow_none=True,
+  _positive(config.target_epsilon, 'target_epsilon', optional=True,
             dtype=np.float64)
   _check_baseline(config)
   if config.denominator == 'actual' and config.sampling != names.FIXED_SIZE:
     raise ConfigError('--denominator=actual releases the cohort size: it is '
                       'private under --sampling=poisson; use '
                       '--sampling=fixed_size or --denominator=expected.')
-  try:
-    checks.probability(config.delta, 'delta')
-  except (TypeError, ValueError) as e:
-    raise flag_error(e) from None
+  _check(checks.probability, config.delta, 'delta')
 
 
 def _check_training(config):
-  try:  # numpy's seeds (Keras' set_random_seed) are 32-bit.
-    checks.integer(config.seed, 'seed', minimum=0, maximum=SEED_MAX)
-  except (TypeError, ValueError) as e:
-    raise flag_error(e) from None
-  _positive(config.clients_per_round, 'clients_per_round', int)
-  _positive(config.rounds, 'rounds', int)
+  # numpy's seeds (Keras' set_random_seed) are 32-bit.
+  _check(checks.integer, config.seed, 'seed', minimum=0, maximum=SEED_MAX)
+  _count(config.clients_per_round, 'clients_per_round')
+  _count(config.rounds, 'rounds')
   _positive(config.client_learning_rate, 'client_learning_rate')
   _positive(config.server_learning_rate, 'server_learning_rate')
-  if not 0.0 <= config.server_momentum < 1.0:
-    raise ConfigError('--server_momentum must be in [0, 1); got '
-                      f'{config.server_momentum!r}.')
-  _positive(config.local_epochs, 'local_epochs', int)
-  _positive(config.local_steps, 'local_steps', int, allow_none=True)
-  _positive(config.batch_size, 'batch_size', int)
-  _positive(config.num_clients, 'num_clients', int, allow_none=True)
-  _positive(config.partition_alpha, 'partition_alpha', allow_none=True)
-  if config.validation_fraction is not None:
-    try:
-      checks.probability(config.validation_fraction, 'validation_fraction')
-    except (TypeError, ValueError) as e:
-      raise flag_error(e) from None
+  _check(checks.probability, config.server_momentum, 'server_momentum',
+         low_open=False)
+  _count(config.local_epochs, 'local_epochs')
+  _count(config.local_steps, 'local_steps', optional=True)
+  _count(config.batch_size, 'batch_size')
+  _count(config.num_clients, 'num_clients', optional=True)
+  _positive(config.partition_alpha, 'partition_alpha', optional=True)
+  _check(checks.probability, config.validation_fraction,
+         'validation_fraction', optional=True)
   blur_clip_norm = config.blur_clip_norm
   if (blur_clip_norm is None and config.blur_strength is not None and
       not isinstance(config.clip_norm, str)):
@@ -535,13 +527,10 @@ def _check_training(config):
         client_learning_rate=config.client_learning_rate)
   except (TypeError, ValueError) as e:
     raise flag_error(e) from None
-  _positive(config.eval_every, 'eval_every', int)
-  _positive(config.checkpoint_every, 'checkpoint_every', int)
-  if not (isinstance(config.checkpoint_interval_s, (int, float)) and
-          math.isfinite(config.checkpoint_interval_s) and
-          config.checkpoint_interval_s >= 0):
-    raise ConfigError('--checkpoint_interval_s must be a number >= 0; got '
-                      f'{config.checkpoint_interval_s!r}.')
+  _count(config.eval_every, 'eval_every')
+  _count(config.checkpoint_every, 'checkpoint_every')
+  _check(checks.nonnegative_float, config.checkpoint_interval_s,
+         'checkpoint_interval_s', np.float64)
   # A DP run checkpoints every round before releasing it: a released round
   # that a resumed run computed again would be released twice under the
   # same noise (a function of the key and the round), and with a random
@@ -557,8 +546,8 @@ def _check_training(config):
 
 
 def _check_execution(config):
-  _positive(config.max_concurrent_clients, 'max_concurrent_clients', int,
-            allow_none=True)
+  _count(config.max_concurrent_clients, 'max_concurrent_clients',
+         optional=True)
   _positive(config.worker_timeout_s, 'worker_timeout_s')
   if config.executor == 'remote' and not config.workers:
     raise ConfigError('--executor=remote needs --workers=host:port,...')
@@ -603,24 +592,18 @@ def _check_path(name: str, path: str) -> None:
 
 
 def _check_audit(config):
-  if (isinstance(config.audit_canaries, bool) or
-      not isinstance(config.audit_canaries, int) or config.audit_canaries < 0):
-    raise ConfigError('--audit_canaries must be an integer >= 0; got '
-                      f'{config.audit_canaries!r}.')
+  _check(checks.integer, config.audit_canaries, 'audit_canaries',
+         maximum=_INT32_MAX)
   if config.audit_canaries and (not config.private or
                                 config.bounding in BASELINES):
     raise ConfigError('--audit_canaries audits a tff_clip DP run: set '
                       '--noise_multiplier or --target_epsilon and a tff_clip '
                       '--bounding.')
-  try:
-    checks.probability(config.audit_confidence, 'audit_confidence')
-  except (TypeError, ValueError) as e:
-    raise flag_error(e) from None
+  _check(checks.probability, config.audit_confidence, 'audit_confidence')
 
 
 def _check_correlated(config):
-  _positive(config.min_separation, 'min_separation', kind=int,
-            allow_none=True)
+  _count(config.min_separation, 'min_separation', optional=True)
   # The mechanism's own checks (placement and `bands` against the
   # separation were checked with the spec, `_check_mechanism`).
   noise = config.noise

@@ -61,6 +61,7 @@ import tensorflow_privacy as tfp
 
 from tff_clip import aggregators
 from tff_clip import bounding
+from tff_clip import checks
 from tff_clip import mechanisms
 from tff_clip import spec as spec_lib
 
@@ -204,9 +205,7 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
                        np.asarray(layer_fractions, np.float64))
     self._noise_multiplier = float(noise_multiplier)
     self._noise_seed = noise_seed
-    if noise_placement not in NOISE_PLACEMENTS:
-      raise ValueError(f'`noise_placement` must be one of {NOISE_PLACEMENTS}; '
-                       f'got {noise_placement!r}.')
+    checks.one_of(noise_placement, 'noise_placement', NOISE_PLACEMENTS)
     if noise_placement == 'client' and not expected_clients:
       raise ValueError('`clients_per_round` is required for client noise.')
     self._placement = noise_placement

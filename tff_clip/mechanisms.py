@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Optional
 
 from tff_clip import boundings
+from tff_clip import checks
 from tff_clip import correlated_noise
 from tff_clip import noise_mechanisms
 
@@ -48,10 +49,8 @@ class Registry:
   def get(self, name, label: Optional[str] = None) -> type:
     """The class registered as `name`; ValueError naming `label` (default:
     the registry's) and the known names for any other value."""
-    if name not in self:
-      raise ValueError(f'`{label or self._label}` must be one of '
-                       f'{self.names}; got {name!r}.')
-    return self._classes[name]
+    return self._classes[checks.one_of(name, label or self._label,
+                                       self.names)]
 
   def register(self, cls: type) -> type:
     """Adds `cls` under `cls.name` (refused if the name is taken)."""

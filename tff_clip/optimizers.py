@@ -37,7 +37,6 @@ References:
 from __future__ import annotations
 
 import collections
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +45,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_clip import bounding
+from tff_clip import checks
 
 __all__ = [
     'build_lamb',
@@ -74,36 +74,37 @@ _PRECONDITIONER_KEY = 'preconditioner'
 # Argument checks (at build time, long before any tracing).
 
 
-def _check_number(value, label: str, is_valid: Callable[[float], bool],
-                  wanted: str) -> None:
-  """Checks that a hyperparameter is a finite real scalar with `is_valid`.
-
-  Symbolic tensors (e.g. a learning rate computed inside a TFF computation)
-  cannot be checked at build time and are let through, as TFF's own
-  optimizers do.
-  """
+def _known(value):
+  """`value` as a number if it is known when the optimizer is built, else
+  None: a symbolic tensor (e.g. a learning rate computed inside a TFF
+  computation) cannot be checked at build time and is let through, as TFF's
+  own optimizers do."""
   if tf.is_symbolic_tensor(value):
-    return
+    return None
   number = value.numpy() if tf.is_tensor(value) else value
-  if isinstance(number, (bool, np.bool_)) or not isinstance(
-      number, (int, float, np.integer, np.floating, np.ndarray)) or np.ndim(
-          number) != 0:
-    raise TypeError(f'`{label}` must be {wanted}; got {value!r}.')
-  number = float(number)
-  if not math.isfinite(number) or not is_valid(number):
-    raise ValueError(f'`{label}` must be {wanted}; got {value!r}.')
+  if isinstance(number, np.ndarray) and number.ndim == 0:
+    number = number[()]
+  return number
+
+
+def _check(rule, value, label: str, **kwargs) -> None:
+  """A hyperparameter known at build time, checked by the `tff_clip.checks`
+  `rule` (TypeError for a value of the wrong type, ValueError out of range)."""
+  number = _known(value)
+  if number is not None:
+    rule(number, label, **kwargs)
 
 
 def _check_non_negative(value, label):
-  _check_number(value, label, lambda x: x >= 0, 'a finite float >= 0')
+  _check(checks.nonnegative_float, value, label)
 
 
 def _check_positive(value, label):
-  _check_number(value, label, lambda x: x > 0, 'a finite float > 0')
+  _check(checks.positive_float, value, label)
 
 
 def _check_decay(value, label):
-  _check_number(value, label, lambda x: 0 <= x < 1, 'a float in [0, 1)')
+  _check(checks.probability, value, label, low_open=False)
 
 
 def _check_optimizer(optimizer, label: str) -> None:
@@ -246,8 +247,7 @@ def clipped_optimizer(inner_optimizer: _Optimizer,
   if tf.is_tensor(clip_norm):
     raise TypeError(
         f'`clip_norm` must be a Python float; got a tensor {clip_norm!r}.')
-  _check_number(clip_norm, 'clip_norm', lambda x: x > 0,
-                'a positive finite float')
+  _check_positive(clip_norm, 'clip_norm')
   return _ClippedOptimizer(inner_optimizer, clip_norm)
 
 
@@ -487,10 +487,8 @@ def build_lars(learning_rate: float,
   _check_non_negative(weight_decay, 'weight_decay')
   _check_positive(trust_coefficient, 'trust_coefficient')
   _check_non_negative(epsilon, 'epsilon')
-  if not isinstance(nesterov, (bool, np.bool_)):
-    raise TypeError(f'`nesterov` must be a bool; got {nesterov!r}.')
   return _Lars(learning_rate, momentum, weight_decay, trust_coefficient,
-               epsilon, bool(nesterov))
+               epsilon, checks.boolean(nesterov, 'nesterov'))
 
 
 # ----------------------------------------------------------------------------
@@ -541,8 +539,7 @@ def exponential_decay(
     float32 scalar tensor; usable inside `tf.function` and TFF computations.
   """
   _check_non_negative(initial_learning_rate, 'initial_learning_rate')
-  _check_number(decay_rate, 'decay_rate', lambda x: 0 < x <= 1,
-                'a float in (0, 1]')
+  _check(checks.probability, decay_rate, 'decay_rate', high_open=False)
 
   def schedule(step):
     return tf.cast(initial_learning_rate, tf.float32) * tf.pow(

@@ -36,6 +36,7 @@ import numpy as np
 
 import hashlib
 
+from tff_clip import checks
 from tff_clip.names import FIXED_SIZE, MIN_SEPARATION, POISSON, SAMPLINGS
 
 __all__ = ['FIXED_SIZE', 'MIN_SEPARATION', 'POISSON', 'SAMPLINGS',
@@ -60,22 +61,13 @@ class ClientSampler:
     self._client_ids = sorted(client_ids)
     if not self._client_ids:
       raise ValueError('`client_ids` is empty: there is no client to sample.')
-    if sampling not in SAMPLINGS:
-      raise ValueError(f'`sampling` must be one of {SAMPLINGS}; got '
-                       f'{sampling!r}.')
-    if (isinstance(clients_per_round, bool) or
-        not isinstance(clients_per_round, (int, np.integer)) or
-        clients_per_round <= 0):
-      raise ValueError('`clients_per_round` must be a positive int; got '
-                       f'{clients_per_round!r}.')
+    checks.one_of(sampling, 'sampling', SAMPLINGS)
+    checks.integer(clients_per_round, 'clients_per_round', minimum=1)
     if clients_per_round > len(self._client_ids):
       raise ValueError(
           f'`clients_per_round` ({clients_per_round}) exceeds the number of '
           f'clients ({len(self._client_ids)}).')
-    if (isinstance(separation, bool) or
-        not isinstance(separation, (int, np.integer)) or separation < 1):
-      raise ValueError('`separation` must be a positive int; got '
-                       f'{separation!r}.')
+    checks.integer(separation, 'separation', minimum=1)
     self.clients_per_round = int(clients_per_round)
     self.sampling = sampling
     self.seed = int(seed)

@@ -326,12 +326,8 @@ class DPSpec:
       check_split(self.split)
       if isinstance(self.split, ExplicitBudgets) and self.adaptive:
         raise ValueError('`split`: explicit budgets need a fixed `clip_norm`.')
-    if self.denominator not in DENOMINATORS:
-      raise ValueError(f'`denominator` must be one of {DENOMINATORS}; got '
-                       f'{self.denominator!r}.')
-    if self.noise_placement not in NOISE_PLACEMENTS:
-      raise ValueError(f'`noise_placement` must be one of {NOISE_PLACEMENTS};'
-                       f' got {self.noise_placement!r}.')
+    checks.one_of(self.denominator, 'denominator', DENOMINATORS)
+    checks.one_of(self.noise_placement, 'noise_placement', NOISE_PLACEMENTS)
     noise = mechanisms.noise_mechanism(
         self.noise_mechanism, self.bands, rounds=self.rounds,
         separation=self.min_separation)
@@ -453,9 +449,7 @@ def parameter(name: str) -> dataclasses.Field:
   """The declaration of DP parameter `name`: `default` (MISSING when the
   parameter is required) and `metadata` `help` and `choices`."""
   fields = {field.name: field for field in dataclasses.fields(DPSpec)}
-  if name not in fields:
-    raise ValueError(f'`name` must be one of {PARAMETERS}; got {name!r}.')
-  return fields[name]
+  return fields[checks.one_of(name, 'name', PARAMETERS)]
 
 
 def parameters_doc(indent: str = '    ') -> str:
