@@ -418,12 +418,15 @@ class Session:
     """Empirical epsilon of the canaries (`tff_clip.audit`), or None."""
     if self.auditor is None:
       return None
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     from tff_clip import audit  # pylint: disable=g-import-not-at-top
     # theta_0 - theta_T: TFF's updates are (initial - trained) weights.
     movement = [np.asarray(initial) - np.asarray(final) for final, initial in
                 zip(self.process.get_model_weights(state).trainable,
                     self.initial_weights.trainable)]
-    return audit.audit_report(self.auditor.query, state.aggregator, movement,
+    query = self.auditor.build_query(
+        tff.types.to_type([(x.dtype, x.shape) for x in movement]))
+    return audit.audit_report(query, state.aggregator, movement,
                               self.config.delta, self.config.audit_confidence)
 
   def evaluate(self, state):
