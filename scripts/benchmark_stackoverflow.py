@@ -53,7 +53,6 @@ import dataclasses
 import datetime
 import functools
 import json
-import math
 import os
 import platform
 import statistics
@@ -177,21 +176,17 @@ def available_mechanisms() -> tuple[str, ...]:
   return mechanisms.NOISE_MECHANISMS.names
 
 
-def noise_vectors(mechanism: str, bands: int) -> Optional[int]:
-  """Model-sized noise vectors the mechanism keeps in its state, when known
-  before it is built (banded: the last b - 1; independent: none)."""
-  if mechanism == 'banded':
-    return bands - 1
-  if mechanism == 'independent':
-    return 0
-  return None
+def noise_vectors(mechanism: str, shape: Shape) -> int:
+  """Model-sized noise vectors `mechanism` keeps in its state for the run
+  of `shape` (its rounds and separation): the library's `state_vectors`."""
+  from tff_clip import mechanisms  # pylint: disable=g-import-not-at-top
+  return mechanisms.noise_mechanism(
+      mechanism, shape.bands if mechanism == 'banded' else 1,
+      rounds=shape.rounds, separation=shape.min_separation).state_vectors
 
 
-def memory_need(mechanism: str, bands: int, parameters: int) -> Optional[int]:
-  """Bytes a DP round of `mechanism` needs at peak, or None if unknown."""
-  vectors = noise_vectors(mechanism, bands)
-  if vectors is None:
-    return None
+def memory_need(vectors: int, parameters: int) -> int:
+  """Bytes a DP round needs at peak with `vectors` noise vectors."""
   return BASE_BYTES + STATE_COPIES_AT_PEAK * vectors * parameters * FLOAT_BYTES
 
 
@@ -203,20 +198,18 @@ def gib(value: float) -> str:
   return f'{value / 2**30:.1f} GiB'
 
 
-def refusal(mechanism: str, bands: int, parameters: int,
+def refusal(name: str, vectors: int, parameters: int,
             memory: int) -> Optional[str]:
-  """One line refusing `mechanism` when its need exceeds `memory`, or None."""
-  need = memory_need(mechanism, bands, parameters)
-  if need is None or need <= memory:
+  """One line refusing mechanism `name` when its need exceeds `memory`."""
+  need = memory_need(vectors, parameters)
+  if need <= memory:
     return None
-  vectors = noise_vectors(mechanism, bands)
-  state = vectors * parameters * FLOAT_BYTES
-  return (f'{label(mechanism, bands)}: refused before anything is built: '
-          f'its state holds {vectors} noise vectors of {parameters:,} '
-          f'parameters ({gib(state)}); a DP round holds about '
-          f'{STATE_COPIES_AT_PEAK} copies of it besides {gib(BASE_BYTES)} '
-          f'for TensorFlow and the model, so it needs about {gib(need)}, and '
-          f'this machine has {gib(memory)} available.')
+  return (f'{name}: refused before anything is built: its state holds '
+          f'{vectors} noise vectors of {parameters:,} parameters '
+          f'({gib(vectors * parameters * FLOAT_BYTES)}); a DP round holds '
+          f'about {STATE_COPIES_AT_PEAK} copies of it besides '
+          f'{gib(BASE_BYTES)} for TensorFlow and the model, so it needs about '
+          f'{gib(need)}, and this machine has {gib(memory)} available.')
 
 
 # ----------------------------------------------------------------------------
@@ -310,13 +303,13 @@ def _server_round(shape, mechanism, cohort, directory):
   `simulation.InProcessRunner.next`, timed piece by piece)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tff_clip import accounting, client_data, dp, privacy_ledger, run_records, sampling, simulation, tf_graphs, training  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from tff_clip import accounting, assembly, client_data, dp, privacy_ledger, run_records, sampling, simulation, tf_graphs  # pylint: disable=g-import-not-at-top,g-multiple-import
   config = train_config(shape, mechanism, cohort)
   task = task_builder(shape)(config)
   sampler = sampling.ClientSampler(
       list(task.datasets.train_data.client_ids), cohort,
       sampling.MIN_SEPARATION, shape.seed, shape.min_separation)
-  process = training.build_process(config, task, config.noise_multiplier)
+  process = assembly.build_process(config, task, config.noise_multiplier)
   form = simulation.map_reduce_form(process)
   piece = {name: tf_graphs.TensorFlowFunction(getattr(form, name)) for name in
            ('prepare', 'work', 'zero', 'accumulate', 'report', 'update')}
@@ -446,18 +439,17 @@ def row_cells(name: str, result: Optional[dict] = None,
           _size(result['written_bytes'], model), f'{result["e2e_s"]:.2f}']
 
 
-def refused_cells(mechanism: str, bands: int, parameters: int,
+def refused_cells(name: str, vectors: int, parameters: int,
                   memory: int) -> list[str]:
   """A refused mechanism's row: its state and checkpoint computed (every DP
   round checkpoints the whole server state), its memory need."""
-  vectors = noise_vectors(mechanism, bands)
   model = parameters * FLOAT_BYTES
   server = _size((vectors + MODEL_VECTORS) * model, model) + ', computed'
-  cells = row_cells(label(mechanism, bands), note='')
+  cells = row_cells(name, note='')
   cells[1] = _size(vectors * model, model) + ', computed'
   cells[2] = cells[COLUMNS.index('written/round')] = server
-  cells[3] = (f'needs {gib(memory_need(mechanism, bands, parameters))}: '
-              f'refused ({gib(memory)} available)')
+  cells[3] = (f'needs {gib(memory_need(vectors, parameters))}: refused '
+              f'({gib(memory)} available)')
   return cells
 
 
@@ -491,8 +483,9 @@ def _measure_in_child(shape, mechanism, cohort) -> dict:
 
 
 def plan(shape: Shape, mechanisms, bands, memory: int):
-  """[(mechanism, its shape, refusal line or None, note or None)], one per
-  row (banded: one per number of bands), before anything runs."""
+  """[(mechanism, its shape, its noise vectors, refusal line or None, note
+  or None)], one per row (banded: one per number of bands), before anything
+  is built."""
   available = available_mechanisms()
   parameters = lstm_parameters(shape.vocab_size)
   planned = []
@@ -500,11 +493,12 @@ def plan(shape: Shape, mechanisms, bands, memory: int):
     for b in bands if mechanism == 'banded' else [shape.bands]:
       shaped = dataclasses.replace(shape, bands=b)
       if mechanism not in available:
-        planned.append((mechanism, shaped, None, 'not yet available (tff_clip '
-                        f"has no '{mechanism}' noise mechanism)"))
-      else:
-        planned.append((mechanism, shaped,
-                        refusal(mechanism, b, parameters, memory), None))
+        planned.append((mechanism, shaped, None, None, 'not yet available '
+                        f"(tff_clip has no '{mechanism}' noise mechanism)"))
+        continue
+      vectors = noise_vectors(mechanism, shaped)
+      planned.append((mechanism, shaped, vectors, refusal(
+          label(mechanism, b), vectors, parameters, memory), None))
   return planned
 
 
@@ -564,14 +558,14 @@ def main(argv):
         f'parameters ({parameters * FLOAT_BYTES / 1e6:.1f} MB); '
         f'{gib(memory)} of memory available.', flush=True)
   rows = []
-  for mechanism, shaped, line, note in plan(shape, _MECHANISMS.value, bands,
-                                           memory):
+  for mechanism, shaped, vectors, line, note in plan(
+      shape, _MECHANISMS.value, bands, memory):
     name = label(mechanism, shaped.bands)
     if note:
       rows.append(row_cells(name, note=note))
     elif line:
       print(line, flush=True)
-      rows.append(refused_cells(mechanism, shaped.bands, parameters, memory))
+      rows.append(refused_cells(name, vectors, parameters, memory))
     else:
       result = _measure_in_child(shaped, mechanism, cohort)
       if 'error' in result:
@@ -579,6 +573,10 @@ def main(argv):
         rows.append(row_cells(name, note=f'failed: {result["error"]}'))
       else:
         rows.append(row_cells(name, result))
+        print(f'{name}: checkpoint {result["checkpoint_bytes"] / 1e6:.1f} MB;'
+              f' training.run: start-up {result["program_startup_s"]:.1f} s '
+              f'(its session: task, tracing, evaluation), peak RSS '
+              f'{result["e2e_peak_rss_bytes"] / 2**30:.2f} GiB', flush=True)
     print('| ' + ' | '.join(rows[-1]) + ' |', flush=True)
   table = format_table(rows)
   print()

@@ -118,13 +118,14 @@ def test_blt_row_waits_for_the_library_and_is_measured_once_registered(
   shape = b.Shape()
   monkeypatch.setattr(b, 'available_mechanisms',
                       lambda: ('independent', 'tree', 'banded'))
-  (name, _, refusal, note), = b.plan(shape, ['blt'], [342], 24 * 2**30)
+  (name, _, _, refusal, note), = b.plan(shape, ['blt'], [342], 24 * 2**30)
   assert (name, refusal) == ('blt', None)
   assert note.startswith('not yet available')
   monkeypatch.setattr(b, 'available_mechanisms',
                       lambda: ('independent', 'tree', 'banded', 'blt'))
+  monkeypatch.setattr(b, 'noise_vectors', lambda mechanism, shape: 4)
   assert b.plan(shape, ['blt'], [342], 24 * 2**30) == [
-      ('blt', shape, None, None)]
+      ('blt', shape, 4, None, None)]
 
 
 def test_measured_row_fills_every_column_in_model_multiples():

@@ -180,30 +180,42 @@ def _server_optimizer(config):
   }[config.server_optimizer]()
 
 
+def _tff_tree(config: TrainConfig, noise_multiplier: float):
+  from tff_clip import tff_tree  # pylint: disable=g-import-not-at-top
+  return tff_tree.TreeAdaptiveFactory(
+      noise_multiplier, config.clients_per_round, config.initial_clip_norm,
+      config.target_quantile, config.clip_learning_rate,
+      config.clipped_count_stddev, restart_every=config.bands,
+      noise_seed=config.noise_seed)
+
+
+def _tff_gaussian(config: TrainConfig, noise_multiplier: float):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  n = float(config.clients_per_round)
+  factory = tff.aggregators.DifferentiallyPrivateFactory
+  if config.clip_norm == 'adaptive':
+    return factory.gaussian_adaptive(
+        noise_multiplier, n, initial_l2_norm_clip=config.initial_clip_norm,
+        target_unclipped_quantile=config.target_quantile,
+        learning_rate=config.clip_learning_rate,
+        clipped_count_stddev=config.clipped_count_stddev)
+  return factory.gaussian_fixed(noise_multiplier, n, float(config.clip_norm))
+
+
+# The aggregators of the --bounding baselines (`config.BASELINES`).
+_BASELINE_AGGREGATORS = {
+    config_lib.NO_BOUNDING: lambda config, noise_multiplier: None,
+    config_lib.TFF_TREE: _tff_tree,
+    config_lib.TFF_GAUSSIAN: _tff_gaussian,
+}
+
+
 def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
   """The model aggregator: bounding, then (when private) noise, then mean."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip import aggregators, dp  # pylint: disable=g-import-not-at-top
-  if config.bounding == 'none':
-    return None
-  if config.bounding == config_lib.TFF_TREE:
-    from tff_clip import tff_tree  # pylint: disable=g-import-not-at-top
-    return tff_tree.TreeAdaptiveFactory(
-        noise_multiplier, config.clients_per_round, config.initial_clip_norm,
-        config.target_quantile, config.clip_learning_rate,
-        config.clipped_count_stddev, restart_every=config.bands,
-        noise_seed=config.noise_seed)
-  if config.bounding == config_lib.TFF_GAUSSIAN:
-    n = float(config.clients_per_round)
-    factory = tff.aggregators.DifferentiallyPrivateFactory
-    if config.clip_norm == 'adaptive':
-      return factory.gaussian_adaptive(
-          noise_multiplier, n, initial_l2_norm_clip=config.initial_clip_norm,
-          target_unclipped_quantile=config.target_quantile,
-          learning_rate=config.clip_learning_rate,
-          clipped_count_stddev=config.clipped_count_stddev)
-    return factory.gaussian_fixed(noise_multiplier, n,
-                                  float(config.clip_norm))
+  if config_lib.baseline(config) is not None:
+    return _BASELINE_AGGREGATORS[config.bounding](config, noise_multiplier)
   if noise_multiplier is not None:
     # --noise_seed None: a key from OS entropy, drawn in the graph at
     # initialize and kept only in the (checkpointed) aggregator state.
@@ -378,9 +390,10 @@ class Session:
     participation per cycle of minimum separation.
     """
     from tff_clip import dp  # pylint: disable=g-import-not-at-top
-    if self.config.bounding == config_lib.TFF_TREE:
-      # TFF's tree queries report UnsupportedDpEvent: the same restarted
-      # tree (--noise_mechanism=tree), accounted as tff_clip's.
+    baseline = config_lib.baseline(self.config)
+    if baseline is not None and not baseline.reports_events:
+      # E.g. TFF's restarted tree (--noise_mechanism=tree): accounted as
+      # tff_clip's same mechanism.
       event = self.config.noise.participation_event(self.noise_multiplier)
     else:
       event = dp.extract_dp_event(state.aggregator)

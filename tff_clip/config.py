@@ -50,13 +50,17 @@ class Baseline:
   `private`: the run must be DP (True) or must not be (False);
   `noise_mechanism`: the noise it adds (when private); `adaptive`: it needs
   --clip_norm=adaptive; `seeded`: it draws its noise from tff_clip's key
-  (so --noise_seed applies and the noise is checked secret).
+  (so --noise_seed applies and the noise is checked secret);
+  `reports_events`: its aggregator state reports the DpEvent it ran (else
+  the ledger records its noise mechanism's participation event). Its
+  aggregator is built by `tff_clip.assembly.build_aggregator`.
   """
   description: str
   private: bool
   noise_mechanism: Optional[str] = None
   adaptive: bool = False
   seeded: bool = True
+  reports_events: bool = True
 
 
 # The --bounding values outside `mechanisms.BOUNDINGS`.
@@ -66,8 +70,10 @@ BASELINES = {
     TFF_GAUSSIAN: Baseline(
         "TFF's own DP aggregator (gaussian_fixed / gaussian_adaptive)",
         private=True, noise_mechanism='independent', seeded=False),
+    # TFF's tree queries report UnsupportedDpEvent.
     TFF_TREE: Baseline("TFF's tree_adaptive", private=True,
-                       noise_mechanism='tree', adaptive=True),
+                       noise_mechanism='tree', adaptive=True,
+                       reports_events=False),
 }
 CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
@@ -458,6 +464,11 @@ def _check_mechanism(config):
                    config.noise_multiplier, stand_in)
   except (TypeError, ValueError) as e:
     raise flag_error(e) from None
+
+
+def baseline(config: TrainConfig) -> Optional[Baseline]:
+  """The `Baseline` --bounding names, or None for a tff_clip bounding."""
+  return BASELINES.get(config.bounding)
 
 
 def _check_baseline(config):
