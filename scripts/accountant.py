@@ -75,6 +75,10 @@ _NOISE_MECHANISM = flags.DEFINE_enum(
     list(mechanisms.NOISE_MECHANISMS),
     'With --sampling=min_separation: the noise mechanism (see --bands).')
 _BANDS = flags.DEFINE_integer('bands', 1, 'Bands, or the tree restart period.')
+_BLT_BUFFERS = flags.DEFINE_integer(
+    'blt_buffers', spec.parameter('blt_buffers').default,
+    'With --noise_mechanism=blt: the most buffers, as in '
+    'training (its noise is optimized for --rounds and the separation).')
 _MIN_SEPARATION = flags.DEFINE_integer(
     'min_separation', None,
     'With --sampling=min_separation: rounds between two participations of '
@@ -224,11 +228,13 @@ def _correlated_lines(rounds, delta, accountants) -> list[str]:
   lines = []
   if _TARGET_EPSILON.value is not None:
     noise_multiplier = accounting.calibrate_correlated_noise_multiplier(
-        _TARGET_EPSILON.value, mechanism, bands, rounds, separation, delta)
+        _TARGET_EPSILON.value, mechanism, bands, rounds, separation, delta,
+        blt_buffers=_BLT_BUFFERS.value)
     lines.append(f'Noise multiplier for epsilon <= '
                  f'{_TARGET_EPSILON.value:g} (RDP):')
   event = accounting.correlated_training_event(mechanism, noise_multiplier,
-                                               bands, rounds, separation)
+                                               bands, rounds, separation,
+                                               _BLT_BUFFERS.value)
   lines.append(f'noise_multiplier = {noise_multiplier:g}, {mechanism} noise, '
                f'bands = {bands}, separation = {separation}: '
                f'{event.count} participations of {event.event}')

@@ -1,7 +1,7 @@
 """Specification of buffered linear Toeplitz (BLT) noise (`tff_clip.blt`).
 
 Oracles: dense numpy matrices built from the BLT's definition (Dvijotham et
-al. 2024) and inverted by `np.linalg.inv`, brute force over every
+al. 2024) and inverted by `np.linalg.inv`, dp_accounting's Gaussian RDP, brute force over every
 participation pattern, the truncated matrix square root of the prefix-sum
 matrix (banded noise) and binary-tree counts (tree noise), and figures of
 jax_privacy's own BLT optimizer (`REFERENCE`, with the command that produced
@@ -12,11 +12,20 @@ import functools
 import itertools
 import math
 
+import dp_accounting
+from dp_accounting.rdp import rdp_privacy_accountant
 import numpy as np
 import pytest
 import scipy.linalg
+import tensorflow as tf
 
+from tff_clip import accounting
 from tff_clip import blt
+from tff_clip import config as config_lib
+from tff_clip import dp
+from tff_clip import mechanisms
+from tff_clip import noise_mechanisms
+from tff_clip import spec
 
 
 def _dense(buffer_decays, output_scales, rounds):
@@ -412,3 +421,138 @@ def test_bad_arguments_name_the_argument(kwargs, label):
     blt.optimize(**arguments)
   with pytest.raises(TypeError, match='`buffers`'):
     blt.optimize(10, 2, buffers=2.0)
+
+
+# ----------------------------------------------------------------------------
+# The 'blt' noise mechanism (eager queries: no TFF process is built).
+
+SPECS = [tf.TensorSpec([300]), tf.TensorSpec([4, 5])]
+DELTA = 1e-5
+
+
+def test_unit_noise_streams_the_keys_draws_through_the_noise_blt():
+  mechanism = mechanisms.noise_mechanism('blt', rounds=12, separation=3,
+                                         blt_buffers=2)
+  state = mechanism.initial_state(SPECS)
+  assert [tuple(x.shape) for x in state] == [(mechanism.state_vectors, 300),
+                                             (mechanism.state_vectors, 4, 5)]
+  key = tf.constant([3, 4], tf.int64)
+  structure = [tf.zeros(s.shape) for s in SPECS]
+  draws, noise = [], []
+  for t in range(12):
+    unit, state = mechanism.unit_noise(structure, key, t, state)
+    noise.append(np.concatenate([np.ravel(x) for x in unit]))
+    fresh = noise_mechanisms.standard_normals(
+        structure, noise_mechanisms.fold(key, t))  # Independent noise's.
+    draws.append(np.concatenate([np.ravel(x) for x in fresh]))
+  inverse = np.linalg.inv(_dense(
+      mechanism.factorization.strategy.buffer_decays,
+      mechanism.factorization.strategy.output_scales, 12))
+  np.testing.assert_allclose(np.array(noise), inverse @ np.array(draws),
+                             atol=2e-5)
+  np.testing.assert_allclose(mechanism.noise_covariance(12),
+                             inverse @ inverse.T, atol=1e-9)
+
+
+def _releases(rounds, state=None, seed=7):
+  """`rounds` noised zero sums of a BLT query from `state` (None: its
+  initial state, keyed by `seed`): (their values, the state after)."""
+  query = dp.BoundedGaussianSumQuery(
+      'clip', 1.0, 1.5, noise_seed=seed, noise_mechanism='blt', rounds=10,
+      separation=3, blt_buffers=3)
+  query.set_template(SPECS)
+  if state is None:
+    state = query.initial_global_state()
+  values = []
+  for _ in range(rounds):
+    result, state, _ = query.get_noised_result(
+        query.initial_sample_state(SPECS), state)
+    values.append(np.concatenate([np.ravel(x) for x in result]))
+  return np.array(values), state
+
+
+def test_blt_noise_resumes_bit_exactly_from_a_checkpoint():
+  straight, _ = _releases(7)
+  first, state = _releases(3)
+  saved = tf.nest.map_structure(np.array, state)  # What a checkpoint holds.
+  restored = tf.nest.map_structure(tf.constant, saved)
+  second, _ = _releases(4, restored, seed=None)  # The key from the state.
+  np.testing.assert_array_equal(np.concatenate([first, second]), straight)
+  # The buffers are part of what must be restored.
+  forgotten = restored._replace(noise_history=tf.nest.map_structure(
+      tf.zeros_like, restored.noise_history))
+  assert not np.array_equal(_releases(1, forgotten, seed=None)[0],
+                            straight[3:4])
+
+
+@pytest.mark.parametrize('rounds,separation', [(12, 3), (10, 4)])
+def test_blt_epsilon_is_one_gaussian_with_z_over_the_brute_force_sensitivity(
+    rounds, separation):
+  z = 3.0
+  event = accounting.correlated_training_event('blt', z, 1, rounds,
+                                               separation, blt_buffers=3)
+  mechanism = mechanisms.noise_mechanism('blt', rounds=rounds,
+                                         separation=separation, blt_buffers=3)
+  strategy = _dense(mechanism.factorization.strategy.buffer_decays,
+                    mechanism.factorization.strategy.output_scales, rounds)
+  sensitivity = _brute_sensitivity(strategy, separation,
+                                   -(-rounds // separation))
+  oracle = rdp_privacy_accountant.RdpAccountant(accounting.RDP_ORDERS)
+  oracle.compose(dp_accounting.GaussianDpEvent(z / sensitivity))
+  assert accounting.compute_epsilon(event, DELTA).epsilon == pytest.approx(
+      oracle.get_epsilon(DELTA), rel=1e-6)
+
+
+def test_blt_calibration_meets_the_target():
+  z = accounting.calibrate_correlated_noise_multiplier(
+      4.0, 'blt', 1, 40, 5, DELTA, blt_buffers=2)
+  epsilon = accounting.compute_epsilon(accounting.correlated_training_event(
+      'blt', z, 1, 40, 5, blt_buffers=2), DELTA).epsilon
+  assert 4.0 - 1e-3 <= epsilon <= 4.0
+
+
+def test_blt_whitening_undoes_the_first_cycle_of_c():
+  mechanism = mechanisms.noise_mechanism('blt', rounds=30, separation=6)
+  weights = np.asarray(mechanism.whitening_weights(0))
+  assert weights.size == mechanism.whitening_depth + 1 == 6
+  np.testing.assert_allclose(
+      weights, mechanism.factorization.strategy.coefficients(6), rtol=1e-6)
+
+
+def test_blt_flags_name_the_flag():
+  good = dict(noise_mechanism='blt', sampling='min_separation',
+              min_separation=5, rounds=20)
+  config_lib.validate(config_lib.TrainConfig(**good))
+  with pytest.raises(config_lib.ConfigError, match='--noise_mechanism'):
+    config_lib.validate(config_lib.TrainConfig(
+        noise_mechanism='blt', rounds=20))
+  with pytest.raises(ValueError, match='`blt_buffers`'):
+    config_lib.TrainConfig(**good, blt_buffers=0).dp_spec(1.0)
+  with pytest.raises(ValueError, match='`blt_buffers`'):
+    spec.DPSpec(bounding_method='clip', noise_multiplier=1.0,
+                clients_per_round=5, clip_norm=1.0,
+                blt_buffers=blt.MAX_BUFFERS + 1)
+
+
+def test_the_audit_runs_on_blt_noise_keeping_one_cycle_of_releases():
+  config_lib.validate(config_lib.TrainConfig(
+      noise_mechanism='blt', sampling='min_separation', min_separation=4,
+      rounds=12, audit_canaries=10))
+  from tff_clip import audit  # pylint: disable=g-import-not-at-top
+  inner = dp.BoundedGaussianSumQuery(
+      'clip', 1.0, 0.5, noise_seed=1, noise_mechanism='blt', rounds=12,
+      separation=4, blt_buffers=2)
+  inner.set_template(SPECS)
+  query = audit.CanaryQuery(inner, SPECS, 6, 1.0, per_layer=False, seed=3,
+                            separation=4, noise_mechanism='blt', rounds=12,
+                            blt_buffers=2)
+  state = query.initial_global_state()
+  for _ in range(5):
+    _, state, event = query.get_noised_result(
+        query.initial_sample_state(SPECS), state)
+  assert [tuple(x.shape) for x in state.past_results] == [(3, 300),
+                                                          (3, 4, 5)]
+  assert np.all(np.isfinite(state.max_whitened_cosine.numpy()))
+  mechanism = mechanisms.noise_mechanism('blt', rounds=12, separation=4,
+                                         blt_buffers=2)
+  assert event == mechanism.participation_event(0.5)

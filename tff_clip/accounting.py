@@ -49,6 +49,7 @@ from dp_accounting import rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 import numpy as np
 
+from tff_clip import blt
 from tff_clip import checks
 
 __all__ = [
@@ -230,20 +231,23 @@ def min_separation_round_event(noise_event: dp_accounting.DpEvent,
 
 
 def correlated_training_event(noise_mechanism: str, noise_multiplier: float,
-                              bands: int, rounds: int,
-                              separation: int) -> dp_accounting.DpEvent:
+                              bands: int, rounds: int, separation: int,
+                              blt_buffers: int = blt.DEFAULT_BUFFERS
+                              ) -> dp_accounting.DpEvent:
   """T rounds with separation b: k = ceil(T / b) participation events.
 
   The mechanism's own `training_event` (`tff_clip.noise_mechanisms`), the
   events its query records: banded, k Gaussians with z / max_j ||C e_j||
   (one Gaussian with z / (sqrt(k) max_j ||C e_j||), Choquette-Choo et al.
   2023); tree, k restarted trees (tensorflow-privacy's
-  `compute_rdp_tree_restart`); independent, k Gaussians.
+  `compute_rdp_tree_restart`); BLT (at most `blt_buffers` buffers), k
+  Gaussians with z sqrt(k) / sens(C), i.e. one with z / sens(C);
+  independent, k Gaussians.
   """
   noise_multiplier = _nonnegative(noise_multiplier, 'noise_multiplier')
   mechanism = mechanisms.noise_mechanism(
       noise_mechanism, bands, rounds=_integer(rounds, 'rounds'),
-      separation=_integer(separation, 'separation'))
+      separation=_integer(separation, 'separation'), blt_buffers=blt_buffers)
   return mechanism.training_event(noise_multiplier)
 
 
@@ -717,16 +721,19 @@ def calibrate_correlated_noise_multiplier(target_epsilon: float,
                                           rounds: int,
                                           separation: int,
                                           delta: float,
-                                          tolerance: float = 1e-6) -> float:
+                                          tolerance: float = 1e-6,
+                                          blt_buffers: int = (
+                                              blt.DEFAULT_BUFFERS)) -> float:
   """The smallest z whose `correlated_training_event` meets the target (RDP)."""
   target_epsilon = _positive(target_epsilon, 'target_epsilon')
   delta = _delta(delta)
-  correlated_training_event(noise_mechanism, 1.0, bands, rounds, separation)
+  correlated_training_event(noise_mechanism, 1.0, bands, rounds, separation,
+                            blt_buffers)
 
   def view_for(noise_multiplier: float) -> dp_accounting.DpEvent:
     return _accounting_view(correlated_training_event(
-        noise_mechanism, noise_multiplier, bands, rounds, separation),
-        _ADD_OR_REMOVE)
+        noise_mechanism, noise_multiplier, bands, rounds, separation,
+        blt_buffers), _ADD_OR_REMOVE)
 
   def epsilon_at(noise_multiplier: float) -> float:
     return compute_epsilon(view_for(noise_multiplier), delta).epsilon

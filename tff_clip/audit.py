@@ -109,6 +109,7 @@ import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
 from tff_clip import aggregators
+from tff_clip import blt
 from tff_clip import checks
 from tff_clip import mechanisms
 
@@ -428,7 +429,8 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
                canary_raw_norm: float = CANARY_RAW_NORM, *,
                separation: Optional[int] = None,
                noise_mechanism: str = 'independent', bands: int = 1,
-               rounds: Optional[int] = None):
+               rounds: Optional[int] = None,
+               blt_buffers: int = blt.DEFAULT_BUFFERS):
     if not isinstance(inner_query, tfp.SumAggregationDPQuery):
       raise TypeError('`inner_query` must be a tfp.SumAggregationDPQuery; got '
                       f'{inner_query!r}.')
@@ -453,7 +455,8 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
     # where the mechanism is not private (correlated noise without
     # `separation`, or one below `bands`).
     self._noise = mechanisms.noise_mechanism(
-        noise_mechanism, bands, rounds=rounds, separation=separation)
+        noise_mechanism, bands, rounds=rounds, separation=separation,
+        blt_buffers=blt_buffers)
     self._noise.check_participation()
     self._separation = self._noise.separation
     # Aggregates kept for the whitened statistic.
@@ -710,7 +713,8 @@ class CanaryFactory(tff.aggregators.UnweightedAggregationFactory,
         separation=self._separation,
         noise_mechanism=self._dp_factory.spec.noise_mechanism,
         bands=self._dp_factory.spec.bands,
-        rounds=self._dp_factory.spec.rounds)
+        rounds=self._dp_factory.spec.rounds,
+        blt_buffers=self._dp_factory.spec.blt_buffers)
 
   def create(self, value_type, weight_type=None):
     """The audited aggregation process; like TFF's factories, no side

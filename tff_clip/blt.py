@@ -44,12 +44,18 @@ Tree Aggregation, Use BLTs", arXiv:2408.08868, Alg. 2-3):
   coefficients are positive and decreasing for every parameter value, so the
   sensitivity above is exact throughout the search.
 
-No TensorFlow import: `tff_clip.accounting` and the command line use it.
+`Blt` is the 'blt' noise mechanism of `tff_clip.mechanisms`: the
+factorization optimized for the run's rounds and separation with at most
+`blt_buffers` buffers, noise from the run's secret key, state of (buffers x
+model) float32, and the exact sensitivity accounted as one Gaussian
+mechanism. No TensorFlow or dp_accounting import at module level: the
+command line checks its flags with these classes before either loads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -57,8 +63,9 @@ import numpy as np
 import scipy.optimize
 
 from tff_clip import checks
+from tff_clip import noise_mechanisms
 
-__all__ = ['DEFAULT_BUFFERS', 'ERRORS', 'MAX_BUFFERS', 'BufferedToeplitz',
+__all__ = ['Blt', 'DEFAULT_BUFFERS', 'ERRORS', 'MAX_BUFFERS', 'BufferedToeplitz',
            'Factorization', 'from_decays', 'initial_buffers', 'loss',
            'min_separation_sensitivity', 'optimize', 'prefix_error',
            'stream', 'stream_step']
@@ -560,3 +567,113 @@ def _rounded_factorization(points, rounds, separation, participations, error):
       participations=participations, error=error,
       loss=sensitivity**2 * prefix_error(noise, rounds, error),
       sensitivity=sensitivity)
+
+
+# ----------------------------------------------------------------------------
+# The noise mechanism.
+
+
+@functools.lru_cache(maxsize=32)
+def _run_factorization(rounds: int, separation: int,
+                       buffers: int) -> Factorization:
+  # A spec, a query, the ledger and the audit each build the mechanism of
+  # one run: optimized once.
+  return optimize(rounds, separation, buffers=buffers)
+
+
+class Blt(noise_mechanisms.NoiseMechanism):
+  """Buffered linear Toeplitz noise (Dvijotham et al. 2024; McMahan, Xu and
+  Zhang 2024), optimized for the run's rounds and separation, with at most
+  `blt_buffers` model-sized buffers.
+
+  Round t adds (C^{-1} z)_t, z_t drawn from the run's key like independent
+  noise and C^{-1} the optimized noise BLT (`optimize`, mean error),
+  streamed through its buffers (`stream_step`); the buffers are the state.
+  `bands` plays no part (the separation is `separation`). The run is one
+  Gaussian mechanism with noise multiplier z / sens(C) (the exact
+  `min_separation_sensitivity`), recorded as k = ceil(T / b) participations
+  of z sqrt(k) / sens(C) each: the same Gaussian, composed.
+  """
+
+  name = 'blt'
+  correlated = True
+  options = ('blt_buffers',)
+
+  def __init__(self, bands: int = 1, *, rounds: Optional[int] = None,
+               separation: Optional[int] = None,
+               blt_buffers: int = DEFAULT_BUFFERS):
+    super().__init__(bands, rounds=rounds, separation=separation)
+    self.blt_buffers = checks.integer(blt_buffers, 'blt_buffers', 1,
+                                      MAX_BUFFERS)
+
+  def __repr__(self):
+    return (f'Blt(rounds={self.rounds}, separation={self.separation}, '
+            f'blt_buffers={self.blt_buffers})')
+
+  def check_participation(self) -> None:
+    super().check_participation()
+    if self.rounds is None:
+      raise ValueError(
+          '`noise_mechanism`=blt is optimized for the run\'s length: it '
+          'needs `rounds`.')
+
+  @property
+  def factorization(self) -> Factorization:
+    """The run's optimized BLT factorization."""
+    self.check_participation()
+    return _run_factorization(self.rounds, self.separation, self.blt_buffers)
+
+  @property
+  def state_vectors(self) -> int:
+    return self.factorization.buffers
+
+  @property
+  def whitening_depth(self) -> int:
+    # C has no finite band: the audit undoes its first `separation`
+    # coefficients (one participation cycle), an approximate whitening,
+    # which can only weaken the attack (`tff_clip.audit`).
+    return min(self.separation, self.rounds) - 1
+
+  def initial_state(self, template):
+    return noise_mechanisms.noise_history(template, self.state_vectors)
+
+  def unit_noise(self, structure, key, round_num, state):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    noise = self.factorization.noise
+    draws = noise_mechanisms.standard_normals(
+        structure, noise_mechanisms.fold(key, round_num))
+    decays = tf.constant(noise.buffer_decays, tf.float32)
+    scales = tf.constant(noise.output_scales, tf.float32)
+
+    def step_leaf(z, buffers):
+      # `stream_step`: out = z + sum_i omega_i buf_i; buf_i <- theta_i buf_i
+      # + z.
+      shape = tf.concat([[noise.buffers], tf.ones([tf.rank(z)], tf.int32)], 0)
+      out = z + tf.tensordot(scales, buffers, axes=1)
+      return out, tf.reshape(decays, shape) * buffers + z[tf.newaxis]
+
+    pairs = [step_leaf(z, b) for z, b in zip(tf.nest.flatten(draws),
+                                            tf.nest.flatten(state))]
+    return (tf.nest.pack_sequence_as(draws, [p[0] for p in pairs]),
+            tf.nest.pack_sequence_as(state, [p[1] for p in pairs]))
+
+  @property
+  def participation_sensitivity(self) -> float:
+    # k Gaussians of noise multiplier z sqrt(k) / sens compose to the one
+    # Gaussian z / sens the whole run is (RDP and PLD alike).
+    factorization = self.factorization
+    return factorization.sensitivity / math.sqrt(
+        factorization.participations)
+
+  def whitening_weights(self, round_num):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    del round_num
+    return tf.constant(self.factorization.strategy.coefficients(
+        self.whitening_depth + 1), tf.float32)
+
+  def noise_covariance(self, rounds: int) -> np.ndarray:
+    coefficients = self.factorization.noise.coefficients(rounds)
+    inverse = np.zeros((rounds, rounds))
+    for j, c in enumerate(coefficients):
+      inverse += c * np.eye(rounds, k=-j)
+    return inverse @ inverse.T

@@ -217,6 +217,7 @@ class TrainConfig:
                          'no amplification.', names.SAMPLINGS)
   noise_mechanism: str = _dp('noise_mechanism')
   bands: int = _dp('bands')
+  blt_buffers: int = _dp('blt_buffers')
   min_separation: Optional[int] = _field(
       None, 'Groups b of --sampling=min_separation: a client takes part at '
       'most every b rounds (default: --bands).')
@@ -309,7 +310,8 @@ class TrainConfig:
     """The noise mechanism of the flags (`tff_clip.noise_mechanisms`)."""
     return mechanisms.noise_mechanism(
         self.noise_mechanism, self.bands, rounds=self.rounds,
-        separation=self.participation_separation)
+        separation=self.participation_separation,
+        blt_buffers=self.blt_buffers)
 
   def dp_spec(self, noise_multiplier: float,
               bounding_method: Optional[str] = None) -> spec.DPSpec:

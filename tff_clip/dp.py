@@ -189,10 +189,12 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
                noise_mechanism: str = spec_lib.parameter(
                    'noise_mechanism').default,
                bands: int = 1, *, rounds: Optional[int] = None,
-               separation: Optional[int] = None):
+               separation: Optional[int] = None,
+               blt_buffers: int = spec_lib.parameter('blt_buffers').default):
     # One object draws the noise and states its DpEvent (`noise_mechanisms`).
     self._noise = mechanisms.noise_mechanism(
-        noise_mechanism, bands, rounds=rounds, separation=separation)
+        noise_mechanism, bands, rounds=rounds, separation=separation,
+        blt_buffers=blt_buffers)
     self._method = bounding_method
     self._per_layer = mechanisms.bounding(bounding_method,
                                           'bounding').per_layer
@@ -564,7 +566,8 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
       query = sum_query = BoundedGaussianSumQuery(
           method, spec.clip_norm, z, fractions, spec.noise_seed,
           spec.noise_placement, n, spec.noise_mechanism, spec.bands,
-          rounds=spec.rounds, separation=spec.min_separation)
+          rounds=spec.rounds, separation=spec.min_separation,
+          blt_buffers=spec.blt_buffers)
     else:
       per_layer_quantiles = per_layer and spec.per_layer_quantiles
       num_counts = num_layers if per_layer_quantiles else 1
@@ -585,7 +588,8 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
       sum_query = BoundedGaussianSumQuery(
           method, initial, value_z, fractions, spec.noise_seed,
           spec.noise_placement, n, spec.noise_mechanism, spec.bands,
-          rounds=spec.rounds, separation=spec.min_separation)
+          rounds=spec.rounds, separation=spec.min_separation,
+          blt_buffers=spec.blt_buffers)
       # The count noise gets its own seed stream (seed + 1): reusing the
       # value noise's seed would correlate the two releases.
       count_seed = (None if spec.noise_seed is None else

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from tff_clip import blt
 from tff_clip import boundings
 from tff_clip import checks
 from tff_clip import correlated_noise
@@ -80,6 +81,7 @@ NOISE_MECHANISMS = Registry('noise_mechanism', [
     noise_mechanisms.Independent,
     correlated_noise.Tree,
     correlated_noise.Banded,
+    blt.Blt,
 ])
 
 
@@ -90,9 +92,12 @@ def bounding(name: str, label: str = 'bounding_method') -> boundings.Bounding:
 
 def noise_mechanism(name: str, bands: int = 1, *,
                     rounds: Optional[int] = None,
-                    separation: Optional[int] = None
-                    ) -> noise_mechanisms.NoiseMechanism:
+                    separation: Optional[int] = None,
+                    **options) -> noise_mechanisms.NoiseMechanism:
   """The noise mechanism registered as `name`, for `bands`, `rounds` and the
-  participation `separation` (see `NoiseMechanism`)."""
-  return NOISE_MECHANISMS.get(name)(bands, rounds=rounds,
-                                    separation=separation)
+  participation `separation` (see `NoiseMechanism`); of `options` (e.g.
+  `blt_buffers`), those the class declares in its `options`."""
+  cls = NOISE_MECHANISMS.get(name)
+  return cls(bands, rounds=rounds, separation=separation,
+             **{key: value for key, value in options.items()
+                if key in cls.options})

@@ -108,6 +108,9 @@ class NoiseMechanism:
   # Past released aggregates the audit combines with the current one
   # (`whitening_weights` has whitening_depth + 1 entries).
   whitening_depth: int = 0
+  # Keyword arguments of its own (besides bands, rounds and separation) that
+  # `tff_clip.mechanisms.noise_mechanism` passes on, e.g. 'blt_buffers'.
+  options: tuple = ()
 
   def __init__(self, bands: int = 1, *, rounds: Optional[int] = None,
                separation: Optional[int] = None):

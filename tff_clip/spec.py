@@ -34,6 +34,7 @@ from typing import Optional, Union
 
 import numpy as np
 
+from tff_clip import blt
 from tff_clip import checks
 from tff_clip import mechanisms
 from tff_clip.names import DENOMINATORS, NOISE_PLACEMENTS, SPLITS
@@ -276,6 +277,10 @@ class DPSpec:
       'The minimum separation of participation: each client takes part at '
       'most once every `min_separation` rounds (None: sampling without '
       'one). At least `bands`.', None)
+  blt_buffers: int = _parameter(
+      'BLT noise: the most model-sized buffers of its state (1 to '
+      f'{blt.MAX_BUFFERS}); the optimizer adds one only while it lowers the '
+      'error by 0.1% (`tff_clip.blt.optimize`).', blt.DEFAULT_BUFFERS)
 
   def __post_init__(self):
     def put(name, value):
@@ -328,9 +333,12 @@ class DPSpec:
         raise ValueError('`split`: explicit budgets need a fixed `clip_norm`.')
     checks.one_of(self.denominator, 'denominator', DENOMINATORS)
     checks.one_of(self.noise_placement, 'noise_placement', NOISE_PLACEMENTS)
+    # Checked whichever mechanism reads it.
+    put('blt_buffers', checks.integer(self.blt_buffers, 'blt_buffers', 1,
+                                      blt.MAX_BUFFERS))
     noise = mechanisms.noise_mechanism(
         self.noise_mechanism, self.bands, rounds=self.rounds,
-        separation=self.min_separation)
+        separation=self.min_separation, blt_buffers=self.blt_buffers)
     noise.check_placement(self.noise_placement)
     noise.check_bounding(self.bounding)
     put('_noise', noise)
