@@ -179,10 +179,8 @@ def available_mechanisms() -> tuple[str, ...]:
 def noise_vectors(mechanism: str, shape: Shape) -> int:
   """Model-sized noise vectors `mechanism` keeps in its state for the run
   of `shape` (its rounds and separation): the library's `state_vectors`."""
-  from tff_clip import mechanisms  # pylint: disable=g-import-not-at-top
-  return mechanisms.noise_mechanism(
-      mechanism, shape.bands if mechanism == 'banded' else 1,
-      rounds=shape.rounds, separation=shape.min_separation).state_vectors
+  return train_config(shape, mechanism,
+                      shape.clients_per_round).noise.state_vectors
 
 
 def memory_need(vectors: int, parameters: int) -> int:
@@ -247,8 +245,8 @@ def task_builder(shape: Shape):
 
 def train_config(shape: Shape, mechanism: str, clients_per_round: int,
                  **overrides):
-  from tff_clip import training  # pylint: disable=g-import-not-at-top
-  return training.TrainConfig(**{**dict(
+  from tff_clip import config  # pylint: disable=g-import-not-at-top
+  return config.TrainConfig(**{**dict(
       task='stackoverflow_next_word', data_source='synthetic',
       num_clients=shape.num_clients, clients_per_round=clients_per_round,
       sampling='min_separation', min_separation=shape.min_separation,
