@@ -15,12 +15,17 @@ interrupt: a run directory's records are written atomically
 (`tff_clip.run_records`). A second Ctrl-C while the script exits ends it at
 once, silently. A script that runs another one (`run_child`) leaves a Ctrl-C
 to it, as a shell does with its foreground job, and the child's line is the
-only one.
+only one. A Ctrl-C that lands in a finalizer or a weakref callback (garbage
+collection runs them anywhere, TensorFlow's often), where Python prints
+"Exception ignored in: ..." and carries on, is delivered again, so that it
+still ends the script.
 """
 
+import os
 import signal
 import subprocess
 import sys
+import threading
 
 from absl import app
 from absl import flags
@@ -70,6 +75,33 @@ def _interrupted(error, interrupted) -> int:
   return INTERRUPTED_EXIT_CODE
 
 
+def _deliver_again(unraisable_hook):
+  """`sys.unraisablehook` that re-raises SIGINT for a swallowed Ctrl-C.
+
+  Python discards an exception raised in a finalizer or weakref callback
+  (an "unraisable" one): a KeyboardInterrupt raised there would be lost
+  and the script would run on. The signal is sent again a moment later,
+  from a thread: raised here, it would be lost in this hook too.
+  """
+  def hook(unraisable):
+    if issubclass(unraisable.exc_type, KeyboardInterrupt) and _ctrl_c_raises():
+      timer = threading.Timer(0.01, _send_ctrl_c)
+      timer.daemon = True
+      timer.start()
+    else:
+      unraisable_hook(unraisable)
+  return hook
+
+
+def _ctrl_c_raises() -> bool:
+  return signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _send_ctrl_c():
+  if _ctrl_c_raises():  # Not once the script is ending (`_interrupted`).
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 def run(main, argv=None, interrupted=None) -> None:
   """Parses flags, calls `main(argv)` and exits with its code.
 
@@ -82,6 +114,7 @@ def run(main, argv=None, interrupted=None) -> None:
   """
   argv = list(sys.argv if argv is None else argv)
   module = sys.modules['__main__']
+  sys.unraisablehook = _deliver_again(sys.unraisablehook)
   try:
     if any(arg in HELP_ARGS for arg in argv[1:]):
       print(module.__doc__ or '')

@@ -48,6 +48,23 @@ def test_ctrl_c_under_a_progress_bar_is_one_line_after_the_bar():
   assert proc.returncode == 130
 
 
+def test_ctrl_c_landing_in_a_weakref_callback_still_ends_the_script():
+  # Python discards an exception raised in a weakref callback or finalizer
+  # ("Exception ignored in: ..."); garbage collection runs them anywhere.
+  proc = _start(main="""
+  import signal, weakref
+  class Thing: pass
+  def collected(ref):
+    signal.raise_signal(signal.SIGINT)  # Ctrl-C, while the callback runs.
+    for _ in range(100): pass
+  thing = Thing(); ref = weakref.ref(thing, collected); del thing
+  import time; time.sleep(20)  # What the script does next.""")
+  output, _ = proc.communicate(timeout=60)
+  assert output.splitlines()[-1] == 'interrupted: resume from round 7'
+  assert not as_a_user.noise(output), output  # No 'Exception ignored'.
+  assert proc.returncode == 130
+
+
 def test_a_failing_resume_hint_gives_the_general_advice():
   proc = _start(interrupted='raise RuntimeError("no run directory")')
   rest = as_a_user.interrupt_at(proc, 'ready')
