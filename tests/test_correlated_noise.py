@@ -175,6 +175,25 @@ def test_noise_stream_resumes_bit_exactly_from_a_checkpoint(mechanism, bands):
                               straight[3:4])
 
 
+@pytest.mark.parametrize('mechanism', ['tree', 'banded'])
+def test_float64_records_get_the_float32_noise_of_float32_records(mechanism):
+  # Noise is drawn in float32 whatever the records' dtype: a float64 sum
+  # receives exactly the float32 noise, cast.
+  released = []
+  for dtype in (tf.float32, tf.float64):
+    specs = [tf.TensorSpec([50], dtype)]
+    query = dp.BoundedGaussianSumQuery('clip', 1.0, 1.0, noise_seed=4,
+                                       noise_mechanism=mechanism, bands=2)
+    query.set_template(specs)
+    state = query.initial_global_state()
+    for _ in range(3):
+      result, state, _ = query.get_noised_result(
+          query.initial_sample_state(specs), state)
+    released.append(result[0].numpy())
+  assert released[1].dtype == np.float64
+  np.testing.assert_array_equal(released[1], released[0].astype(np.float64))
+
+
 def test_banded_noise_covariance_across_rounds_is_c_inverse_c_inverse_t():
   rounds, bands, clip_norm, z = 6, 3, 2.0, 1.5
   noise, _ = _run(_query('banded', bands, clip_norm, z), rounds)

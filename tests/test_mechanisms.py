@@ -117,6 +117,12 @@ def test_unknown_bounding_is_refused_with_the_known_ones(lookup):
     lookup()
 
 
+def test_an_option_of_no_noise_mechanism_is_refused():
+  with pytest.raises(TypeError, match='`blt_bufers` is an option of no noise '
+                     'mechanism'):
+    mechanisms.noise_mechanism('banded', 2, blt_bufers=3)
+
+
 def test_a_name_is_registered_once():
   with pytest.raises(ValueError, match="'clip' is already registered"):
     mechanisms.BOUNDINGS.register(type('Again', (boundings.Clip,), {}))

@@ -49,7 +49,6 @@ from dp_accounting import rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 import numpy as np
 
-from tff_clip import blt
 from tff_clip import checks
 
 __all__ = [
@@ -61,6 +60,7 @@ __all__ = [
     'gaussian_round_event', 'round_event', 'training_event',
     'min_separation_round_event', 'correlated_training_event',
     'calibrate_correlated_noise_multiplier',
+    'calibrate_mechanism_noise_multiplier',
 ]
 
 from tff_clip import mechanisms  # pylint: disable=g-bad-import-order,wrong-import-position
@@ -232,22 +232,22 @@ def min_separation_round_event(noise_event: dp_accounting.DpEvent,
 
 def correlated_training_event(noise_mechanism: str, noise_multiplier: float,
                               bands: int, rounds: int, separation: int,
-                              blt_buffers: int = blt.DEFAULT_BUFFERS
-                              ) -> dp_accounting.DpEvent:
+                              **options) -> dp_accounting.DpEvent:
   """T rounds with separation b: k = ceil(T / b) participation events.
 
   The mechanism's own `training_event` (`tff_clip.noise_mechanisms`), the
   events its query records: banded, k Gaussians with z / max_j ||C e_j||
   (one Gaussian with z / (sqrt(k) max_j ||C e_j||), Choquette-Choo et al.
   2023); tree, k restarted trees (tensorflow-privacy's
-  `compute_rdp_tree_restart`); BLT (at most `blt_buffers` buffers), k
-  Gaussians with z sqrt(k) / sens(C), i.e. one with z / sens(C);
-  independent, k Gaussians.
+  `compute_rdp_tree_restart`); BLT (at most `blt_buffers` buffers, an
+  option), k Gaussians with z sqrt(k) / sens(C), i.e. one with z / sens(C);
+  independent, k Gaussians. `options`: the mechanism's own
+  (`NoiseMechanism.options`).
   """
   noise_multiplier = _nonnegative(noise_multiplier, 'noise_multiplier')
   mechanism = mechanisms.noise_mechanism(
       noise_mechanism, bands, rounds=_integer(rounds, 'rounds'),
-      separation=_integer(separation, 'separation'), blt_buffers=blt_buffers)
+      separation=_integer(separation, 'separation'), **options)
   return mechanism.training_event(noise_multiplier)
 
 
@@ -722,18 +722,28 @@ def calibrate_correlated_noise_multiplier(target_epsilon: float,
                                           separation: int,
                                           delta: float,
                                           tolerance: float = 1e-6,
-                                          blt_buffers: int = (
-                                              blt.DEFAULT_BUFFERS)) -> float:
+                                          **options) -> float:
   """The smallest z whose `correlated_training_event` meets the target (RDP)."""
+  return calibrate_mechanism_noise_multiplier(
+      target_epsilon, mechanisms.noise_mechanism(
+          noise_mechanism, bands, rounds=_integer(rounds, 'rounds'),
+          separation=_integer(separation, 'separation'), **options),
+      delta, tolerance)
+
+
+def calibrate_mechanism_noise_multiplier(target_epsilon: float, mechanism,
+                                         delta: float,
+                                         tolerance: float = 1e-6) -> float:
+  """The smallest z whose `mechanism.training_event(z)` (a
+  `NoiseMechanism` built with its rounds and separation) meets the target
+  (RDP)."""
   target_epsilon = _positive(target_epsilon, 'target_epsilon')
   delta = _delta(delta)
-  correlated_training_event(noise_mechanism, 1.0, bands, rounds, separation,
-                            blt_buffers)
+  mechanism.training_event(1.0)
 
   def view_for(noise_multiplier: float) -> dp_accounting.DpEvent:
-    return _accounting_view(correlated_training_event(
-        noise_mechanism, noise_multiplier, bands, rounds, separation,
-        blt_buffers), _ADD_OR_REMOVE)
+    return _accounting_view(mechanism.training_event(
+        _nonnegative(noise_multiplier, 'noise_multiplier')), _ADD_OR_REMOVE)
 
   def epsilon_at(noise_multiplier: float) -> float:
     return compute_epsilon(view_for(noise_multiplier), delta).epsilon

@@ -66,10 +66,8 @@ def _resolve_noise_multiplier(config: TrainConfig, population: int):
     if config.sampling == MIN_SEPARATION:
       # The total z; with adaptive clipping the ledger's event (value noise
       # / its sensitivity, plus the count noise) is then at most as large.
-      return accounting.calibrate_correlated_noise_multiplier(
-          config.target_epsilon, config.noise_mechanism, config.bands,
-          config.rounds, config.separation, config.delta,
-          blt_buffers=config.blt_buffers)
+      return accounting.calibrate_mechanism_noise_multiplier(
+          config.target_epsilon, config.noise, config.delta)
     return accounting.calibrate_noise_multiplier(
         config.target_epsilon, clients_per_round=config.clients_per_round,
         population_size=population, rounds=config.rounds, delta=config.delta,

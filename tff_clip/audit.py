@@ -109,7 +109,6 @@ import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
 from tff_clip import aggregators
-from tff_clip import blt
 from tff_clip import checks
 from tff_clip import mechanisms
 
@@ -428,9 +427,8 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
                per_layer: bool, seed: Optional[int] = None,
                canary_raw_norm: float = CANARY_RAW_NORM, *,
                separation: Optional[int] = None,
-               noise_mechanism: str = 'independent', bands: int = 1,
-               rounds: Optional[int] = None,
-               blt_buffers: int = blt.DEFAULT_BUFFERS):
+               noise_mechanism='independent', bands: int = 1,
+               rounds: Optional[int] = None, **options):
     if not isinstance(inner_query, tfp.SumAggregationDPQuery):
       raise TypeError('`inner_query` must be a tfp.SumAggregationDPQuery; got '
                       f'{inner_query!r}.')
@@ -451,12 +449,16 @@ class CanaryQuery(tfp.SumAggregationDPQuery):
     else:
       raise TypeError(f'`seed` must be an int or None; got {seed!r}.')
     self._seed = np.asarray(seed, np.int64)
-    # The inner query's noise, under the canaries' participation: refused
-    # where the mechanism is not private (correlated noise without
-    # `separation`, or one below `bands`).
+    # The inner query's noise (a `NoiseMechanism`, or its name, `bands`,
+    # `rounds` and options), under the canaries' participation: refused
+    # where it is not private (correlated noise without `separation`, or one
+    # below `bands`).
     self._noise = mechanisms.noise_mechanism(
         noise_mechanism, bands, rounds=rounds, separation=separation,
-        blt_buffers=blt_buffers)
+        **options)
+    if self._noise.separation != separation:
+      raise ValueError(f'`noise_mechanism` {self._noise!r} is not built for '
+                       f'the canaries\' `separation` ({separation}).')
     self._noise.check_participation()
     self._separation = self._noise.separation
     # Aggregates kept for the whitened statistic.
@@ -711,10 +713,7 @@ class CanaryFactory(tff.aggregators.UnweightedAggregationFactory,
         per_layer=self._dp_factory.spec.per_layer,
         seed=self._seed, canary_raw_norm=self._raw_norm,
         separation=self._separation,
-        noise_mechanism=self._dp_factory.spec.noise_mechanism,
-        bands=self._dp_factory.spec.bands,
-        rounds=self._dp_factory.spec.rounds,
-        blt_buffers=self._dp_factory.spec.blt_buffers)
+        noise_mechanism=self._dp_factory.spec.noise_under(self._separation))
 
   def create(self, value_type, weight_type=None):
     """The audited aggregation process; like TFF's factories, no side

@@ -305,13 +305,16 @@ class TrainConfig:
     return (self.separation if self.sampling == names.MIN_SEPARATION else
             None)
 
+  def _dp_parameters(self) -> dict[str, Any]:
+    """The fields that are DP parameters (`spec.PARAMETERS`), by name."""
+    return {name: getattr(self, name) for name in spec.PARAMETERS
+            if name in self.__dataclass_fields__}
+
   @property
   def noise(self):
     """The noise mechanism of the flags (`tff_clip.noise_mechanisms`)."""
-    return mechanisms.noise_mechanism(
-        self.noise_mechanism, self.bands, rounds=self.rounds,
-        separation=self.participation_separation,
-        blt_buffers=self.blt_buffers)
+    return mechanisms.noise_mechanism_from(self._dp_parameters(),
+                                           self.participation_separation)
 
   def dp_spec(self, noise_multiplier: float,
               bounding_method: Optional[str] = None) -> spec.DPSpec:
@@ -321,8 +324,7 @@ class TrainConfig:
     participation schema is the run's: --rounds, and the separation of
     --sampling=min_separation.
     """
-    declared = {name: getattr(self, name) for name in spec.PARAMETERS
-                if name in self.__dataclass_fields__}
+    declared = self._dp_parameters()
     declared.update(bounding_method=bounding_method or self.bounding,
                     noise_multiplier=noise_multiplier,
                     clients_per_round=self.clients_per_round,

@@ -186,15 +186,15 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
                noise_seed: Optional[int] = None,
                noise_placement: str = 'central',
                expected_clients: Optional[float] = None,
-               noise_mechanism: str = spec_lib.parameter(
-                   'noise_mechanism').default,
+               noise_mechanism=spec_lib.parameter('noise_mechanism').default,
                bands: int = 1, *, rounds: Optional[int] = None,
-               separation: Optional[int] = None,
-               blt_buffers: int = spec_lib.parameter('blt_buffers').default):
-    # One object draws the noise and states its DpEvent (`noise_mechanisms`).
+               separation: Optional[int] = None, **options):
+    # One object draws the noise and states its DpEvent: `noise_mechanism`
+    # is one (`tff_clip.noise_mechanisms`), or the name it is built from with
+    # `bands`, `rounds`, `separation` and its class's `options`.
     self._noise = mechanisms.noise_mechanism(
         noise_mechanism, bands, rounds=rounds, separation=separation,
-        blt_buffers=blt_buffers)
+        **options)
     self._method = bounding_method
     self._per_layer = mechanisms.bounding(bounding_method,
                                           'bounding').per_layer
@@ -565,9 +565,7 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
     if not spec.adaptive:
       query = sum_query = BoundedGaussianSumQuery(
           method, spec.clip_norm, z, fractions, spec.noise_seed,
-          spec.noise_placement, n, spec.noise_mechanism, spec.bands,
-          rounds=spec.rounds, separation=spec.min_separation,
-          blt_buffers=spec.blt_buffers)
+          spec.noise_placement, n, spec.noise)
     else:
       per_layer_quantiles = per_layer and spec.per_layer_quantiles
       num_counts = num_layers if per_layer_quantiles else 1
@@ -587,9 +585,7 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
       initial_norms = initial
       sum_query = BoundedGaussianSumQuery(
           method, initial, value_z, fractions, spec.noise_seed,
-          spec.noise_placement, n, spec.noise_mechanism, spec.bands,
-          rounds=spec.rounds, separation=spec.min_separation,
-          blt_buffers=spec.blt_buffers)
+          spec.noise_placement, n, spec.noise)
       # The count noise gets its own seed stream (seed + 1): reusing the
       # value noise's seed would correlate the two releases.
       count_seed = (None if spec.noise_seed is None else

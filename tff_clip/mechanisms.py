@@ -15,7 +15,8 @@ names before TensorFlow loads.
 
 from __future__ import annotations
 
-from typing import Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 from tff_clip import blt
 from tff_clip import boundings
@@ -24,7 +25,7 @@ from tff_clip import correlated_noise
 from tff_clip import noise_mechanisms
 
 __all__ = ['BOUNDINGS', 'NOISE_MECHANISMS', 'Registry', 'bounding',
-           'noise_mechanism']
+           'noise_mechanism', 'noise_mechanism_from']
 
 
 class Registry:
@@ -40,6 +41,11 @@ class Registry:
   def names(self) -> tuple[str, ...]:
     """The registered names, in registration order."""
     return tuple(self._classes)
+
+  @property
+  def classes(self) -> tuple[type, ...]:
+    """The registered classes, in registration order."""
+    return tuple(self._classes.values())
 
   def __iter__(self):
     return iter(self._classes)
@@ -90,14 +96,35 @@ def bounding(name: str, label: str = 'bounding_method') -> boundings.Bounding:
   return BOUNDINGS.get(name, label)()
 
 
-def noise_mechanism(name: str, bands: int = 1, *,
+def noise_mechanism(name, bands: int = 1, *,
                     rounds: Optional[int] = None,
                     separation: Optional[int] = None,
                     **options) -> noise_mechanisms.NoiseMechanism:
   """The noise mechanism registered as `name`, for `bands`, `rounds` and the
   participation `separation` (see `NoiseMechanism`); of `options` (e.g.
-  `blt_buffers`), those the class declares in its `options`."""
+  `blt_buffers`), those the class declares in its `options`. A
+  `NoiseMechanism` given as `name` is returned as it is."""
+  if isinstance(name, noise_mechanisms.NoiseMechanism):
+    return name
+  known = {option for cls in NOISE_MECHANISMS.classes
+           for option in cls.options}
+  unknown = sorted(set(options) - known)
+  if unknown:
+    raise TypeError(f'`{unknown[0]}` is an option of no noise mechanism; '
+                    f'the options are {sorted(known)}.')
   cls = NOISE_MECHANISMS.get(name)
   return cls(bands, rounds=rounds, separation=separation,
              **{key: value for key, value in options.items()
                 if key in cls.options})
+
+
+def noise_mechanism_from(parameters: Mapping[str, Any],
+                         separation: Optional[int]
+                         ) -> noise_mechanisms.NoiseMechanism:
+  """The noise mechanism that DP `parameters` (by `tff_clip.spec.DPSpec`'s
+  names) describe, for participation with minimum `separation`: its name,
+  `bands`, `rounds` and the options its class declares."""
+  cls = NOISE_MECHANISMS.get(parameters['noise_mechanism'])
+  return cls(parameters['bands'], rounds=parameters['rounds'],
+             separation=separation,
+             **{option: parameters[option] for option in cls.options})

@@ -186,9 +186,9 @@ def _parameter(help_text: str, default=dataclasses.MISSING, choices=None):
 def _noise_mechanisms_help() -> str:
   """Each registered mechanism's name and the summary of its docstring."""
   summaries = []
-  for name in mechanisms.NOISE_MECHANISMS:
-    summary = mechanisms.NOISE_MECHANISMS.get(name).__doc__.split('\n\n')[0]
-    summaries.append(f'{name}: {" ".join(summary.split()).rstrip(".")}')
+  for cls in mechanisms.NOISE_MECHANISMS.classes:
+    summary = cls.__doc__.split('\n\n')[0]
+    summaries.append(f'{cls.name}: {" ".join(summary.split()).rstrip(".")}')
   return '; '.join(summaries)
 
 
@@ -336,9 +336,7 @@ class DPSpec:
     # Checked whichever mechanism reads it.
     put('blt_buffers', checks.integer(self.blt_buffers, 'blt_buffers', 1,
                                       blt.MAX_BUFFERS))
-    noise = mechanisms.noise_mechanism(
-        self.noise_mechanism, self.bands, rounds=self.rounds,
-        separation=self.min_separation, blt_buffers=self.blt_buffers)
+    noise = self.noise_under(self.min_separation)
     noise.check_placement(self.noise_placement)
     noise.check_bounding(self.bounding)
     put('_noise', noise)
@@ -448,6 +446,12 @@ class DPSpec:
     `rounds` and `min_separation`: the one object whose noise the factory adds
     and whose events the ledger records."""
     return self._noise
+
+  def noise_under(self, separation: Optional[int]):
+    """The noise mechanism of these parameters for participation with
+    minimum `separation` (e.g. an audit's canaries')."""
+    return mechanisms.noise_mechanism_from(
+        {name: getattr(self, name) for name in PARAMETERS}, separation)
 
 
 PARAMETERS = tuple(field.name for field in dataclasses.fields(DPSpec))
