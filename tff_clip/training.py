@@ -159,7 +159,9 @@ def _train(config, session, log, resuming, extra_release_managers):
                                            config.delta)
                   if session.private else None),
       objective=session.objective, released=released, progress=progress,
-      last_eval=run_directory.last_eval(log.rows()))
+      # The last evaluation released, the pending round's included.
+      last_eval=run_directory.last_eval(
+          log.rows() + ([restored[2][1]] if restored[2] else [])))
   progress.close()
   return _finish(config, session, ledger, log, session.audit_report(state))
 
@@ -211,8 +213,7 @@ def _noise_label(config, session):
     return 'none'
   mechanism = (f'{config.noise_mechanism} (b = {config.bands}) correlated '
                'across rounds; ' if config.noise.correlated else '')
-  baseline = config_lib.baseline(config)
-  if baseline is not None and not baseline.seeded:
+  if config.bounding == config_lib.TFF_GAUSSIAN:
     return mechanism + ("TFF's own generator (not checked for secrecy by "
                         'tff_clip)')
   if config.noise_seed is not None:
