@@ -213,7 +213,8 @@ def _noise_label(config, session):
     return 'none'
   mechanism = (f'{config.noise_mechanism} (b = {config.bands}) correlated '
                'across rounds; ' if config.noise.correlated else '')
-  if config.bounding == config_lib.TFF_GAUSSIAN:
+  baseline = config_lib.baseline(config)
+  if baseline is not None and not baseline.seeded:
     return mechanism + ("TFF's own generator (not checked for secrecy by "
                         'tff_clip)')
   if config.noise_seed is not None:
