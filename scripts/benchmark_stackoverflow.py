@@ -34,9 +34,12 @@ own, on this machine's CPU:
                     checkpoint a DP round writes before its release, and
                     the records (ledger and epsilon at the run's last
                     round, releases.jsonl, metrics.csv)
-  written/round     bytes a DP round of `tff_clip.training.run` writes
-                    (checkpoint, releases, metrics.csv, TensorBoard),
-                    measured on --e2e_clients_per_round users a round
+  written/round     bytes a DP round writes: the checkpoint of the
+                    published run's state, and the records
+                    `tff_clip.training.run` writes per round besides its
+                    checkpoint (releases.jsonl, metrics.csv, TensorBoard),
+                    from its write counter on --e2e_clients_per_round users
+                    a round
   e2e s/round       seconds per round of `training.run` at that cohort,
                     the users' local training included
 
@@ -108,17 +111,18 @@ SPECIAL_TOKENS = 4
 # Model-sized vectors of the server state besides the noise: the model and
 # its server momentum (--server_optimizer=sgdm).
 MODEL_VECTORS = 2
-# Peak memory of a DP round, in bytes per byte of noise state: measured
-# 5.7-5.9 with banded noise (b = 32 and 64, the LSTM over 100 words; peak
-# RSS of the server round and of `training.run` against independent noise).
-# A round holds the state (numpy), its copy fed to the server update, the
-# update's temporaries (coefficients x past noise, the shifted history),
-# the new history and its numpy copy; the checkpoint's file image comes
-# after the old state is dropped.
-STATE_COPIES_AT_PEAK = 6
-# The peak RSS of independent noise at the published shape (TensorFlow,
-# TFF's traced computations, the model, its momentum and the cohort's sum).
-BASE_BYTES = int(1.5 * 2**30)
+# Peak memory of a DP round, in bytes per byte of noise state: the peak RSS
+# of banded noise over independent noise's, per byte of its state, measured
+# 5.5 (server round) and 6.6 (`training.run`) at b = 20 on the published
+# LSTM, 5.7-5.9 at b = 32 and 64 on the LSTM over 100 words. A round holds
+# the state (numpy), its copy fed to the server update, the update's
+# temporaries (coefficients x past noise, the shifted history), the new
+# history and its numpy copy, then the checkpoint's file image.
+STATE_COPIES_AT_PEAK = 7
+# The peak RSS of `training.run` with independent noise at the published
+# shape (TensorFlow, TFF's traced computations, the model, its momentum,
+# the cohort's sum, evaluation): 1.80 GiB measured.
+BASE_BYTES = int(1.8 * 2**30)
 TABLE_MARK = '<!-- table -->'
 COLUMNS = ('mechanism', 'aggregator state', 'server state', 'peak RSS',
            'start-up s', 'sum of updates s', 'server update s',
@@ -387,15 +391,18 @@ def _end_to_end(shape, mechanism, directory):
                           root_output_dir=directory, experiment_name=name)
     written, started = _written(), time.perf_counter()
     training.run(config, builder)
-    return time.perf_counter() - started, _written() - written
+    return (time.perf_counter() - started, _written() - written,
+            os.path.join(config.output_dir, 'checkpoints',
+                         f'round_{rounds:06d}.npz'))
 
   _reset_peak()
-  first, _ = run(1, 'first')  # Traces the session.
-  short, short_bytes = run(1, 'short')
-  long, long_bytes = run(1 + shape.e2e_rounds, 'long')
+  first, _, _ = run(1, 'first')  # Traces the session.
+  short, short_bytes, _ = run(1, 'short')
+  long, long_bytes, checkpoint = run(1 + shape.e2e_rounds, 'long')
   return dict(program_startup_s=first - short,
               e2e_s=(long - short) / shape.e2e_rounds,
-              written_bytes=(long_bytes - short_bytes) / shape.e2e_rounds,
+              e2e_written_bytes=(long_bytes - short_bytes) / shape.e2e_rounds,
+              e2e_checkpoint_bytes=os.path.getsize(checkpoint),
               e2e_peak_rss_bytes=_status('VmHWM'))
 
 
@@ -403,6 +410,12 @@ def measure_one(shape: Shape, mechanism: str, cohort: int) -> dict:
   with tempfile.TemporaryDirectory() as directory:
     result = _server_round(shape, mechanism, cohort, directory)
     result.update(_end_to_end(shape, mechanism, directory))
+  # A DP round writes its checkpoint and its records. The end-to-end runs
+  # are a few rounds long, and a mechanism optimized for the run's length
+  # (BLT) keeps fewer buffers there: the checkpoint is the published run's
+  # (the server round's), the records those the runs wrote besides theirs.
+  result['written_bytes'] = result['checkpoint_bytes'] + (
+      result['e2e_written_bytes'] - result['e2e_checkpoint_bytes'])
   return result
 
 
@@ -574,7 +587,10 @@ def main(argv):
         print(f'{name}: checkpoint {result["checkpoint_bytes"] / 1e6:.1f} MB;'
               f' training.run: start-up {result["program_startup_s"]:.1f} s '
               f'(its session: task, tracing, evaluation), peak RSS '
-              f'{result["e2e_peak_rss_bytes"] / 2**30:.2f} GiB', flush=True)
+              f'{result["e2e_peak_rss_bytes"] / 2**30:.2f} GiB, '
+              f'{result["e2e_written_bytes"] / 1e6:.1f} MB written per round '
+              f'(checkpoint {result["e2e_checkpoint_bytes"] / 1e6:.1f} MB)',
+              flush=True)
     print('| ' + ' | '.join(rows[-1]) + ' |', flush=True)
   table = format_table(rows)
   print()

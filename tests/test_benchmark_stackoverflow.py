@@ -100,10 +100,11 @@ def test_published_banded_noise_is_refused_up_front_with_its_memory_need(
   assert refusals == [
       'banded (b = 342): refused before anything is built: its state holds '
       '341 noise vectors of 4,050,748 parameters (5.1 GiB); a DP round holds'
-      f' about 6 copies of it besides 1.5 GiB for TensorFlow and the model, '
-      f'so it needs about {need / 2**30:.1f} GiB, and this machine has 23.0 '
-      'GiB available.']
-  assert need / 2**30 > 32
+      f' about {b.STATE_COPIES_AT_PEAK} copies of it besides '
+      f'{b.BASE_BYTES / 2**30:.1f} GiB for TensorFlow and the model, so it '
+      f'needs about {need / 2**30:.1f} GiB, and this machine has 23.0 GiB '
+      'available.']
+  assert need / 2**30 > 23
   assert lines[-3] == '| ' + ' | '.join(b.COLUMNS) + ' |'
   row = lines[-1].split(' | ')
   assert row[0] == '| banded (b = 342)'
@@ -145,12 +146,13 @@ def test_measured_row_fills_every_column_in_model_multiples():
 def test_tiny_shape_run_measures_a_mechanism_and_refuses_another(tmp_path):
   doc = tmp_path / 'shape.md'
   doc.write_text(f'# Shape\n\n{b.TABLE_MARK}\nold\n{b.TABLE_MARK}\n\nEnd.\n')
-  # 2,140,048 parameters; banded b = 10 needs 1.5 GiB + 6 x 9 x 8.6 MB.
+  # 2,140,048 parameters: banded b = 10 needs 1.8 GiB + 7 x 9 x 8.6 MB,
+  # independent noise 1.8 GiB (`BASE_BYTES`).
   result = subprocess.run(
       [sys.executable, '-m', 'scripts.benchmark_stackoverflow',
        '--vocab_size=100', '--num_clients=3420', '--min_separation=10',
        '--clients_per_round=5', '--bands=10', '--e2e_clients_per_round=3',
-       '--e2e_rounds=1', '--sentences_per_client=16', '--memory_gib=1.7',
+       '--e2e_rounds=1', '--sentences_per_client=16', '--memory_gib=2',
        '--mechanisms=banded,independent', f'--doc={doc}'],
       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
       capture_output=True, text=True, timeout=1800, check=False)
