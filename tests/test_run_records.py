@@ -21,6 +21,7 @@ import as_a_user  # pylint: disable=g-bad-import-order
 
 from scripts import program
 from tff_clip import program_logic
+from tff_clip import run_directory
 from tff_clip import run_records
 from tff_clip import training
 
@@ -231,6 +232,53 @@ def test_refusal_gives_the_largest_epsilon_any_surviving_file_proves(
       _epsilon_of_first(run_dir, proven), rel=1e-3)
   assert _refused_epsilon(message) > _epsilon_of_first(run_dir, 1)
   assert _files(copy) == before
+
+
+def test_unwritable_output_dir_is_refused(tmp_path):
+  blocker = tmp_path / 'file'
+  blocker.write_text('not a directory')
+  config = training.TrainConfig(root_output_dir=str(blocker / 'runs'))
+  with pytest.raises(training.ConfigError, match='root_output_dir'):
+    run_directory.existing_run(config)
+
+
+def test_other_configuration_in_existing_dir_is_refused_untouched(tmp_path):
+  config = training.TrainConfig(root_output_dir=str(tmp_path),
+                                experiment_name='run')
+  assert run_directory.prepare_output_dir(config) is False
+  marker = tmp_path / 'run' / 'metrics.csv'
+  marker.write_text('round\n1\n')
+  other = dataclasses.replace(config, rounds=99)
+  with pytest.raises(training.ConfigError, match='rounds'):
+    run_directory.prepare_output_dir(other)
+  assert marker.read_text() == 'round\n1\n'
+  assert run_directory.prepare_output_dir(config) is True  # Resumes.
+
+
+def test_run_recorded_under_earlier_knob_names_resumes(tmp_path):
+  # `local_clip` and `blur_lambda` are the earlier names of `local_clip_norm`
+  # and `blur_strength`: a config.json that uses them is the same run.
+  config = training.TrainConfig(root_output_dir=str(tmp_path),
+                                experiment_name='run', local_clip_norm=2.0,
+                                blur_strength=0.5, blur_clip_norm=1.0)
+  recorded = config.to_json()
+  recorded['local_clip'] = recorded.pop('local_clip_norm')
+  recorded['blur_lambda'] = recorded.pop('blur_strength')
+  (tmp_path / 'run').mkdir()
+  (tmp_path / 'run' / 'config.json').write_text(json.dumps(recorded))
+  assert run_directory.existing_run(config) == 'resume'
+  other = dataclasses.replace(config, local_clip_norm=3.0)
+  with pytest.raises(training.ConfigError, match='local_clip_norm'):
+    run_directory.existing_run(other)
+
+
+def test_foreign_nonempty_dir_is_refused(tmp_path):
+  (tmp_path / 'run').mkdir()
+  (tmp_path / 'run' / 'notes.txt').write_text('mine')
+  config = training.TrainConfig(root_output_dir=str(tmp_path),
+                                experiment_name='run')
+  with pytest.raises(training.ConfigError, match='not empty'):
+    run_directory.prepare_output_dir(config)
 
 
 def test_a_changed_dp_configuration_is_not_told_to_delete_the_run(copy):
