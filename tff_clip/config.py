@@ -24,6 +24,7 @@ from tff_clip import checks
 from tff_clip import mechanisms
 from tff_clip import names
 from tff_clip import spec
+from tff_clip.baselines import BASELINES, NO_BOUNDING, TFF_GAUSSIAN, TFF_TREE, Baseline, baseline  # pylint: disable=unused-import
 
 __all__ = [
     'BOUNDINGS', 'CLIENT_OPTIMIZERS', 'EXECUTION_KEYS', 'EXECUTORS',
@@ -31,50 +32,10 @@ __all__ = [
     'default_experiment_name', 'fields', 'flag_error', 'validate',
 ]
 
-# 'tff_gaussian': TFF's own DP aggregator (`DifferentiallyPrivateFactory.
-# gaussian_fixed` / `gaussian_adaptive`, what `tff.learning.dp_aggregator`
-# builds on), the baseline tff_clip is measured against.
-TFF_GAUSSIAN = 'tff_gaussian'
-# TFF's DifferentiallyPrivateFactory.tree_adaptive (DP-FTRL), restarted
-# every --bands rounds: the baseline of docs/correlated_noise.md.
-TFF_TREE = 'tff_tree_adaptive'
-NO_BOUNDING = 'none'
+# The --bounding values: tff_clip's registered boundings and the baselines
+# (`tff_clip.baselines`: none and TFF's own aggregators).
 BOUNDINGS = ((NO_BOUNDING,) + mechanisms.BOUNDINGS.names +
              (TFF_GAUSSIAN, TFF_TREE))
-
-
-@dataclasses.dataclass(frozen=True)
-class Baseline:
-  """A --bounding that is not a tff_clip bounding: what it needs.
-
-  `private`: the run must be DP (True) or must not be (False);
-  `noise_mechanism`: the noise it adds (when private); `adaptive`: it needs
-  --clip_norm=adaptive; `seeded`: it draws its noise from tff_clip's key
-  (so --noise_seed applies and the noise is checked secret);
-  `reports_events`: its aggregator state reports the DpEvent it ran (else
-  the ledger records its noise mechanism's participation event). Its
-  aggregator is built by `tff_clip.assembly.build_aggregator`.
-  """
-  description: str
-  private: bool
-  noise_mechanism: Optional[str] = None
-  adaptive: bool = False
-  seeded: bool = True
-  reports_events: bool = True
-
-
-# The --bounding values outside `mechanisms.BOUNDINGS`.
-BASELINES = {
-    NO_BOUNDING: Baseline('no bounding (noise would have no sensitivity)',
-                          private=False),
-    TFF_GAUSSIAN: Baseline(
-        "TFF's own DP aggregator (gaussian_fixed / gaussian_adaptive)",
-        private=True, noise_mechanism='independent', seeded=False),
-    # TFF's tree queries report UnsupportedDpEvent.
-    TFF_TREE: Baseline("TFF's tree_adaptive", private=True,
-                       noise_mechanism='tree', adaptive=True,
-                       reports_events=False),
-}
 CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
 EXECUTORS = ('inprocess', 'local', 'gpu', 'remote')
@@ -445,7 +406,6 @@ def flag_error(error: Exception) -> ConfigError:
       str(error)))
 
 
-
 def _check_mechanism(config):
   """The bounding and DP knobs: the library's own spec checks them."""
   if config.noise_multiplier is not None and config.target_epsilon is not None:
@@ -470,43 +430,12 @@ def _check_mechanism(config):
     raise flag_error(e) from None
 
 
-def baseline(config: TrainConfig) -> Optional[Baseline]:
-  """The `Baseline` --bounding names, or None for a tff_clip bounding."""
-  return BASELINES.get(config.bounding)
-
-
-def _check_baseline(config):
-  """What a --bounding outside tff_clip's boundings needs (`BASELINES`)."""
-  baseline = BASELINES.get(config.bounding)
-  if baseline is None:
-    return
-  said = f'--bounding={config.bounding} is {baseline.description}'
-  if not baseline.private:
-    if config.private:
-      raise ConfigError(f'{said}: give --noise_multiplier=none, or a '
-                        f'tff_clip --bounding ({", ".join(mechanisms.BOUNDINGS)})'
-                        ' for DP.')
-    return
-  if not config.private:
-    raise ConfigError(f'{said}: it needs --noise_multiplier or '
-                      '--target_epsilon.')
-  if config.noise_mechanism != baseline.noise_mechanism:
-    raise ConfigError(f'{said}: its noise is --noise_mechanism='
-                      f'{baseline.noise_mechanism}.')
-  if config.noise_placement != spec.parameter('noise_placement').default:
-    raise ConfigError(f'{said}: it adds its noise on the server '
-                      '(--noise_placement=central).')
-  if baseline.adaptive and not isinstance(config.clip_norm, str):
-    raise ConfigError(f'{said}: it needs --clip_norm=adaptive.')
-  if not baseline.seeded and config.noise_seed is not None:
-    raise ConfigError(f'{said}: it draws its noise with its own generator, '
-                      'which --noise_seed does not seed.')
-
-
 def _check_privacy(config):
   _positive(config.target_epsilon, 'target_epsilon', optional=True,
             dtype=np.float64)
-  _check_baseline(config)
+  baseline = BASELINES.get(config.bounding)
+  if baseline is not None:
+    _check(baseline.check, config, config.bounding)
   if config.denominator == 'actual' and config.sampling != names.FIXED_SIZE:
     raise ConfigError('--denominator=actual releases the cohort size: it is '
                       'private under --sampling=poisson; use '
