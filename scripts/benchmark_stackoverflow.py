@@ -113,15 +113,16 @@ SPECIAL_TOKENS = 4
 MODEL_VECTORS = 2
 # Peak memory of a DP round, in bytes per byte of noise state: the peak RSS
 # of banded noise over independent noise's, per byte of its state, measured
-# 5.5 (server round) and 6.6 (`training.run`) at b = 20 on the published
-# LSTM, 5.7-5.9 at b = 32 and 64 on the LSTM over 100 words. A round holds
-# the state (numpy), its copy fed to the server update, the update's
-# temporaries (coefficients x past noise, the shifted history), the new
-# history and its numpy copy, then the checkpoint's file image.
+# 5.5-5.9 (server round) and 6.1-6.6 (`training.run`) at b = 20 on the
+# published LSTM (two runs), 5.7-5.9 at b = 32 and 64 on the LSTM over 100
+# words. A round holds the state (numpy), its copy fed to the server
+# update, the update's temporaries (coefficients x past noise, the shifted
+# history), the new history and its numpy copy, then the checkpoint's file
+# image.
 STATE_COPIES_AT_PEAK = 7
 # The peak RSS of `training.run` with independent noise at the published
 # shape (TensorFlow, TFF's traced computations, the model, its momentum,
-# the cohort's sum, evaluation): 1.80 GiB measured.
+# the cohort's sum, evaluation): 1.80-1.89 GiB measured.
 BASE_BYTES = int(1.8 * 2**30)
 TABLE_MARK = '<!-- table -->'
 COLUMNS = ('mechanism', 'aggregator state', 'server state', 'peak RSS',
@@ -560,11 +561,9 @@ def main(argv):
   memory = (available_memory() if _MEMORY.value is None else
             int(_MEMORY.value * 2**30))
   parameters = lstm_parameters(shape.vocab_size)
-  started = time.perf_counter()
   cohort, smallest, largest = separated_cohort(shape)
   print(f'{shape.num_clients:,} users in {shape.min_separation} groups of '
-        f'{smallest:,} to {largest:,} (grouped in '
-        f'{time.perf_counter() - started:.1f} s): {cohort:,} users a round '
+        f'{smallest:,} to {largest:,}: {cohort:,} users a round '
         f'(asked {shape.clients_per_round:,}); the LSTM has {parameters:,} '
         f'parameters ({parameters * FLOAT_BYTES / 1e6:.1f} MB); '
         f'{gib(memory)} of memory available.', flush=True)

@@ -49,6 +49,11 @@ SMOKE_OVERRIDES = {
     'scripts.audit_table': ['--noise_multipliers=1'],
     'scripts.reproduce': ['--quick'],
     'scripts.share_run': [],  # --run_dir, --output_dir: a run made here.
+    'scripts.benchmark_stackoverflow': [
+        '--vocab_size=100', '--num_clients=3420', '--min_separation=10',
+        '--clients_per_round=5', '--bands=10', '--e2e_clients_per_round=3',
+        '--e2e_rounds=1', '--sentences_per_client=16',
+        '--mechanisms=independent', '--doc='],
 }
 # Extra train flags given to each sweep cell for the smoke run.
 SWEEP_TRAIN_OVERRIDES = ['--rounds=1', '--clients_per_round=2',
