@@ -168,11 +168,11 @@ def lstm_parameters(vocab_size: int) -> int:
 
 def available_memory() -> int:
   """Bytes this machine can give a process now (MemAvailable)."""
-  with open('/proc/meminfo') as f:
-    for line in f:
-      if line.startswith('MemAvailable:'):
-        return int(line.split()[1]) * 1024
-  raise RuntimeError('/proc/meminfo has no MemAvailable.')
+  from tff_clip import assembly  # pylint: disable=g-import-not-at-top
+  memory = assembly.available_memory()
+  if memory is None:
+    raise RuntimeError('/proc/meminfo has no MemAvailable.')
+  return memory
 
 
 def available_mechanisms() -> tuple[str, ...]:

@@ -26,7 +26,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from scripts import program
 from tff_clip import aggregators
+from tff_clip import assembly
 from tff_clip import config as config_lib
 from tff_clip import dp
 from tff_clip import plotting
@@ -105,6 +107,54 @@ def test_a_feasible_minimum_separation_cohort_passes_the_early_checks(
                   '--noise_mechanism=banded', '--bands=4',
                   '--clients_per_round=9', '--rounds=0')
   assert '--rounds' in line
+
+
+# ----------------------------------------------------------------------------
+# A noise state that cannot fit in memory: refused before it is allocated.
+
+# Stack Overflow's LSTM (4,050,748 parameters) with banded noise at the
+# published separation b = 342: 341 past noise vectors of float32.
+LSTM_PARAMETERS = 4_050_748
+
+
+def test_published_banded_noise_on_the_lstm_is_refused_with_its_need():
+  config = config_lib.TrainConfig(
+      noise_mechanism='banded', bands=342, sampling='min_separation',
+      rounds=2052, noise_multiplier=1.0)
+  state = 341 * LSTM_PARAMETERS * 4
+  need = assembly.STATE_COPIES_AT_PEAK * state
+  assert 35 < need / 2**30 < 40
+  with pytest.raises(config_lib.ConfigError) as refusal:
+    assembly.check_noise_memory(config, LSTM_PARAMETERS, available=23 * 2**30)
+  assert str(refusal.value) == (
+      '--noise_mechanism=banded: its state holds 341 noise vectors of '
+      f'4,050,748 parameters ({state / 2**30:.1f} GiB); a DP round holds '
+      f'about {assembly.STATE_COPIES_AT_PEAK} copies of it, so it needs '
+      f'about {need / 2**30:.1f} GiB, and this machine has 23.0 GiB '
+      'available. Use fewer --bands, --noise_mechanism=blt or a smaller '
+      'model.')
+  assembly.check_noise_memory(config, LSTM_PARAMETERS, available=need)
+
+
+def test_a_noise_state_beyond_memory_is_refused_before_the_process_is_built(
+    tmp_path, monkeypatch):
+  """A run's banded state (3 vectors of the digits model) against a fake,
+  tiny amount of free memory: one `ConfigError` (the program's exit 2),
+  before tracing, `initialize` or any file."""
+  config = config_lib.TrainConfig(
+      root_output_dir=str(tmp_path / 'runs'), noise_mechanism='banded',
+      bands=4, sampling='min_separation', clients_per_round=9, rounds=4,
+      progress=False)
+  task = program.build_task(config)
+  parameters = sum(np.size(v) for v in task.model_fn().trainable_variables)
+  need = assembly.STATE_COPIES_AT_PEAK * 3 * parameters * 4
+  monkeypatch.setattr(assembly, 'available_memory', lambda: need - 1)
+  monkeypatch.setattr(assembly, 'build_process', lambda *args: pytest.fail(
+      'the process was built'))
+  with pytest.raises(config_lib.ConfigError,
+                     match=f'3 noise vectors of {parameters:,} parameters'):
+    program.run(config)
+  assert not (tmp_path / 'runs').exists()
 
 
 # ----------------------------------------------------------------------------

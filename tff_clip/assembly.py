@@ -38,9 +38,17 @@ from tff_clip.config import ConfigError, TrainConfig
 from tff_clip.names import MIN_SEPARATION
 
 __all__ = [
-    'Session', 'build_aggregator', 'build_process', 'initial_model_weights',
-    'resolve_noise_multiplier', 'runners', 'session', 'set_execution_context',
+    'Session', 'available_memory', 'build_aggregator', 'build_process',
+    'check_noise_memory', 'initial_model_weights', 'resolve_noise_multiplier',
+    'runners', 'session', 'set_execution_context',
 ]
+
+# Peak memory of a DP round in bytes per byte of the noise mechanism's state:
+# the state (numpy), its copy fed to the server update, the update's
+# temporaries, the new state and its numpy copy, the checkpoint's writes
+# (measured 5.5-6.6 on the Stack Overflow LSTM with banded noise:
+# `scripts.benchmark_stackoverflow`).
+STATE_COPIES_AT_PEAK = 7
 
 
 def resolve_noise_multiplier(config: TrainConfig, population: int):
@@ -74,6 +82,47 @@ def _resolve_noise_multiplier(config: TrainConfig, population: int):
         sampling=config.sampling)
   except ValueError as e:
     raise ConfigError(f'--target_epsilon: {e}') from e
+
+
+def available_memory() -> Optional[int]:
+  """Bytes this machine can give a process now (MemAvailable of
+  /proc/meminfo), or None where that is not known."""
+  try:
+    with open('/proc/meminfo') as f:
+      for line in f:
+        if line.startswith('MemAvailable:'):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return None
+
+
+def check_noise_memory(config: TrainConfig, parameters: int,
+                       available=None) -> None:
+  """Refuses (`ConfigError`, one line) a noise mechanism whose state of
+  model-sized vectors cannot fit in memory, before anything allocates it.
+
+  `parameters`: the model's trainable parameters (one noise vector);
+  `available`: bytes free, `available_memory()` when None (not checked
+  where that is not known).
+  """
+  vectors = config.noise.state_vectors
+  if not vectors:
+    return
+  available = available_memory() if available is None else available
+  state = vectors * parameters * 4  # float32 noise.
+  need = STATE_COPIES_AT_PEAK * state
+  if available is None or need <= available:
+    return
+  gib = lambda value: f'{value / 2**30:.1f} GiB'
+  fewer = ('--blt_buffers' if config.noise_mechanism == 'blt' else
+           '--bands, --noise_mechanism=blt')
+  raise ConfigError(
+      f'--noise_mechanism={config.noise_mechanism}: its state holds '
+      f'{vectors} noise vectors of {parameters:,} parameters '
+      f'({gib(state)}); a DP round holds about {STATE_COPIES_AT_PEAK} '
+      f'copies of it, so it needs about {gib(need)}, and this machine has '
+      f'{gib(available)} available. Use fewer {fewer} or a smaller model.')
 
 
 # ----------------------------------------------------------------------------
@@ -268,6 +317,13 @@ def initial_model_weights(task, seed: int):
   return tf.nest.map_structure(lambda v: v.numpy(), weights)
 
 
+def _trainable_parameters(task) -> int:
+  """Trainable parameters of the task's model: one noise vector's size."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
+  return sum(int(np.prod(v.shape)) for v in weights.trainable)
+
+
 def _eval_dataset(task, split: str):
   """The centralized data evaluation measures: 'test' or 'validation'."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
@@ -350,6 +406,10 @@ class Session:
           config.seed, config.separation)
     except ValueError as e:
       raise config_lib.flag_error(e) from None
+    if self.private and config.noise.state_vectors:
+      # Before tracing and `initialize`: refused in seconds, not an
+      # out-of-memory crash halfway.
+      check_noise_memory(config, _trainable_parameters(self.task))
     self.auditor = None
     try:
       if config.audit_canaries:  # Canaries inside the DP query.
