@@ -122,6 +122,13 @@ def atomic_write(path: str, data: bytes, mode: int = 0o666) -> None:
   created with them, so a secret is never readable by others, not even
   while it is written); the umask can only narrow them.
   """
+  atomic_write_with(path, lambda f: f.write(data), mode)
+
+
+def atomic_write_with(path: str, write, mode: int = 0o666) -> None:
+  """`atomic_write` of what `write(file)` writes to the open binary file:
+  written as it is produced, never held whole in memory (a checkpoint is
+  the size of the model and the noise mechanism's state)."""
   directory = os.path.dirname(os.path.abspath(path))
   tmp = os.path.join(directory, f'.{os.path.basename(path)}.tmp')
   try:
@@ -129,16 +136,18 @@ def atomic_write(path: str, data: bytes, mode: int = 0o666) -> None:
       os.remove(tmp)  # A killed write's leftover, perhaps with other modes.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with open(fd, 'wb') as f:
-      f.write(data)
+      write(f)
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
-  except OSError as e:
+  except BaseException as e:  # E.g. numpy's error: no partial file left.
     try:
       os.remove(tmp)
     except OSError:
       pass
-    raise _write_error(path, e) from None
+    if isinstance(e, OSError):
+      raise _write_error(path, e) from None
+    raise
   _fsync_dir(directory)
 
 
@@ -445,10 +454,8 @@ class Checkpoints:
               enumerate(leaves)}
     arrays['header'] = np.asarray(json.dumps(  # Key order kept (rows).
         strict_json(dict(header, round=round_num)), allow_nan=False))
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    atomic_write(self.path(round_num), buffer.getvalue(),
-                 mode=SECRET_FILE_MODE)
+    atomic_write_with(self.path(round_num), lambda f: np.savez(f, **arrays),
+                      mode=SECRET_FILE_MODE)
     for old in self.versions()[:-self._keep]:
       try:
         os.remove(self.path(old))
@@ -528,9 +535,7 @@ def _write_released_model(run_dir: str, path: str) -> bool:
   n, m = layout.get('trainable', 0), layout.get('non_trainable', 0)
   arrays = {f'trainable_{i:05d}': leaves[i] for i in range(n)}
   arrays.update({f'non_trainable_{i:05d}': leaves[n + i] for i in range(m)})
-  buffer = io.BytesIO()
-  np.savez(buffer, **arrays)
-  atomic_write(path, buffer.getvalue())
+  atomic_write_with(path, lambda f: np.savez(f, **arrays))
   return True
 
 
