@@ -187,13 +187,16 @@ def main(argv) -> int:
     cli.fail(e)
     return 1
   except Exception as e:  # pylint: disable=broad-except
-    # Checkpointed: a rerun resumes. Looked up, not imported: importing
-    # `split_execution` imports TensorFlow, which a refusal never needs.
+    # Looked up, not imported: both modules import TensorFlow, which a
+    # refusal never needs.
+    sources = sys.modules.get('tasks.sources')
+    if sources is not None and isinstance(e, sources.DataNotAvailableError):
+      return cli.fail(e)  # The task's data is missing; nothing was written.
     split_execution = sys.modules.get('tff_clip.split_execution')
     if split_execution is None or not isinstance(
         e, split_execution.WorkerLostError):
       raise
-    cli.fail(e)
+    cli.fail(e)  # Checkpointed: a rerun resumes.
     return 1
   print(program.format_summary(summary))
   print(f'outputs: {config.output_dir}/ (metrics.csv, releases.jsonl, '

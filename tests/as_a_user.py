@@ -41,12 +41,13 @@ def noise(output):
   return [line for line in output.splitlines() if _NOISE.match(line)]
 
 
-def run(args, *, timeout=900, stdin_text=None, **overrides):
+def run(args, *, timeout=900, stdin_text=None, cwd=REPO, **overrides):
   """`python *args` run to its end: the CompletedProcess (text, not checked).
 
-  `stdin_text`: what the program reads on its standard input.
+  `stdin_text`: what the program reads on its standard input; `cwd`: where
+  it runs (default: the checkout).
   """
-  return subprocess.run([sys.executable, *map(str, args)], cwd=REPO,
+  return subprocess.run([sys.executable, *map(str, args)], cwd=cwd,
                         env=env(**overrides), capture_output=True, text=True,
                         input=stdin_text, timeout=timeout, check=False)
 

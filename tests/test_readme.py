@@ -4,21 +4,37 @@ Every page (README.md and each docs/*.md, found by glob, so a new page is
 checked without editing this file) is read the same way:
   * `make setup` / `make test`: what CI itself runs (`.ci/run`); not re-run.
   * Python snippets: run in a fresh interpreter, in a user's environment
-    (no TF_CPP_MIN_LOG_LEVEL); they must exit 0, print no TensorFlow log
-    line and no traceback (TFF's at exit included), and leave no TFF worker
-    process behind (README's in the default suite, docs/' in the slow suite).
+    (no TF_CPP_MIN_LOG_LEVEL), from a directory outside the checkout that
+    sees its `tff_clip` only (as a project that installed it: no `tasks`,
+    no `scripts`); they must exit 0, print no TensorFlow log line and no
+    traceback (TFF's at exit included), and leave no TFF worker process
+    behind (README's in the default suite, docs/' in the slow suite).
   * A block starting with `$ command` followed by output: the command runs
     and must print exactly that output.
   * The task table (docs/tasks.md): `tasks.describe_markdown()` prints it.
   * Every `.venv/bin/python -m scripts.X ...` command: its flags are parsed
-    and validated (default suite); and it runs at smoke size (slow suite:
-    `make test-slow`), with the overrides of `SMOKE_OVERRIDES` appended --
-    fewer rounds and clients, offline data -- never by editing the text.
+    and validated, a sweep's cells by `--dry_run` (default suite); and it
+    runs at smoke size (slow suite: `make test-slow`), with the overrides of
+    `SMOKE_OVERRIDES` appended -- fewer rounds and clients, offline data --
+    never by editing the text.
+  * As a reader goes (slow suite): README, then the pages in the order of
+    README's documentation table, every command and snippet as written, one
+    after the other in ONE fresh copy of the checkout (no scratch directory
+    per command, no added flag), so that two commands that collide, or a
+    command that needs a step no page gives, fail. What it cannot run is in
+    `NOT_RUN_IN_ORDER`, with the reason; a command still running after
+    `STOP_AFTER_S` is stopped with Ctrl-C, as a reader stops a benchmark,
+    and must end with its one `interrupted:` line.
 """
 
+import os
+import pathlib
 import re
 import shlex
+import shutil
+import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -114,6 +130,12 @@ def _train_args(command):
                                                   'scripts.sweep',
                                                   'scripts.audit_table')])
 def test_every_train_command_in_readme_has_valid_flags(command):
+  if shlex.split(command)[2] == 'scripts.sweep':  # Checks every cell.
+    words = shlex.split(command)  # --dry_run before the cells' flags.
+    result = as_a_user.run([*words[1:3], '--dry_run', *words[3:]],
+                           timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return
   # In a fresh interpreter: scripts define their flags in absl's global
   # registry, and two scripts in one process would collide.
   _, args = _train_args(command)
@@ -125,27 +147,44 @@ def test_every_train_command_in_readme_has_valid_flags(command):
   assert result.returncode == 0, result.stderr[-2000:]
 
 
-def _run_snippets(page):
+def _snippets(page):
   fenced, _ = _blocks(page)
-  snippets = [body for lang, body in fenced if lang == 'python']
-  for snippet in snippets:
-    # From the checkout, as README says (`tasks` is not installed), with
-    # piped output: a leaked worker holding the pipe would hang this call.
-    # The log level is the user's: unset (`as_a_user.env`).
-    result = as_a_user.python(snippet, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert not as_a_user.noise(result.stderr), result.stderr[-3000:]
-  return snippets
+  return [body for lang, body in fenced if lang == 'python']
 
 
-def test_python_snippet_runs_quietly_and_leaves_no_process_behind():
-  assert _run_snippets(README)
+def _elsewhere(directory, checkout=REPO):
+  """`directory`, outside the checkout, where Python sees its `tff_clip` only.
+
+  As a project that installed tff_clip sees it (no `tasks`, no `scripts`):
+  `directory/site/tff_clip` links to the checkout's package. Returns the
+  PYTHONPATH to run with there.
+  """
+  site = pathlib.Path(directory) / 'site'
+  site.mkdir(parents=True)
+  (site / 'tff_clip').symlink_to(pathlib.Path(checkout) / 'tff_clip')
+  return str(site)
+
+
+def _run_snippet(snippet, directory, pythonpath):
+  # With piped output: a leaked worker holding the pipe would hang this
+  # call. The log level is the user's: unset (`as_a_user.env`).
+  result = as_a_user.python(snippet, timeout=600, cwd=directory,
+                            PYTHONPATH=pythonpath)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert not as_a_user.noise(result.stderr), result.stderr[-3000:]
+
+
+def test_python_snippet_runs_quietly_and_leaves_no_process_behind(tmp_path):
+  assert _snippets(README)
+  for snippet in _snippets(README):
+    _run_snippet(snippet, tmp_path, _elsewhere(tmp_path))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize('page', [p for p in PAGES if p != 'README.md'])
-def test_docs_python_snippets_run(page):
-  _run_snippets(PAGES[page])
+def test_docs_python_snippets_run(page, tmp_path):
+  for snippet in _snippets(PAGES[page]):
+    _run_snippet(snippet, tmp_path, _elsewhere(tmp_path))
 
 
 def test_quoted_command_output_is_what_the_tool_prints():
@@ -212,3 +251,98 @@ def test_every_readme_command_runs_at_smoke_size(command, tmp_path):
     args += overrides
   result = as_a_user.run(args, timeout=1200, TF_CPP_MIN_LOG_LEVEL='3')
   assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+
+
+# What the in-order run cannot run, by a text the command holds: the reason.
+NOT_RUN_IN_ORDER = {
+    '--executor=remote': 'names TFF workers on other machines, started by '
+                         'hand (docs/execution.md); the remote path runs in '
+                         'tests/test_training.py::'
+                         'test_two_remote_workers_match_the_local_run',
+    '--data_source=online': 'downloads its data set (network); each runs on '
+                            'offline data at smoke size in '
+                            'test_every_readme_command_runs_at_smoke_size',
+}
+# Benchmarks and full reproductions run for minutes to hours: the in-order
+# run stops a command still running after this long with Ctrl-C, as a reader
+# would, and its one-line ending is checked. README's commands must finish:
+# later pages use their runs (docs/privacy.md shares README's main run).
+STOP_AFTER_S = 60
+
+
+def _reading_order():
+  """README, then the pages in the order README's documentation table has."""
+  table = README.split('\n## Documentation\n')[1].split('\n## ')[0]
+  linked = [page for page in dict.fromkeys(
+      re.findall(r'\((docs/[\w.]+\.md)\)', table)) if page in PAGES]
+  return ['README.md', *linked,
+          *sorted(set(PAGES) - set(linked) - {'README.md'})]
+
+
+def _fresh_checkout(directory):
+  """The checkout's files (tracked, and new ones git does not ignore) copied
+  to `directory`, with no `runs/`, as a clone is laid out: its `.venv` is
+  this interpreter's environment, the one `make setup` made (CI runs `make
+  setup` itself), and the shared data folder docs/tasks.md names is beside
+  it (`../shared`, this checkout's)."""
+  if (REPO.parent / 'shared').is_dir():
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    (directory.parent / 'shared').symlink_to(REPO.parent / 'shared')
+  listed = subprocess.run(
+      ['git', 'ls-files', '-z', '--cached', '--others', '--exclude-standard'],
+      cwd=REPO, capture_output=True, check=True).stdout.decode().split('\0')
+  for name in filter(None, listed):
+    if (REPO / name).is_file() and not (REPO / name).is_symlink():
+      (directory / name).parent.mkdir(parents=True, exist_ok=True)
+      shutil.copy2(REPO / name, directory / name)
+  (directory / '.venv').symlink_to(sys.prefix)
+  return directory
+
+
+def _run_as_written(command, checkout, must_finish):
+  """Runs `command` in `checkout` as a user's shell would: what it printed,
+  after checking that it finished (exit 0) or, stopped with Ctrl-C after
+  `STOP_AFTER_S`, ended with one `interrupted:` line."""
+  proc = subprocess.Popen(shlex.split(command), cwd=checkout,
+                          env=as_a_user.env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, process_group=0)
+  try:
+    try:
+      out, err = proc.communicate(
+          timeout=1800 if must_finish else STOP_AFTER_S)
+    except subprocess.TimeoutExpired:
+      assert not must_finish, 'still running after 30 minutes'
+      os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, to the whole job.
+      try:
+        out, err = proc.communicate(timeout=300)
+      except subprocess.TimeoutExpired:
+        raise AssertionError('still running 5 minutes after Ctrl-C') from None
+      # 130 from `scripts.cli`; killed by SIGINT if stopped before it.
+      assert proc.returncode in (130, -signal.SIGINT), (out + err)[-3000:]
+      assert err.splitlines()[-1].startswith('interrupted: '), err[-3000:]
+    else:
+      assert proc.returncode == 0, (out + err)[-3000:]
+  finally:
+    if proc.poll() is None:  # Nothing of a failed command outlives it.
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.communicate()
+  assert not as_a_user.noise(out + err), (out + err)[-3000:]
+  return out + err
+
+
+@pytest.mark.slow
+def test_every_command_runs_in_order_in_one_fresh_checkout(tmp_path):
+  checkout = _fresh_checkout(tmp_path / 'clone' / 'checkout')
+  elsewhere = tmp_path / 'elsewhere'
+  pythonpath = _elsewhere(elsewhere, checkout)
+  for page in _reading_order():
+    for command in _commands(PAGES[page]):
+      if any(text in command for text in NOT_RUN_IN_ORDER):
+        continue
+      print(f'{page}: {command}', flush=True)  # Progress, with -s.
+      try:
+        _run_as_written(command, checkout, must_finish=page == 'README.md')
+      except AssertionError as e:
+        raise AssertionError(f'{page}: {command}\n{e}') from None
+    for snippet in _snippets(PAGES[page]):
+      _run_snippet(snippet, elsewhere, pythonpath)
