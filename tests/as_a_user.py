@@ -79,7 +79,16 @@ def start(args, **popen_kwargs):
   """
   return subprocess.Popen([sys.executable, *map(str, args)], cwd=REPO,
                           env=env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, **popen_kwargs)
+                          stderr=subprocess.STDOUT, text=True,
+                          preexec_fn=_foreground_signals, **popen_kwargs)
+
+
+def _foreground_signals():
+  # A terminal's foreground job takes Ctrl-C. A test suite started in the
+  # background (`make test &`, nohup, some CI runners) ignores SIGINT, and
+  # an ignored signal stays ignored across exec: the program would never
+  # see the test's Ctrl-C.
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def kill_at(proc, line_prefix):
