@@ -172,6 +172,8 @@ _CHECK = ('import json, sys\n'
 
 def _first_refused(plan):
   """'cell NAME: why' for the first cell that train refuses, else ''."""
+  if not plan:
+    return ''
   result = subprocess.run(
       [sys.executable, '-c', _CHECK], input=json.dumps([a for _, a in plan]),
       capture_output=True, text=True, check=False)
@@ -202,14 +204,18 @@ def main(argv):
                           f'--seed={seed}', f'--experiment_name={name}',
                           f'--root_output_dir={sweep_dir}',
                           '--progress=false']))
-  error = _first_refused(plan)
+  finished = lambda name: os.path.exists(
+      os.path.join(sweep_dir, name, 'summary.json'))
+  # Finished cells are skipped below, never run again: only the rest is
+  # checked.
+  error = _first_refused([(n, a) for n, a in plan if not finished(n)])
   if error:
     raise app.UsageError(error)
   if not _DRY.value:
     os.makedirs(sweep_dir, exist_ok=True)
   failed = set()
   for i, (name, args) in enumerate(plan, 1):
-    if os.path.exists(os.path.join(sweep_dir, name, 'summary.json')):
+    if finished(name):
       print(f'[{i}/{len(plan)}] {name}: done, skipped', flush=True)
       continue
     print(f'[{i}/{len(plan)}] {name}: scripts.train {" ".join(args)}',
