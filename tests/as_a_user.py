@@ -80,14 +80,17 @@ def start(args, **popen_kwargs):
   return subprocess.Popen([sys.executable, *map(str, args)], cwd=REPO,
                           env=env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True,
-                          preexec_fn=_foreground_signals, **popen_kwargs)
+                          preexec_fn=foreground_job, **popen_kwargs)
 
 
-def _foreground_signals():
-  # A terminal's foreground job takes Ctrl-C. A test suite started in the
-  # background (`make test &`, nohup, some CI runners) ignores SIGINT, and
-  # an ignored signal stays ignored across exec: the program would never
-  # see the test's Ctrl-C.
+def foreground_job():
+  """`Popen(preexec_fn=foreground_job)`: Ctrl-C's default action restored.
+
+  A terminal's foreground job takes Ctrl-C. A test suite started in the
+  background (`make test &`, nohup, some CI runners) ignores SIGINT, and an
+  ignored signal stays ignored across exec: the program would never see the
+  test's Ctrl-C.
+  """
   signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 

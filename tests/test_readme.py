@@ -305,7 +305,8 @@ def _run_as_written(command, checkout, must_finish):
   `STOP_AFTER_S`, ended with one `interrupted:` line."""
   proc = subprocess.Popen(shlex.split(command), cwd=checkout,
                           env=as_a_user.env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, process_group=0)
+                          stderr=subprocess.PIPE, text=True, process_group=0,
+                          preexec_fn=as_a_user.foreground_job)
   try:
     try:
       out, err = proc.communicate(
