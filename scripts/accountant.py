@@ -234,7 +234,7 @@ def _correlated_lines(rounds, delta, accountants) -> list[str]:
                  f'{_TARGET_EPSILON.value:g} (RDP):')
   event = accounting.correlated_training_event(mechanism, noise_multiplier,
                                                bands, rounds, separation,
-                                               _BLT_BUFFERS.value)
+                                               blt_buffers=_BLT_BUFFERS.value)
   lines.append(f'noise_multiplier = {noise_multiplier:g}, {mechanism} noise, '
                f'bands = {bands}, separation = {separation}: '
                f'{event.count} participations of {event.event}')

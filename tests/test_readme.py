@@ -204,6 +204,22 @@ def test_quoted_command_output_is_what_the_tool_prints():
     assert result.stdout.strip() == '\n'.join(lines).strip()
 
 
+def _quoted_commands():
+  return {' '.join(q.split()) for text in PAGES.values()
+          for q in re.findall(r'```\n\$ (.*?)\n', text)}
+
+
+@pytest.mark.parametrize('command', sorted({
+    ' '.join(c.split()) for c in COMMANDS
+    if shlex.split(c)[2] == 'scripts.accountant'} - _quoted_commands()))
+def test_every_accountant_command_runs(command):
+  # About a second each, no TensorFlow: run as written in the default suite
+  # (the quoted ones run in test_quoted_command_output_is_what_the_tool_prints).
+  result = as_a_user.run(shlex.split(command)[1:], timeout=120)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert not as_a_user.noise(result.stderr), result.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_task_table_is_what_describe_markdown_prints():
   import tasks  # pylint: disable=g-import-not-at-top
