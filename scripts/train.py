@@ -28,6 +28,7 @@ from absl import logging
 from scripts import cli
 from scripts import program
 from tff_clip import config as config_lib
+from tff_clip import rdp_floor
 
 FLAGS = flags.FLAGS
 
@@ -160,13 +161,26 @@ def _describe(kind) -> str:
           typing.Optional[str]: 'a value or none'}.get(kind, 'a value')
 
 
+def _check(config: config_lib.TrainConfig) -> None:
+  """What `main` checks before training; `ConfigError` names a bad flag."""
+  program.validate(config)
+  if config.target_epsilon is not None:
+    # Below RDP's floor at --delta no noise reaches the target: said in
+    # microseconds, before dp_accounting (half a second) is imported; the
+    # calibration refuses the same with the same words.
+    try:
+      rdp_floor.check_reachable(config.target_epsilon, config.delta)
+    except ValueError as e:
+      raise config_lib.ConfigError(f'--target_epsilon: {e}') from None
+  program.preflight(config)  # Run directory, population, target, workers.
+
+
 def main(argv) -> int:
   if len(argv) > 1:
     return cli.fail(f'unexpected arguments: {" ".join(argv[1:])} (see --help)')
   try:
     config = config_from_flags()
-    program.validate(config)
-    program.preflight(config)  # Population, target epsilon, workers.
+    _check(config)
   except config_lib.ConfigError as e:
     return cli.fail(e)
   # Checked. TensorFlow is imported only now (by `training.run`, after it
@@ -213,9 +227,7 @@ def first_refusal(runs) -> str:
       rest = FLAGS(['scripts.train', *argv])
       if len(rest) > 1:
         return f'{index} unexpected arguments: {" ".join(rest[1:])}'
-      config = config_from_flags()
-      program.validate(config)
-      program.preflight(config)
+      _check(config_from_flags())
     except (flags.Error, config_lib.ConfigError) as e:
       return f'{index} {" ".join(str(e).split())}'
   return ''

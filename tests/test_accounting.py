@@ -11,10 +11,12 @@ import math
 import dp_accounting
 from dp_accounting import pld
 from dp_accounting import rdp
+from dp_accounting.rdp import rdp_privacy_accountant
 import numpy as np
 import pytest
 
 from tff_clip import accounting
+from tff_clip import rdp_floor
 
 DELTA = 1e-6
 # A typical cross-device setting: z = 1, n = 100 of K = 10,000, 300 rounds.
@@ -327,6 +329,68 @@ def test_sampling_probability_outside_unit_interval_is_refused():
 def test_calibration_refuses_impossible_target_epsilon(target_epsilon):
   with pytest.raises(ValueError, match='`target_epsilon`'):
     accounting.calibrate_noise_multiplier(target_epsilon, N, K, 100, DELTA)
+
+
+# ----------------------------------------------------------------------------
+# RDP's floor: the least epsilon RDP accounting proves at a delta.
+
+
+def test_rdp_orders_are_dp_accountings_default_orders():
+  assert rdp_floor.RDP_ORDERS == tuple(
+      rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+
+
+@pytest.mark.parametrize('delta', [1e-5, 1e-7, 1e-9, 1e-12])
+def test_rdp_floor_is_dp_accountings_epsilon_under_huge_noise(delta):
+  # z = 1 / (2 delta): RDP a / (2 z^2) = 2 a delta^2 is negligible, yet
+  # above delta^2 even at order 1.1 (dp_accounting's KL shortcut stays off).
+  accountant = rdp.RdpAccountant().compose(
+      dp_accounting.GaussianDpEvent(0.5 / delta))
+  epsilon = accountant.get_epsilon(delta)
+
+  floor = rdp_floor.epsilon_floor(delta)
+
+  assert 0 < floor <= epsilon <= 1.01 * floor
+
+
+def test_rdp_floor_is_zero_where_delta_is_large():
+  # At order 1024 the bound is log(1 - 1/1024) - log(1024 delta) / 1023 < 0.
+  assert rdp_floor.epsilon_floor(1e-3) == 0
+
+
+@pytest.mark.parametrize('calibrate', [
+    lambda target: accounting.calibrate_noise_multiplier(
+        target, N, K, 10, DELTA),
+    lambda target: accounting.calibrate_noise_multiplier(
+        target, N, K, 10, DELTA, sampling=accounting.FIXED_SIZE),
+    lambda target: accounting.calibrate_noise_multiplier(
+        target, N, K, 10, DELTA, accountant=accounting.PLD),
+    lambda target: accounting.calibrate_correlated_noise_multiplier(
+        target, 'banded', 2, rounds=10, separation=5, delta=DELTA),
+], ids=['poisson-rdp', 'fixed_size-rdp', 'poisson-pld', 'banded'])
+def test_calibration_refuses_a_target_below_rdps_floor_naming_it(calibrate):
+  floor = rdp.RdpAccountant().compose(
+      dp_accounting.GaussianDpEvent(0.5 / DELTA)).get_epsilon(DELTA)
+
+  with pytest.raises(ValueError, match=(
+      r'^`target_epsilon` = 9e-07 is unreachable at delta = 1e-06: RDP '
+      r'accounting cannot prove less than epsilon = ' f'{floor:.3g}')):
+    calibrate(0.9e-6)
+
+
+def test_a_target_just_above_rdps_floor_is_still_calibrated():
+  # One round of q = 0.01 at z = 2**19: epsilon a hair above the floor,
+  # which some z <= 2**20 reaches.
+  target = accounting.compute_training_epsilon(2.0**19, N, K, 1,
+                                               DELTA).epsilon
+  assert target < 1.0001 * rdp_floor.epsilon_floor(DELTA)
+
+  noise_multiplier = accounting.calibrate_noise_multiplier(target, N, K, 1,
+                                                           DELTA)
+
+  assert noise_multiplier <= 2.0**19 + 1e-3
+  assert accounting.compute_training_epsilon(
+      noise_multiplier, N, K, 1, DELTA).epsilon <= target
 
 
 def test_calibration_reports_an_unreachable_target_epsilon():

@@ -20,6 +20,8 @@ import math
 import os
 import re
 
+import dp_accounting
+from dp_accounting import rdp
 import numpy as np
 import portpicker
 import pytest
@@ -27,6 +29,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from scripts import program
+from tff_clip import accounting
 from tff_clip import aggregators
 from tff_clip import assembly
 from tff_clip import config as config_lib
@@ -171,8 +174,6 @@ def test_a_noise_state_beyond_memory_is_refused_before_the_process_is_built(
      '--experiment_name is too long for a file system'),
     (['--task_option=depth=3'],
      "--task_option 'depth' is not an option of task 'digits'"),
-    (['--noise_multiplier=none', '--target_epsilon=1e-6'],
-     '--target_epsilon: '),
 ])
 def test_a_bad_flag_is_refused_before_tensorflow(tmp_path, args, flag):
   assert flag in _refusal(tmp_path, *args)
@@ -181,6 +182,23 @@ def test_a_bad_flag_is_refused_before_tensorflow(tmp_path, args, flag):
 # A bad output directory is refused at once: before TensorFlow and before
 # dp_accounting (half a second), within the time of any bad flag.
 AT_ONCE = ('tensorflow', 'dp_accounting')
+
+
+def test_a_target_epsilon_below_rdps_floor_is_refused_at_once(tmp_path):
+  # At delta = 1e-5 RDP accounting proves no epsilon below ~0.0035, at any
+  # noise (dp_accounting's own epsilon under huge noise); the library's
+  # calibration refuses it in the same words.
+  floor = rdp.RdpAccountant().compose(
+      dp_accounting.GaussianDpEvent(5e4)).get_epsilon(1e-5)
+  with pytest.raises(ValueError) as refused:
+    accounting.calibrate_noise_multiplier(1e-6, 20, 50, 100, 1e-5)
+
+  line = _refusal(tmp_path, '--noise_multiplier=none',
+                  '--target_epsilon=1e-6', '--delta=1e-5',
+                  not_imported=AT_ONCE)
+
+  assert line == f'error: --target_epsilon: {refused.value}'
+  assert f'cannot prove less than epsilon = {floor:.3g}' in line
 
 
 def test_a_file_as_root_output_dir_is_refused_at_once(tmp_path):

@@ -21,17 +21,18 @@ from typing import Optional
 import dp_accounting
 from dp_accounting import pld
 from dp_accounting import rdp
-from dp_accounting.rdp import rdp_privacy_accountant
 import numpy as np
 
+from tff_clip import rdp_floor
 from tff_clip.names import PLD, RDP
 
 __all__ = ['ADD_OR_REMOVE', 'PrivacyGuarantee', 'RDP_ORDERS', 'REPLACE_ONE',
            'accounting_view', 'check_pld_supports', 'compose', 'guarantee',
            'neighboring_relation', 'new_accountant', 'pld_grid', 'sub_events']
 
-# dp_accounting's default Renyi orders (1.1 ... 10.9, 11 ... 63, 128 ... 1024).
-RDP_ORDERS = tuple(rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+# dp_accounting's default Renyi orders (1.1 ... 10.9, 11 ... 63, 128 ... 1024),
+# from `rdp_floor`, which gives the least epsilon they can prove.
+RDP_ORDERS = rdp_floor.RDP_ORDERS
 ADD_OR_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 REPLACE_ONE = dp_accounting.NeighboringRelation.REPLACE_ONE
 _ADJACENCY_NAMES = {ADD_OR_REMOVE: 'add-or-remove-one client',
@@ -185,7 +186,7 @@ class _RdpAccountant(rdp.RdpAccountant):
 
 def new_accountant(accountant: str, relation, grid: Optional[float] = None):
   if accountant == RDP:
-    return _RdpAccountant(neighboring_relation=relation)
+    return _RdpAccountant(RDP_ORDERS, neighboring_relation=relation)
   return pld.PLDAccountant(relation, value_discretization_interval=grid)
 
 

@@ -47,6 +47,7 @@ import numpy as np
 
 from tff_clip import accountants
 from tff_clip import checks
+from tff_clip import rdp_floor
 
 __all__ = [
     'ACCOUNTANTS', 'DEFAULT_EXTRAPOLATION_SCALES', 'ExtrapolationRow',
@@ -280,12 +281,14 @@ def compute_training_epsilon(
 
 def _bracket(epsilon_at, target_epsilon: float, start: float, floor: float,
              factor: float = 2.0,
-             check_max_first: bool = True) -> tuple[float, float]:
+             rdp_delta: Optional[float] = None) -> tuple[float, float]:
   """(lower, upper) z with epsilon(lower) > target >= epsilon(upper).
 
   Steps from `start` by `factor`; (z, z) when z ~ `floor` still meets the
-  target (the budget does not bind). `check_max_first`: going up, first
-  check that the largest z meets the target (RDP: one cheap evaluation).
+  target (the budget does not bind). `rdp_delta`: `epsilon_at` is RDP's
+  epsilon at this delta, so going up, a target below RDP's floor
+  (`rdp_floor`) is refused at once, and the largest z is checked first
+  (one cheap evaluation).
   """
   if epsilon_at(start) <= target_epsilon:
     upper = start
@@ -295,8 +298,13 @@ def _bracket(epsilon_at, target_epsilon: float, start: float, floor: float,
         return lower, upper
       upper = lower
     return upper, upper
-  # Unreachable at the largest z: said after one evaluation, not twenty.
-  epsilon = epsilon_at(_MAX_NOISE_MULTIPLIER) if check_max_first else 0.0
+  # Unreachable at the largest z: said after one evaluation, not twenty
+  # (none below the floor: the event released something, epsilon(start) >
+  # target, so its RDP epsilon is at least the floor at every z).
+  epsilon = 0.0
+  if rdp_delta is not None:
+    rdp_floor.check_reachable(target_epsilon, rdp_delta)
+    epsilon = epsilon_at(_MAX_NOISE_MULTIPLIER)
   if epsilon > target_epsilon:
     raise ValueError(
         f'`target_epsilon` = {target_epsilon!r} is unreachable: even '
@@ -332,7 +340,8 @@ def calibrate_noise_multiplier(target_epsilon: float,
   absolute `tolerance` on z). PLD takes ~15 evaluations (~10 s at epsilon ~
   3). PLD grid: `value_discretization_interval`, or 1e-4 x target for the
   search and `compute_epsilon`'s for the check. Returns z ~ 2**-10 if that
-  meets the target; ValueError if z = 2**20 does not.
+  meets the target; ValueError if z = 2**20 does not (at once if the target
+  is below RDP's floor at `delta`, `tff_clip.rdp_floor`).
   """
   target_epsilon = _positive(target_epsilon, 'target_epsilon')
   delta = _delta(delta)
@@ -356,7 +365,7 @@ def calibrate_noise_multiplier(target_epsilon: float,
     accountants.check_pld_supports(view_for(1.0), relation)
   lower, upper = _bracket(
       lambda z: accountants.compose(RDP, view_for(z), relation).get_epsilon(delta),
-      target_epsilon, 1.0, _MIN_NOISE_MULTIPLIER)
+      target_epsilon, 1.0, _MIN_NOISE_MULTIPLIER, rdp_delta=delta)
   if lower == upper:
     return upper
   search_grid = grid or accountants.pld_grid(target_epsilon)
@@ -369,8 +378,7 @@ def calibrate_noise_multiplier(target_epsilon: float,
     # end (PLD gets expensive as z, hence epsilon, grows).
     lower, upper = _bracket(
         lambda z: make_fresh_accountant().compose(view_for(z)).get_epsilon(
-            delta), target_epsilon, upper, upper / 64, factor=1.25,
-        check_max_first=False)
+            delta), target_epsilon, upper, upper / 64, factor=1.25)
     if lower == upper:
       return upper
   noise_multiplier = float(dp_accounting.calibrate_dp_mechanism(
@@ -482,7 +490,7 @@ def calibrate_mechanism_noise_multiplier(target_epsilon: float, mechanism,
     return compute_epsilon(view_for(noise_multiplier), delta).epsilon
 
   lower, upper = _bracket(epsilon_at, target_epsilon, 1.0,
-                          _MIN_NOISE_MULTIPLIER)
+                          _MIN_NOISE_MULTIPLIER, rdp_delta=delta)
   if lower == upper:
     return upper
   noise_multiplier = float(dp_accounting.calibrate_dp_mechanism(
