@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -94,17 +95,48 @@ def foreground_job():
   signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def read_until(proc, line_prefix, timeout=None):
+  """Reads `proc`'s output up to a line starting with `line_prefix`: the lines.
+
+  Blocks on the program's output, with no timed sleep. A program that ends
+  before printing the line fails the test, and so does one that has not
+  printed it after `timeout` seconds (default: no limit), which is then
+  killed; the failure shows what the program printed.
+  """
+  lines = []
+
+  def read():
+    for line in proc.stdout:
+      lines.append(line)
+      if line.startswith(line_prefix):
+        return
+
+  if timeout is None:
+    read()
+  else:  # In a thread: a program that never prints the line nor ends fails.
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+  printed = ''.join(lines)
+  if timeout is not None and reader.is_alive():
+    proc.kill()
+    raise AssertionError(f'no line starting with {line_prefix!r} after '
+                         f'{timeout} s; the program printed {printed!r} '
+                         '(after any lines read before)')
+  if not lines or not lines[-1].startswith(line_prefix):
+    raise AssertionError(f'the program ended before printing '
+                         f'{line_prefix!r}; it printed {printed!r} '
+                         '(after any lines read before)')
+  return lines
+
+
 def kill_at(proc, line_prefix):
   """SIGKILLs `proc` once it prints a line starting with `line_prefix`.
 
   Blocks on the program's output, with no timed sleep; a program that ends
   before printing the line fails the test.
   """
-  for line in proc.stdout:
-    if line.startswith(line_prefix):
-      break
-  else:
-    raise AssertionError(f'the program ended before printing {line_prefix!r}')
+  read_until(proc, line_prefix)
   proc.send_signal(signal.SIGKILL)
   proc.wait(timeout=60)
   assert proc.returncode == -signal.SIGKILL
@@ -120,11 +152,7 @@ def interrupt_at(proc, line_prefix):
   ended. A program that ends before printing the line fails the test.
   """
   assert os.getpgid(proc.pid) == proc.pid, 'start(..., process_group=0)'
-  for line in proc.stdout:
-    if line.startswith(line_prefix):
-      break
-  else:
-    raise AssertionError(f'the program ended before printing {line_prefix!r}')
+  read_until(proc, line_prefix)
   os.killpg(proc.pid, signal.SIGINT)
   rest, _ = proc.communicate(timeout=600)
   return rest

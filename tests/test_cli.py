@@ -3,25 +3,39 @@
 Each test runs a small program built on `cli.run` as a user would, in a
 process group of its own, and sends SIGINT to the whole group once the
 program says it is ready, as a terminal's Ctrl-C does: deterministic, no
-sleeps (the program blocks reading its stdin until the signal).
+sleeps (the program blocks until the signal).
 """
 
 import signal
 import subprocess
 
-import pytest
-
 import as_a_user  # pylint: disable=g-bad-import-order
 
+# Says 'ready', then blocks until Ctrl-C. Not in a plain `sys.stdin.read()`:
+# Python's C handler only notes a signal, and raises KeyboardInterrupt at
+# the next bytecode or when a system call it interrupts returns; a Ctrl-C
+# landing after 'ready' but before the read(2) starts would leave the read
+# blocked for ever. The wakeup fd (written by that handler) wakes `select`
+# however close to it the signal lands.
+READY_THEN_WAIT = '''
+import os, select, signal, sys
+
+def ready_then_wait():
+  wakeup, woken = os.pipe()
+  os.set_blocking(woken, False)
+  signal.set_wakeup_fd(woken)
+  print('ready', flush=True)
+  while True:  # Woken: KeyboardInterrupt at the loop's next bytecode.
+    select.select([wakeup], [], [])
+'''
+
 # A script: `main` says 'ready' and waits; `interrupted()` says how to resume.
-SCRIPT = '''
-import sys
+SCRIPT = READY_THEN_WAIT + '''
 from scripts import cli
 
 def main(argv):
   {main}
-  print('ready', flush=True)
-  sys.stdin.read()  # Until the test's Ctrl-C.
+  ready_then_wait()
 
 def interrupted():
   {interrupted}
@@ -74,17 +88,19 @@ def test_a_failing_resume_hint_gives_the_general_advice():
   assert proc.returncode == 130
 
 
-@pytest.mark.slow  # Hung once waiting for 'exiting' (the first Ctrl-C lost); kept out of
-# the default suite until the race is found.
 def test_a_second_ctrl_c_while_exiting_ends_at_once_without_a_traceback():
   # The hint blocks, as a slow clean-up would; the second Ctrl-C ends it.
   proc = _start(interrupted="print('exiting', flush=True); sys.stdin.read()")
-  for prefix in ('ready', 'exiting'):
-    for line in proc.stdout:
-      if line.startswith(prefix):
-        break
-    proc.send_signal(signal.SIGINT)
-  output, _ = proc.communicate(timeout=60)
+  # Each wait is bounded: a Ctrl-C the program never sees (one that inherited
+  # SIGINT ignored from a suite run in the background, were it not for
+  # `as_a_user.start`) fails the test with what it printed, not hangs it.
+  try:
+    for prefix in ('ready', 'exiting'):
+      as_a_user.read_until(proc, prefix, timeout=60)
+      proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+  finally:
+    proc.kill()  # A failure leaves no program behind (a no-op once ended).
   assert proc.returncode == -signal.SIGINT
   assert not as_a_user.noise(output), output
 
@@ -124,8 +140,7 @@ def test_a_child_whose_stderr_is_hidden_is_reported_by_its_parent():
 
 def test_ctrl_c_before_cli_run_starts_is_one_line_too():
   # As while a script imports TensorFlow, before it reaches `cli.run`.
-  code = ('import sys, scripts; print("ready", flush=True); '
-          'sys.stdin.read()')
+  code = READY_THEN_WAIT + 'import scripts; ready_then_wait()'
   proc = as_a_user.start(['-c', code], process_group=0,
                          stdin=subprocess.PIPE)
   rest = as_a_user.interrupt_at(proc, 'ready')
