@@ -19,7 +19,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps tensorflow-federated==0.87.0
 	# setuptools calls [tool.setuptools] beta at every build: a notice, not a fault.
 	PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q --no-deps --no-build-isolation -e .
-	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -c 'import tensorflow_federated, tensorflow_privacy, dp_accounting, sklearn, tensorflow_datasets, tff_clip; from tff_clip import execution; execution.close_tff_context_at_exit(); print("tff_clip environment ready")'
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -c 'import tensorflow_federated, tensorflow_privacy, dp_accounting, sklearn, tensorflow_datasets, tff_clip; from tff_clip.runtime import execution; execution.close_tff_context_at_exit(); print("tff_clip environment ready")'
 	@touch $(STAMP)
 
 # Test files run in parallel, one process per core (at most 4; each holds its

@@ -21,11 +21,11 @@ noise on the average (sigma_DP = z / n) with a larger cohort and population:
 joins independently with probability q = clients_per_round / population_size;
 add-or-remove-one adjacency) or `fixed_size` (exactly clients_per_round
 distinct clients per round; replace-one adjacency, RDP only). See
-`tff_clip/accounting.py` for what each number means.
+`tff_clip/privacy/accounting.py` for what each number means.
 
 Correlated noise under participation with minimum separation (each client
 in at most one of every --min_separation rounds; no amplification): the
-event is ceil(rounds / b) participations (`tff_clip.correlated_noise`):
+event is ceil(rounds / b) participations (`tff_clip.aggregation.correlated_noise`):
 
   python -m scripts.accountant --noise_multiplier=2.0 --clients_per_round=100 \
       --population_size=10000 --rounds=2000 --delta=1e-6 \
@@ -48,9 +48,9 @@ from absl import flags
 import dp_accounting
 
 from scripts import cli
-from tff_clip import accounting
-from tff_clip import mechanisms
-from tff_clip import spec
+from tff_clip.aggregation import mechanisms
+from tff_clip.aggregation import spec
+from tff_clip.privacy import accounting
 
 _NOISE_MULTIPLIER = flags.DEFINE_float(
     'noise_multiplier', None,
@@ -88,7 +88,7 @@ _ACCOUNTANTS = flags.DEFINE_list(
     'Accountants to run: rdp, pld (PLD cannot do fixed-size sampling).')
 _PLD_VALUE_DISCRETIZATION_INTERVAL = flags.DEFINE_float(
     'pld_value_discretization_interval', None,
-    'PLD grid; default: 1e-4 x the RDP epsilon (see tff_clip.accounting).')
+    'PLD grid; default: 1e-4 x the RDP epsilon (see tff_clip.privacy.accounting).')
 _EXTRAPOLATE = flags.DEFINE_bool(
     'extrapolate', False,
     'Also print the population extrapolation table (sigma_DP = z/n and the '

@@ -35,7 +35,7 @@ def _fmt(value):
 
 def _estimate(row, inserted, candidates, delta):
   # The approximate 95% range from the stored fits (`audit.estimate_range`).
-  from tff_clip import audit  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import audit  # pylint: disable=g-import-not-at-top
   if row['estimate'] == float('inf'):
     return 'inf'
   low, high = audit.estimate_range(

@@ -2,7 +2,7 @@ r"""Benchmark: one aggregation round through each bounding factory vs TFF's.
 
 Aggregation alone (no training): `--clients` client updates of about
 `--params` float32 parameters split into `--leaves` leaves, through every
-factory of `tff_clip.aggregators`, `tff.aggregators.UnweightedMeanFactory` and
+factory of `tff_clip.aggregation.aggregators`, `tff.aggregators.UnweightedMeanFactory` and
 `tff.aggregators.clipping_factory`, in one process on TFF's C++ runtime.
 
 Timing protocol (the same factory timed twice differs by up to 20% here
@@ -24,8 +24,8 @@ import numpy as np
 import tensorflow_federated as tff
 
 from scripts import cli
-from tff_clip import aggregators
-from tff_clip import execution
+from tff_clip.aggregation import aggregators
+from tff_clip.runtime import execution
 
 _CLIENTS = flags.DEFINE_integer('clients', 100, 'Client updates per round.')
 _PARAMS = flags.DEFINE_integer('params', 1_000_000, 'Parameters per update.')

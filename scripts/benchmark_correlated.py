@@ -48,7 +48,7 @@ from scripts import benchmark_settings
 from scripts import cli
 from scripts import outputs
 from scripts import program
-from tff_clip import config as config_lib
+from tff_clip.program import config as config_lib
 
 # name -> (TrainConfig fields, default b). Digits and MNIST-28 fix the
 # partition at Dirichlet(0.5) and run scripts.train's default bounding. On

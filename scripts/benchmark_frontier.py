@@ -79,7 +79,7 @@ from scripts import cli
 from scripts import outputs
 from scripts import program
 from scripts import verdicts
-from tff_clip import config as config_lib
+from tff_clip.program import config as config_lib
 
 _SETTING = flags.DEFINE_enum('setting', 'mnist1000', ['mnist1000',
                                                       'digits1000'],

@@ -3,7 +3,7 @@ r"""Seconds per federated round: in-process executor, TFF's C++ runtime, plain T
 For each task and DP setting, the runners train the same model on the same
 cohorts:
 
-  inprocess  `tff_clip.simulation.InProcessRunner` (the default executor;
+  inprocess  `tff_clip.runtime.simulation.InProcessRunner` (the default executor;
              clients on one thread per core, at most 4)
   sequential `inprocess` with one client thread (clients one after another)
   local      TFF's C++ worker (`--executor=local`)
@@ -11,7 +11,7 @@ cohorts:
              client's `tf.data` pipeline, a Python loop over clients, then
              the mean of the updates; no federation, bounding or noise.
   audited    `inprocess` with 100 audit canaries in the DP query
-             (`tff_clip.audit`, what `--audit_canaries=100` runs; DP on only)
+             (`tff_clip.privacy.audit`, what `--audit_canaries=100` runs; DP on only)
   floor      the plain-TF floor: each client's batches built into tensors
              once for the whole benchmark, one `tf.function` per client's
              local training (no `tf.data`), a Python loop over clients, the
@@ -19,7 +19,7 @@ cohorts:
              momentum.
 
 The first three build each round's client datasets as `scripts.train` does
-(`tff_clip.client_data.ClientDatasets`), inside the timed round. Rounds are
+(`tff_clip.runtime.client_data.ClientDatasets`), inside the timed round. Rounds are
 interleaved (one round of each runner in turn) so that the load of a shared
 machine hits all runners alike; the figure is the median over the rounds
 after the first. The first build (TFF tracing, MapReduceForm
@@ -87,7 +87,7 @@ _TRAIN = flags.DEFINE_bool('train', False, 'Also time scripts.train end to '
 
 
 def _config(task, dp_on, mechanism='independent'):
-  from tff_clip import training  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import training  # pylint: disable=g-import-not-at-top
   # The EMNIST tasks on the 5,000 real 28x28 MNIST digits (offline).
   options = (('offline_data', 'mnist'),) if task.startswith('emnist') else ()
   return training.TrainConfig(
@@ -212,7 +212,9 @@ class _Floor:
 
 def _bench_task(task_name, dp_on, mechanism='independent'):
   """{runner: (first build s, [seconds per round])} for one configuration."""
-  from tff_clip import assembly, audit, client_data, execution, simulation, training  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import audit
+  from tff_clip.program import assembly, training
+  from tff_clip.runtime import client_data, execution, simulation  # pylint: disable=g-import-not-at-top
   config = _config(task_name, dp_on, mechanism)
   task = program.build_task(config)
   clients = client_data.ClientDatasets(task, config.seed, config.local_steps)
@@ -235,7 +237,7 @@ def _bench_task(task_name, dp_on, mechanism='independent'):
       runners[name] = _Floor(task, config.client_learning_rate)
     else:
       auditor = None
-      if name == 'audited':  # 100 canaries in the DP query (tff_clip.audit).
+      if name == 'audited':  # 100 canaries in the DP query (tff_clip.privacy.audit).
         auditor = audit.CanaryFactory(
             assembly.build_aggregator(config, noise), 100,
             config.clients_per_round / len(client_ids))
@@ -278,7 +280,8 @@ def _bookkeeping_ms(rounds, parameters=20_000):
   `parameters` float32 values with its pending row) is written, then the
   round is released to `releases.jsonl` and `metrics.csv`.
   """
-  from tff_clip import accounting, privacy_ledger, run_records  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import accounting, privacy_ledger
+  from tff_clip.program import run_records  # pylint: disable=g-import-not-at-top
   event = accounting.gaussian_round_event(0.5, 20, 1000)
   event_dict = privacy_ledger.event_to_dict(event)
   leaves = [np.zeros(parameters, np.float32)]
@@ -317,7 +320,8 @@ def _memory_mib(field):
 
 def _cohort_rows(sizes, population, rounds):
   """[(clients, s/round, ms/client, RSS round 2, RSS last, peak)] per size."""
-  from tff_clip import assembly, client_data, simulation, training  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import assembly, training
+  from tff_clip.runtime import client_data, simulation  # pylint: disable=g-import-not-at-top
   rows = []
   for size in sizes:
     config = training.TrainConfig(

@@ -55,7 +55,7 @@ FRONTIER = {
 def separated_cohort(config) -> int:
   """The largest cohort `config`'s minimum-separation groups can honour.
 
-  `tff_clip.sampling.ClientSampler` puts every client in one of
+  `tff_clip.privacy.sampling.ClientSampler` puts every client in one of
   `config.separation` groups, a hash of (seed, client id)
   (`sampling.separation_group`), trains group t mod b in round t and refuses
   a `clients_per_round` larger than the smallest group (the mean would be
@@ -67,7 +67,7 @@ def separated_cohort(config) -> int:
   """
   # TensorFlow-free: the task's client ids and the sampler's group hash.
   from tasks import names as task_names  # pylint: disable=g-import-not-at-top
-  from tff_clip import sampling  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import sampling  # pylint: disable=g-import-not-at-top
   ids = task_names.client_ids(config.task, config.data_source,
                               config.num_clients)
   if ids is None:

@@ -13,7 +13,7 @@ vocabulary (`tasks.models.create_stackoverflow_lstm`, 4,050,748 parameters),
 part at most k = 6 times in 2,052 rounds. The users are
 `tasks.stackoverflow.GeneratedClientData`: each one's sentences are
 generated on demand from (seed, user id), so the population is never held.
-The sampler (`tff_clip.sampling`, min_separation) hashes the users into b
+The sampler (`tff_clip.privacy.sampling`, min_separation) hashes the users into b
 groups and refuses a cohort larger than the smallest group: the cohort is
 min(--clients_per_round, the smallest group), printed with the groups.
 
@@ -36,7 +36,7 @@ own, on this machine's CPU:
                     round, releases.jsonl, metrics.csv)
   written/round     bytes a DP round writes: the checkpoint of the
                     published run's state, and the records
-                    `tff_clip.training.run` writes per round besides its
+                    `tff_clip.program.training.run` writes per round besides its
                     checkpoint (releases.jsonl, metrics.csv, TensorBoard),
                     from its write counter on --e2e_clients_per_round users
                     a round
@@ -168,7 +168,7 @@ def lstm_parameters(vocab_size: int) -> int:
 
 def available_memory() -> int:
   """Bytes this machine can give a process now (MemAvailable)."""
-  from tff_clip import assembly  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
   memory = assembly.available_memory()
   if memory is None:
     raise RuntimeError('/proc/meminfo has no MemAvailable.')
@@ -176,8 +176,8 @@ def available_memory() -> int:
 
 
 def available_mechanisms() -> tuple[str, ...]:
-  """The noise mechanisms the library registers (`tff_clip.mechanisms`)."""
-  from tff_clip import mechanisms  # pylint: disable=g-import-not-at-top
+  """The noise mechanisms the library registers (`tff_clip.aggregation.mechanisms`)."""
+  from tff_clip.aggregation import mechanisms  # pylint: disable=g-import-not-at-top
   return mechanisms.NOISE_MECHANISMS.names
 
 
@@ -222,9 +222,9 @@ def refusal(name: str, vectors: int, parameters: int,
 @functools.lru_cache(maxsize=4)
 def separated_cohort(shape: Shape) -> tuple[int, int, int]:
   """(cohort, smallest group, largest group) of the min-separation sampler
-  (`tff_clip.sampling.separation_group`, a hash of seed and user id)."""
+  (`tff_clip.privacy.sampling.separation_group`, a hash of seed and user id)."""
   from tasks import stackoverflow  # pylint: disable=g-import-not-at-top
-  from tff_clip import sampling  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import sampling  # pylint: disable=g-import-not-at-top
   sizes = [0] * shape.min_separation
   for client_id in stackoverflow.GeneratedClientIds(shape.num_clients):
     sizes[sampling.separation_group(client_id, shape.min_separation,
@@ -250,7 +250,7 @@ def task_builder(shape: Shape):
 
 def train_config(shape: Shape, mechanism: str, clients_per_round: int,
                  **overrides):
-  from tff_clip import config  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import config  # pylint: disable=g-import-not-at-top
   return config.TrainConfig(**{**dict(
       task='stackoverflow_next_word', data_source='synthetic',
       num_clients=shape.num_clients, clients_per_round=clients_per_round,
@@ -306,7 +306,10 @@ def _server_round(shape, mechanism, cohort, directory):
   `simulation.InProcessRunner.next`, timed piece by piece)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tff_clip import accounting, assembly, client_data, dp, privacy_ledger, run_records, sampling, simulation, tf_graphs  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from tff_clip.aggregation import dp
+  from tff_clip.privacy import accounting, privacy_ledger, sampling
+  from tff_clip.program import assembly, run_records
+  from tff_clip.runtime import client_data, simulation, tf_graphs  # pylint: disable=g-import-not-at-top,g-multiple-import
   config = train_config(shape, mechanism, cohort)
   task = task_builder(shape)(config)
   sampler = sampling.ClientSampler(
@@ -383,7 +386,7 @@ def _server_round(shape, mechanism, cohort, directory):
 def _end_to_end(shape, mechanism, directory):
   """`training.run` at the small cohort: s/round and bytes per round, from a
   1-round and a (1 + e2e_rounds)-round run sharing one traced session."""
-  from tff_clip import training  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import training  # pylint: disable=g-import-not-at-top
   builder = task_builder(shape)
 
   def run(rounds, name):

@@ -4,7 +4,7 @@ r"""Accuracy at equal privacy: tff_clip's boundings against TFF's own DP.
   .venv/bin/python -m scripts.benchmark_utility --setting=mnist28
   .venv/bin/python -m scripts.benchmark_utility --quick    # CI-sized
 
-Every variant runs through the same training loop (`tff_clip.training.run`)
+Every variant runs through the same training loop (`tff_clip.program.training.run`)
 with the same seeds, cohort (`--clients_per_round`), rounds and noise
 multiplier z, so every DP variant has the same ledger epsilon (printed, and
 checked). Variants: no DP; TFF's `DifferentiallyPrivateFactory.gaussian_fixed`
@@ -30,7 +30,7 @@ from scripts import benchmark_settings
 from scripts import cli
 from scripts import outputs
 from scripts import program
-from tff_clip import config as config_lib
+from tff_clip.program import config as config_lib
 
 _SETTING = flags.DEFINE_enum('setting', 'digits', ['digits', 'mnist28'],
                              'digits: MLP on 8x8 digits; mnist28: EMNIST CNN '
@@ -179,7 +179,7 @@ def main(argv):
                    _PARTITION_ALPHA.value, root, _parse_extra(_EXTRA.value))
   except config_lib.ConfigError as e:
     return cli.fail(e)
-  from tff_clip import run_records  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import run_records  # pylint: disable=g-import-not-at-top
   # Wall seconds per run, kept beside the runs: a rerun reuses finished runs
   # (their summary.json) and their recorded timings.
   timings_path = os.path.join(root, 'timings.json')

@@ -12,7 +12,7 @@ stderr, `interrupted: ...` (what the script's `interrupted()` says: for
 `scripts.train` the round a rerun of the same command resumes from), and
 exit code 130, as shells expect. What a script leaves on disk is safe to
 interrupt: a run directory's records are written atomically
-(`tff_clip.run_records`). A second Ctrl-C while the script exits ends it at
+(`tff_clip.program.run_records`). A second Ctrl-C while the script exits ends it at
 once, silently. A script that runs another one (`run_child`) leaves a Ctrl-C
 to it, as a shell does with its foreground job, and the child's line is the
 only one. A Ctrl-C that lands in a finalizer or a weakref callback (garbage

@@ -39,8 +39,8 @@ from scripts import benchmark_settings
 from scripts import cli
 from scripts import outputs
 from scripts import program
-from tff_clip import config as config_lib
-from tff_clip import mechanisms
+from tff_clip.aggregation import mechanisms
+from tff_clip.program import config as config_lib
 
 _SETTING = flags.DEFINE_enum('setting', 'mnist28', ['digits', 'mnist28'],
                              'A setting of scripts.benchmark_settings.')
@@ -94,7 +94,7 @@ def layer_rows(bounding, round_num, sizes, mean_layer_norms, budgets, stddev):
 
 def diagnose(base, bounding):
   """(rows, final accuracy) of one DP run of `base` under `bounding`."""
-  from tff_clip import assembly  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
   config = dataclasses.replace(base, bounding=bounding, clip_norm='adaptive')
   probe_config = dataclasses.replace(
       base, bounding='per_layer_clip', clip_norm=1e9, noise_multiplier=None,

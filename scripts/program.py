@@ -1,6 +1,6 @@
 """The training program's tasks: `--task` names and options -> a TFF task.
 
-`tff_clip.training` is the program logic and takes any task from its
+`tff_clip.program.training` is the program logic and takes any task from its
 caller (`training.run(config, task_builder)`); this module resolves the
 names of this repository's `tasks` (`--task`, `--data_source`,
 `--partition`, `--task_option`), and is what `scripts.train`, the sweeps,
@@ -14,8 +14,8 @@ import math
 import os
 import socket
 
-from tff_clip import config as config_lib
-from tff_clip.config import ConfigError, TrainConfig
+from tff_clip.program import config as config_lib
+from tff_clip.program.config import ConfigError, TrainConfig
 
 __all__ = ['build_task', 'format_epsilon', 'format_summary',
            'meaning_of_epsilon', 'preflight', 'run', 'validate']
@@ -60,7 +60,7 @@ def _check_task(config):
 
 
 def validate(config: TrainConfig) -> None:
-  """`tff_clip.config.validate` and the task flags; `ConfigError` names one."""
+  """`tff_clip.program.config.validate` and the task flags; `ConfigError` names one."""
   config_lib.validate(config)
   _check_task(config)
 
@@ -68,7 +68,7 @@ def validate(config: TrainConfig) -> None:
 def _check_population(config):
   """What the population decides, where the task fixes it without data."""
   from tasks import names as task_names  # pylint: disable=g-import-not-at-top
-  from tff_clip import sampling  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import sampling  # pylint: disable=g-import-not-at-top
   population = task_names.population(config.task, config.data_source,
                                      config.num_clients)
   if population is not None and config.clients_per_round > population:
@@ -85,7 +85,7 @@ def _check_population(config):
       raise config_lib.flag_error(e) from None
   if config.target_epsilon is not None and (
       population is not None or config.sampling == sampling.MIN_SEPARATION):
-    from tff_clip import assembly  # pylint: disable=g-import-not-at-top
+    from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
     noise_multiplier = assembly.resolve_noise_multiplier(
         config, population or config.clients_per_round)
     # The calibrated z, checked as a given one would be (z C, z C / n).
@@ -109,8 +109,8 @@ def _check_workers(config):
 
 def _check_run_directory(config):
   """Refuses a run directory that cannot take this run (cheap: first)."""
-  from tff_clip import run_directory  # pylint: disable=g-import-not-at-top
-  from tff_clip import run_records  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import run_directory  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import run_records  # pylint: disable=g-import-not-at-top
   try:
     status = run_directory.existing_run(config)  # Another run, a foreign dir.
   except run_records.RunRecordError:
@@ -162,7 +162,7 @@ def run(config: TrainConfig, quiet: bool = False):
   """
   validate(config)
   preflight(config)
-  from tff_clip import training  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import training  # pylint: disable=g-import-not-at-top
   if not quiet:
     return training.run(config, build_task)
   with open(os.devnull, 'w') as devnull, contextlib.redirect_stdout(devnull):
@@ -225,6 +225,6 @@ def format_summary(summary) -> str:
           f'{format_epsilon(ext["epsilon"])} (RDP; z = '
           f'{ext["noise_multiplier"]:.4g}, same rounds and delta).')
   if summary.get('empirical_epsilon'):
-    from tff_clip import audit  # pylint: disable=g-import-not-at-top
+    from tff_clip.privacy import audit  # pylint: disable=g-import-not-at-top
     lines.append(audit.format_report(summary['empirical_epsilon'], epsilon))
   return '\n'.join(lines)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from absl import flags
 
 from scripts import cli
-from tff_clip import run_records
+from tff_clip.program import run_records
 
 _RUN_DIR = flags.DEFINE_string('run_dir', None, 'The run directory to share.')
 _OUTPUT_DIR = flags.DEFINE_string(

@@ -10,8 +10,8 @@ results are. Each command has a directory of its own under --root_output_dir
 (see --experiment_name). A bad flag is one line on stderr and exit code 2,
 before anything is written.
 
-Every flag below is a field of `tff_clip.config.TrainConfig`, and the bounding
-and DP flags are the arguments of `tff_clip.dp.dp_factory` under the same
+Every flag below is a field of `tff_clip.program.config.TrainConfig`, and the bounding
+and DP flags are the arguments of `tff_clip.aggregation.dp.dp_factory` under the same
 names. The names TFF and federated_research give the same knobs are aliases:
 {aliases} (docs/training.md). docs/training.md has EMNIST, CIFAR-10,
 Shakespeare and Stack Overflow command lines.
@@ -27,8 +27,8 @@ from absl import logging
 
 from scripts import cli
 from scripts import program
-from tff_clip import config as config_lib
-from tff_clip import rdp_floor
+from tff_clip.privacy import rdp_floor
+from tff_clip.program import config as config_lib
 
 FLAGS = flags.FLAGS
 
@@ -192,7 +192,7 @@ def main(argv) -> int:
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # TF/TFF info logs hide the bar.
-  from tff_clip import run_records  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import run_records  # pylint: disable=g-import-not-at-top
   try:
     summary = program.run(config)
   except config_lib.ConfigError as e:
@@ -206,7 +206,7 @@ def main(argv) -> int:
     sources = sys.modules.get('tasks.sources')
     if sources is not None and isinstance(e, sources.DataNotAvailableError):
       return cli.fail(e)  # The task's data is missing; nothing was written.
-    split_execution = sys.modules.get('tff_clip.split_execution')
+    split_execution = sys.modules.get('tff_clip.runtime.split_execution')
     if split_execution is None or not isinstance(
         e, split_execution.WorkerLostError):
       raise
@@ -239,7 +239,7 @@ def interrupted() -> str:
   Read from the run directory, as the rerun will read it: it resumes after
   the newest checkpoint (a DP run saves each round's before releasing it).
   """
-  from tff_clip import run_records  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import run_records  # pylint: disable=g-import-not-at-top
   config = config_from_flags()
   out = config.output_dir
   if not os.path.exists(os.path.join(out, 'config.json')):

@@ -55,7 +55,7 @@ import tensorflow_federated as tff
 
 from tasks import models
 from tasks import task as task_lib
-from tff_clip import client_data
+from tff_clip.runtime import client_data
 
 __all__ = [
     'LeastSquaresProblem',

@@ -26,7 +26,7 @@ from tensorflow_federated.python.simulation.baselines.emnist import emnist_prepr
 import tensorflow_federated as tff
 
 from tasks import partitions
-from tff_clip import client_data
+from tff_clip.runtime import client_data
 
 __all__ = [
     'BuildArgs',
@@ -149,7 +149,7 @@ def emnist_preprocess_fn(spec: tff.simulation.baselines.ClientSpec):
 
   The same batches as `emnist_preprocessing.create_preprocess_fn(spec)`
   (`tests/test_tasks.py` compares them), with its per-batch reshape done on
-  each example first (`tff_clip.client_data.ExamplewisePreprocess`), so that
+  each example first (`tff_clip.runtime.client_data.ExamplewisePreprocess`), so that
   a client's examples are reshaped once per run. TFF maps the batches with
   `deterministic=False`: with several map calls in flight a client's batches
   leave in the order the calls finish; mapped examples stay in order.

@@ -2,7 +2,7 @@
 
 Oracle: dp_accounting, composed here (the Poisson-sampled Gaussian
 `rounds` times; RDP at dp_accounting's default orders, PLD on its default
-1e-4 grid), never `tff_clip.accounting`. A figure printed to d digits must
+1e-4 grid), never `tff_clip.privacy.accounting`. A figure printed to d digits must
 be the oracle's to half a unit of its last digit.
 """
 

@@ -1,4 +1,4 @@
-"""Specification of the accountant (`tff_clip.accounting`).
+"""Specification of the accountant (`tff_clip.privacy.accounting`).
 
 Parameters are chosen so that the file runs in well under a minute: PLD
 compositions use few rounds or the relative grid, and the (slow, ~0.5 s per
@@ -15,8 +15,8 @@ from dp_accounting.rdp import rdp_privacy_accountant
 import numpy as np
 import pytest
 
-from tff_clip import accounting
-from tff_clip import rdp_floor
+from tff_clip.privacy import accounting
+from tff_clip.privacy import rdp_floor
 
 DELTA = 1e-6
 # A typical cross-device setting: z = 1, n = 100 of K = 10,000, 300 rounds.
@@ -138,7 +138,7 @@ def test_relative_pld_grid_is_as_tight_as_a_fine_fixed_grid():
 
 def test_composed_gaussians_on_one_cohort_are_their_equivalent_gaussian():
   # Adaptive clipping releases a noisy sum and a noisy count on the same
-  # cohort (tff_clip.dp); PLD accepts only one Gaussian under sampling.
+  # cohort (tff_clip.aggregation.dp); PLD accepts only one Gaussian under sampling.
   noise = dp_accounting.ComposedDpEvent([
       dp_accounting.GaussianDpEvent(1.2),
       dp_accounting.GaussianDpEvent(2.0),

@@ -1,4 +1,4 @@
-"""Specifications of `tff_clip.algorithms.build_fedavg`.
+"""Specifications of `tff_clip.learning.algorithms.build_fedavg`.
 
 FAT-Clipping is checked against NumPy re-implementations of its
 Algorithms 1-3 with the server rate eta made explicit, written in the paper's
@@ -15,11 +15,11 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_clip import aggregators
-from tff_clip import algorithms
+from tff_clip.aggregation import aggregators
+from tff_clip.learning import algorithms
 import tiny_model  # pylint: disable=g-bad-import-order
-from tff_clip import client
-from tff_clip import optimizers
+from tff_clip.learning import client
+from tff_clip.learning import optimizers
 
 CLIENT_LEARNING_RATE = 0.1  # eta_L
 SERVER_LEARNING_RATE = 0.5  # eta

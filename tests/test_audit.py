@@ -1,11 +1,11 @@
-"""Specification of the empirical privacy audit (`tff_clip.audit`).
+"""Specification of the empirical privacy audit (`tff_clip.privacy.audit`).
 
 Most tests drive the DP queries directly in TensorFlow (no TFF, no training):
 a round is `derive_sample_params` -> `preprocess_record` of a few random
 client updates -> `get_noised_result`, exactly what
 `tff.aggregators.DifferentiallyPrivateFactory` runs. Oracles: dp_accounting's
 analytic Gaussian mechanism, numerical integration, the ledger's epsilon
-(`tff_clip.accounting`), and binomial/randomized-response facts.
+(`tff_clip.privacy.accounting`), and binomial/randomized-response facts.
 """
 
 import collections
@@ -22,11 +22,11 @@ import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
 from scripts import program
-from tff_clip import accounting
-from tff_clip import audit
-from tff_clip import bounding
-from tff_clip import dp
-from tff_clip import training
+from tff_clip.aggregation import bounding
+from tff_clip.aggregation import dp
+from tff_clip.privacy import accounting
+from tff_clip.privacy import audit
+from tff_clip.program import training
 import as_a_user  # pylint: disable=g-bad-import-order
 
 DELTA = 1e-5

@@ -13,7 +13,7 @@ from scipy import stats
 
 import as_a_user  # pylint: disable=g-bad-import-order
 from scripts import verdicts
-from tff_clip import config as config_lib
+from tff_clip.program import config as config_lib
 
 
 def _python(code):
@@ -29,7 +29,7 @@ def test_every_method_is_tuned_on_the_same_grid_on_validation_data(
 import collections
 from scripts import benchmark_frontier as b
 from tasks import names
-from tff_clip import sampling
+from tff_clip.privacy import sampling
 cells = {{m: b.grid(m) for m in list(b.METHODS) + [b.CEILING]}}
 plan = b.tuning_plan({setting!r}, list(b.METHODS), cells, [2.0, 8.0],
                      [1000, 1001], {str(tmp_path)!r}, False)
@@ -285,7 +285,7 @@ def test_the_untuned_defaults_are_each_librarys_own():
   out = _python('''
 import json
 from scripts import benchmark_frontier as b
-from tff_clip import config
+from tff_clip.program import config
 default = b.make_config('mnist1000', 'default', {}, 4.0, 3, 'final', '/tmp/x',
                         False)
 tff = b.make_config('mnist1000', 'tff_default', {}, 4.0, 3, 'final',

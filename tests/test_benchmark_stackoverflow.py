@@ -16,7 +16,7 @@ from scripts import benchmark_stackoverflow as b
 from tasks import models
 from tasks import stackoverflow
 from tasks import task as task_lib
-from tff_clip import sampling
+from tff_clip.privacy import sampling
 
 PUBLISHED_USERS = 342_477
 PUBLISHED_PARAMETERS = 4_050_748  # TFF's LSTM over 10,000 words: "4.05M".

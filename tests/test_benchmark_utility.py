@@ -6,7 +6,7 @@ import os
 import pytest
 
 from scripts import program
-from tff_clip import config as config_lib
+from tff_clip.program import config as config_lib
 import as_a_user  # pylint: disable=g-bad-import-order
 
 QUICK_VARIANTS = ('tff_adaptive', 'per_layer_clip_adaptive')

@@ -1,4 +1,4 @@
-"""Specification of buffered linear Toeplitz (BLT) noise (`tff_clip.blt`).
+"""Specification of buffered linear Toeplitz (BLT) noise (`tff_clip.aggregation.blt`).
 
 Oracles: dense numpy matrices built from the BLT's definition (Dvijotham et
 al. 2024) and inverted by `np.linalg.inv`, dp_accounting's Gaussian RDP, brute force over every
@@ -19,13 +19,13 @@ import pytest
 import scipy.linalg
 import tensorflow as tf
 
-from tff_clip import accounting
-from tff_clip import blt
-from tff_clip import config as config_lib
-from tff_clip import dp
-from tff_clip import mechanisms
-from tff_clip import noise_mechanisms
-from tff_clip import spec
+from tff_clip.aggregation import blt
+from tff_clip.aggregation import dp
+from tff_clip.aggregation import mechanisms
+from tff_clip.aggregation import noise_mechanisms
+from tff_clip.aggregation import spec
+from tff_clip.privacy import accounting
+from tff_clip.program import config as config_lib
 
 
 def _dense(buffer_decays, output_scales, rounds):
@@ -538,7 +538,7 @@ def test_the_audit_runs_on_blt_noise_keeping_one_cycle_of_releases():
   config_lib.validate(config_lib.TrainConfig(
       noise_mechanism='blt', sampling='min_separation', min_separation=4,
       rounds=12, audit_canaries=10))
-  from tff_clip import audit  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import audit  # pylint: disable=g-import-not-at-top
   inner = dp.BoundedGaussianSumQuery(
       'clip', 1.0, 0.5, noise_seed=1, noise_mechanism='blt', rounds=12,
       separation=4, blt_buffers=2)

@@ -1,4 +1,4 @@
-"""Specification of the bounding core (`tff_clip.bounding`)."""
+"""Specification of the bounding core (`tff_clip.aggregation.bounding`)."""
 
 import fractions
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_clip import bounding
+from tff_clip.aggregation import bounding
 
 DTYPES = [np.float16, tf.bfloat16.as_numpy_dtype, np.float32, np.float64]
 

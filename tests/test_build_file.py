@@ -11,7 +11,7 @@ syntax, so `ast` parses it. What is checked:
   `tasks/`, `scripts/` and `tests/` is in the `srcs` of exactly one target
   (the shared pytest runner `tests/pytest_main.py` excepted).
 - The `deps` of each target are exactly the targets owning the project
-  modules its sources import (`import tasks`, `from tff_clip import dp`, also
+  modules its sources import (`import tasks`, `from tff_clip.aggregation import dp`, also
   inside functions) or name as a dotted string ('scripts.train' run with
   `python -m`, 'tasks.registry' imported lazily), plus a package's
   `__init__.py` target when the module is imported from outside the package
@@ -107,7 +107,8 @@ OWNERS = _owners()
 
 def _project_files():
   return sorted(p.relative_to(ROOT).as_posix() for d in SOURCE_DIRS
-                for p in (ROOT / d).glob('*.py'))
+                for p in (ROOT / d).rglob('*.py')
+                if '__pycache__' not in p.parts)
 
 
 def _module_file(dotted):
@@ -131,7 +132,7 @@ def _referenced_files(path):
     if isinstance(node, ast.Import):
       names += [alias.name for alias in node.names]
     elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-      # `from tff_clip import dp`: dp is a module; `from tasks import Task`:
+      # `from tff_clip.aggregation import dp`: dp is a module; `from tasks import Task`:
       # the package itself.
       names += [f'{node.module}.{alias.name}' if _module_file(
           f'{node.module}.{alias.name}') else node.module
@@ -145,10 +146,13 @@ def _referenced_files(path):
     if module is None:
       continue
     files.add(module)
-    package = name.split('.')[0]
-    if package in PROJECT_PACKAGES and not path.startswith(package + '/'):
-      # Python runs the package's __init__.py first.
-      files.add(f'{package}/__init__.py')
+    parts = name.split('.')
+    for depth in range(1, len(parts)):
+      package = '/'.join(parts[:depth])
+      if (ROOT / package / '__init__.py').exists() and not path.startswith(
+          package + '/'):
+        # Python runs each enclosing package's __init__.py first.
+        files.add(f'{package}/__init__.py')
   files.discard(path)
   return files
 
@@ -244,7 +248,7 @@ def test_every_test_file_has_a_py_test():
 
 
 # The training program's modules: they may also import the `program` extra.
-PROGRAM_MODULES = ('tff_clip/training.py', 'tff_clip/plotting.py')
+PROGRAM_MODULES = ('tff_clip/program/training.py', 'tff_clip/program/plotting.py')
 
 
 def _names(requirements):
@@ -289,3 +293,37 @@ if __name__ == '__main__':
   # deps each file's target needs ('//?:file' marks a module without target).
   for argument in sys.argv[1:]:
     print(argument, _expected_deps(argument))
+
+
+# The library's subsystems, lowest first, and the root modules every one of
+# them may use. A module imports from its own folder, the folders below it
+# and the root modules; a root module imports no subsystem.
+SUBSYSTEMS = ('aggregation', 'privacy', 'learning', 'runtime', 'program')
+ROOT_MODULES = ('tff_clip/__init__.py', 'tff_clip/names.py', 'tff_clip/checks.py')
+
+
+def _subsystem(path):
+  parts = path.split('/')
+  return parts[1] if parts[0] == 'tff_clip' and len(parts) == 3 else None
+
+
+def test_no_subsystem_imports_from_a_folder_above_it():
+  upward = []
+  for path in _project_files():
+    if path.startswith('tff_clip/'):
+      level = (-1 if path in ROOT_MODULES else
+               SUBSYSTEMS.index(_subsystem(path)) if _subsystem(path) else None)
+      if level is None:
+        continue  # An old path (a one-line alias of a moved module).
+      for module in _referenced_files(path):
+        other = _subsystem(module)
+        if other and SUBSYSTEMS.index(other) > level:
+          upward.append(f'{path} imports {module}')
+  assert not upward, '\n'.join(upward)
+
+
+def test_every_library_module_sits_in_a_subsystem_folder():
+  loose = [p for p in _project_files() if p.startswith('tff_clip/') and
+           p.count('/') == 1 and p not in ROOT_MODULES and
+           '_sys.modules[__name__] = ' not in (ROOT / p).read_text()]
+  assert not loose, loose

@@ -1,4 +1,4 @@
-"""Specifications of `tff_clip.client`: BLUR, LUS and model clipping.
+"""Specifications of `tff_clip.learning.client`: BLUR, LUS and model clipping.
 
 The pure functions are checked on hand-made structures; the client work
 processes against NumPy re-implementations of local SGD on a linear model
@@ -16,7 +16,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import tiny_model  # pylint: disable=g-bad-import-order
-from tff_clip import client
+from tff_clip.learning import client
 
 CLIENT_LEARNING_RATE = 0.1
 BATCH_SIZE = 2

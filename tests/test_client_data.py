@@ -1,4 +1,4 @@
-"""Client datasets built from tensors held once per run (`tff_clip.client_data`).
+"""Client datasets built from tensors held once per run (`tff_clip.runtime.client_data`).
 
 The oracle is the pipeline written plainly with TF's own ops, as a TFF user
 would: the client's `tf.data` set from its `ClientData`, shuffled with the
@@ -14,7 +14,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import tasks
-from tff_clip import client_data
+from tff_clip.runtime import client_data
 
 # Tasks whose data pipeline repeats another's (the same preprocessing of
 # images of one shape; another model or another source) run in the slow

@@ -1,6 +1,6 @@
-"""Specification of correlated noise (`tff_clip.correlated_noise`), its
-accounting (`tff_clip.accounting`) and participation with minimum separation
-(`tff_clip.sampling`).
+"""Specification of correlated noise (`tff_clip.aggregation.correlated_noise`), its
+accounting (`tff_clip.privacy.accounting`) and participation with minimum separation
+(`tff_clip.privacy.sampling`).
 
 Oracles: scipy's matrix square root of the prefix-sum matrix, brute force over
 every participation pattern, dp_accounting's Gaussian RDP,
@@ -20,11 +20,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_privacy.privacy.analysis import tree_aggregation_accountant
 
-from tff_clip import accounting
-from tff_clip import correlated_noise
-from tff_clip import dp
-from tff_clip import mechanisms
-from tff_clip import sampling
+from tff_clip.aggregation import correlated_noise
+from tff_clip.aggregation import dp
+from tff_clip.aggregation import mechanisms
+from tff_clip.privacy import accounting
+from tff_clip.privacy import sampling
 
 DELTA = 1e-5
 
@@ -456,7 +456,7 @@ def test_adaptive_bounding_with_banded_noise_composes_the_count_noise(method):
 
 
 def _config(**overrides):
-  from tff_clip import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import config as config_lib  # pylint: disable=g-import-not-at-top
   return config_lib.TrainConfig(**overrides)
 
 
@@ -472,13 +472,13 @@ def _config(**overrides):
     (dict(sampling='min_separation', min_separation=0), '--min_separation'),
 ])
 def test_bad_correlated_flags_name_the_flag(overrides, flag):
-  from tff_clip import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import config as config_lib  # pylint: disable=g-import-not-at-top
   with pytest.raises(config_lib.ConfigError, match=flag):
     config_lib.validate(_config(**overrides))
 
 
 def test_good_correlated_flags_pass():
-  from tff_clip import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import config as config_lib  # pylint: disable=g-import-not-at-top
   config = _config(noise_mechanism='banded', bands=3, min_separation=5,
                    sampling='min_separation')
   config_lib.validate(config)

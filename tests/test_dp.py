@@ -1,4 +1,4 @@
-"""Specification of the DP factories and queries (`tff_clip.dp`)."""
+"""Specification of the DP factories and queries (`tff_clip.aggregation.dp`)."""
 
 import collections
 import fractions
@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_clip import bounding
-from tff_clip import dp
+from tff_clip.aggregation import bounding
+from tff_clip.aggregation import dp
 import key_search  # pylint: disable=g-bad-import-order
 
 # Two layers of different sizes: 'dim' budgets differ between them.

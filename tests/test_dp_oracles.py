@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
-from tff_clip import dp
+from tff_clip.aggregation import dp
 
 VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
     kernel=(np.float32, [2, 2]), bias=(np.float32, [2])))

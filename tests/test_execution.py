@@ -1,4 +1,4 @@
-"""Specification of the execution contexts (`tff_clip.execution`)."""
+"""Specification of the execution contexts (`tff_clip.runtime.execution`)."""
 
 import fcntl
 import glob
@@ -21,8 +21,8 @@ from tensorflow_federated.proto.v0 import executor_pb2_grpc
 from tensorflow_federated.python.core.impl.executors import value_serialization
 
 from scripts import program
-from tff_clip import execution
-from tff_clip import training
+from tff_clip.program import training
+from tff_clip.runtime import execution
 import as_a_user  # pylint: disable=g-bad-import-order
 
 
@@ -40,7 +40,7 @@ def test_replacing_the_local_context_stops_its_worker():
 def test_a_worker_dies_with_the_process_that_started_it_even_on_sigkill():
   parent = subprocess.Popen(
       [sys.executable, '-c',
-       'import sys; from tff_clip import execution; '
+       'import sys; from tff_clip.runtime import execution; '
        'tcp, _ = execution.start_worker(); '
        'unix, target = execution.start_private_worker(); '
        'print(tcp.pid, tcp.worker_pid, unix.pid, unix.worker_pid, flush=True); '

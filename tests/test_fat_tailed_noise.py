@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 import tasks
-from tff_clip import client_data
+from tff_clip.runtime import client_data
 
 
 @pytest.fixture(scope='module')

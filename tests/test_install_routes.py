@@ -36,7 +36,7 @@ def test_documented_install_route_works_in_a_fresh_environment(tmp_path):
                             capture_output=True, text=True, timeout=1800,
                             check=False)
     assert result.returncode == 0, (line, result.stderr[-3000:])
-  use = ('from tff_clip import dp, accounting; '
+  use = ('from tff_clip.aggregation import dp; from tff_clip.privacy import accounting; '
          'f = dp.dp_factory("clip", noise_multiplier=1.0, '
          'clients_per_round=10, clip_norm=1.0); '
          'print(accounting.compute_training_epsilon(1.0, 10, 1000, 10, 1e-5)'

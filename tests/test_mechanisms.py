@@ -1,4 +1,4 @@
-"""Specification of the registries (`tff_clip.mechanisms`): a bounding and a
+"""Specification of the registries (`tff_clip.aggregation.mechanisms`): a bounding and a
 noise mechanism are each one class, found by its public name, and the rest of
 the library asks the object.
 
@@ -20,13 +20,13 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_clip import bounding
-from tff_clip import boundings
-from tff_clip import config as config_lib
-from tff_clip import dp
-from tff_clip import mechanisms
-from tff_clip import noise_mechanisms
-from tff_clip import spec
+from tff_clip.aggregation import bounding
+from tff_clip.aggregation import boundings
+from tff_clip.aggregation import dp
+from tff_clip.aggregation import mechanisms
+from tff_clip.aggregation import noise_mechanisms
+from tff_clip.aggregation import spec
+from tff_clip.program import config as config_lib
 
 VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
     a=(np.float32, [300]), b=(np.float32, [20, 5])))
@@ -142,7 +142,7 @@ def test_a_registered_noise_mechanism_is_what_dp_factory_adds_and_records(
 
 def test_a_registered_noise_mechanism_is_accounted_from_its_own_events(
     doubled):
-  from tff_clip import accounting  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import accounting  # pylint: disable=g-import-not-at-top
   event = accounting.correlated_training_event(doubled, 1.5, 1, 10, 5)
   assert event == dp_accounting.SelfComposedDpEvent(
       dp_accounting.GaussianDpEvent(3.0), 2)

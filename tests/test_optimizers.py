@@ -1,4 +1,4 @@
-"""Specifications of `tff_clip.optimizers`.
+"""Specifications of `tff_clip.learning.optimizers`.
 
 LAMB and LARS are checked against optax's `lamb` and `lars` (an independent
 implementation; a test dependency pinned in requirements.txt), run on the same
@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_clip import optimizers
+from tff_clip.learning import optimizers
 
 _NUM_STEPS = 5
 

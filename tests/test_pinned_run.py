@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from scripts import program
-from tff_clip import training
+from tff_clip.program import training
 
 # Released by a 3-round seeded DP run of the digits default (adaptive
 # normalization, z = 0.5, 6 of 50 clients by Poisson sampling, --seed=3,

@@ -1,7 +1,7 @@
-"""Specification of a run's privacy ledger (`tff_clip.privacy_ledger`).
+"""Specification of a run's privacy ledger (`tff_clip.privacy.privacy_ledger`).
 
 The oracles are dp_accounting's accountants composing the same rounds
-directly, and `tff_clip.accounting` for events it was checked against there.
+directly, and `tff_clip.privacy.accounting` for events it was checked against there.
 """
 
 import json
@@ -12,8 +12,8 @@ from dp_accounting import rdp
 import numpy as np
 import pytest
 
-from tff_clip import accounting
-from tff_clip import privacy_ledger
+from tff_clip.privacy import accounting
+from tff_clip.privacy import privacy_ledger
 
 DELTA = 1e-6
 Z, N, K, ROUNDS = 1.0, 100, 10_000, 300

@@ -6,7 +6,7 @@ tensorflow-privacy or TFF renames or reshapes it. The list (found with
 libraries) is:
 
 - tensorflow-privacy `QuantileEstimatorQuery._construct_below_estimate_query`
-  (overridden by `tff_clip.dp.CountQuantileEstimatorQuery` to seed and bound
+  (overridden by `tff_clip.aggregation.dp.CountQuantileEstimatorQuery` to seed and bound
   the count noise; tensorflow-privacy's own subclasses use the same hook, and
   there is no public way to choose the below-estimate query), together with
   the attribute `_below_estimate_query` that stores its result and the fields
@@ -15,9 +15,9 @@ libraries) is:
 - TFF `simulation.baselines.stackoverflow.tag_prediction_tasks
   ._build_logistic_regression_model` (used by `tasks.models`).
 - The location of TFF's C++ `worker_binary` inside its wheel
-  (`tff_clip.execution.local_worker_binary`).
+  (`tff_clip.runtime.execution.local_worker_binary`).
 - TensorFlow `python.data.util.random_seed.get_seed`, the seed pair of
-  `Dataset.shuffle(seed=...)` (`tff_clip.client_data`, which cannot call
+  `Dataset.shuffle(seed=...)` (`tff_clip.runtime.client_data`, which cannot call
   `shuffle` with a tensor seed under a global seed of 0).
 """
 
@@ -30,8 +30,8 @@ import tensorflow_privacy as tfp
 from tensorflow.python.data.util import random_seed as data_random_seed  # pylint: disable=g-direct-tensorflow-import
 from tensorflow_federated.python.simulation.baselines.stackoverflow import tag_prediction_tasks
 
-from tff_clip import dp
-from tff_clip import execution
+from tff_clip.aggregation import dp
+from tff_clip.runtime import execution
 
 
 class _SpyQuantileEstimatorQuery(tfp.QuantileEstimatorQuery):
@@ -52,7 +52,7 @@ def test_tfp_quantile_estimator_hook_keeps_its_name_and_parameters():
   assert hook is not None, (
       'tensorflow-privacy renamed QuantileEstimatorQuery.'
       '_construct_below_estimate_query; update '
-      'tff_clip.dp.CountQuantileEstimatorQuery.')
+      'tff_clip.aggregation.dp.CountQuantileEstimatorQuery.')
   assert list(inspect.signature(hook).parameters) == [
       'self', 'below_estimate_stddev', 'expected_num_records']
 

@@ -24,7 +24,7 @@ import pytest
 import tensorflow as tf
 
 from scripts import program
-from tff_clip import training
+from tff_clip.program import training
 import key_search  # pylint: disable=g-bad-import-order
 
 ROUNDS, CLIENTS, POPULATION = 3, 6, 50  # digits: 50 clients.

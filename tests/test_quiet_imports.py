@@ -28,7 +28,7 @@ def test_a_log_level_the_user_set_is_kept():
 
 
 @pytest.mark.parametrize('imports', [
-    pytest.param('import tff_clip.dp, tensorflow_federated',  # After ours;
+    pytest.param('import tff_clip.aggregation.dp, tensorflow_federated',  # After ours;
                  marks=pytest.mark.slow),  # the README snippet's case too.
     'import tensorflow_federated, tff_clip',  # TFF's hooks before ours.
 ])

@@ -7,7 +7,7 @@ run is without a word: an empty flag (an unset shell variable), z = 0, a z
 or a C that TensorFlow flushes to 0, a product z C that overflows, a cohort
 larger than a minimum-separation group. The library checks the numbers its
 mechanism computes (z C, the noisy sum and mean) in the dtypes it computes
-them, once, in `tff_clip.spec.DPSpec`. A full disk or a kill ends in one
+them, once, in `tff_clip.aggregation.spec.DPSpec`. A full disk or a kill ends in one
 line, loses no record, and TensorBoard, a view of `releases.jsonl`, gets
 every released round on the rerun.
 """
@@ -29,16 +29,16 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from scripts import program
-from tff_clip import accounting
-from tff_clip import aggregators
-from tff_clip import assembly
-from tff_clip import config as config_lib
-from tff_clip import dp
-from tff_clip import plotting
-from tff_clip import release_managers
-from tff_clip import run_directory
-from tff_clip import run_records
-from tff_clip import spec
+from tff_clip.aggregation import aggregators
+from tff_clip.aggregation import dp
+from tff_clip.aggregation import spec
+from tff_clip.privacy import accounting
+from tff_clip.program import assembly
+from tff_clip.program import config as config_lib
+from tff_clip.program import plotting
+from tff_clip.program import release_managers
+from tff_clip.program import run_directory
+from tff_clip.program import run_records
 import as_a_user  # pylint: disable=g-bad-import-order
 
 # `scripts.train` as a user runs it; the process fails if a module of
@@ -401,7 +401,7 @@ def test_a_tensorboard_writer_that_cannot_be_created_is_one_line(
 
 _PLOT_WITH_FILE_SIZE_LIMIT = '''
 import resource, signal, sys
-from tff_clip import plotting, run_records
+from tff_clip.program import plotting, run_records
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # A write past it: EFBIG.
 resource.setrlimit(resource.RLIMIT_FSIZE, (8000, resource.RLIM_INFINITY))
 try:

@@ -29,7 +29,7 @@ def test_verdict_is_all_some_or_none_of_the_checks(passed, verdict):
 
 @pytest.mark.parametrize('row', [2, 13])  # epsilon 6.5 and 7.2 (the headline)
 def test_table1_epsilon_matches_the_paper_to_two_digits(row):
-  from tff_clip import accounting
+  from tff_clip.privacy import accounting
   z, cohort, population, rounds, paper_epsilon, _ = paper002.TABLE1[row]
   guarantee = accounting.compute_training_epsilon(
       z, cohort, population, rounds, paper002.DELTA, accountant='rdp')

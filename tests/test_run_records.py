@@ -1,4 +1,4 @@
-"""Specification: a run directory is a checked record (`tff_clip.run_records`).
+"""Specification: a run directory is a checked record (`tff_clip.program.run_records`).
 
 Damage, loss and tampering never make a DP run restart, release a round
 twice or report an epsilon below what its released rounds spent; damaged
@@ -20,10 +20,10 @@ import pytest
 import as_a_user  # pylint: disable=g-bad-import-order
 
 from scripts import program
-from tff_clip import program_logic
-from tff_clip import run_directory
-from tff_clip import run_records
-from tff_clip import training
+from tff_clip.program import program_logic
+from tff_clip.program import run_directory
+from tff_clip.program import run_records
+from tff_clip.program import training
 
 ROUNDS = 3
 BASE = training.TrainConfig(rounds=ROUNDS, clients_per_round=6, eval_every=1,
@@ -41,7 +41,7 @@ def _rows(path):
 
 def _released_epsilon(run_dir):
   """Epsilon of the events in releases.jsonl, by dp_accounting directly."""
-  from tff_clip import privacy_ledger  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
   accountant = dp_accounting.rdp.RdpAccountant()
   with open(run_dir / 'releases.jsonl') as f:
     for line in f:
@@ -104,7 +104,7 @@ def test_checkpoint_of_another_log_is_refused(copy, finished):
   log = (copy / 'releases.jsonl').read_text().splitlines()
   record = json.loads(log[0])
   record['row']['eval_accuracy'] = 0.99  # Edited, hash recomputed below.
-  from tff_clip.run_records import _dumps, _line_hash  # pylint: disable=g-import-not-at-top
+  from tff_clip.program.run_records import _dumps, _line_hash  # pylint: disable=g-import-not-at-top
   previous = '0' * 64
   rewritten = []
   for line in [json.dumps(record)] + log[1:]:
@@ -146,7 +146,7 @@ def test_torn_last_release_is_released_again_from_its_checkpoint(copy):
 
 def _epsilon_of_first(run_dir, rounds):
   """Epsilon of the first `rounds` released events, by dp_accounting."""
-  from tff_clip import privacy_ledger  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
   accountant = dp_accounting.rdp.RdpAccountant()
   with open(run_dir / 'releases.jsonl') as f:
     for line in f.readlines()[:rounds]:

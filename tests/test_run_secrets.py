@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from scripts import program
-from tff_clip import training
+from tff_clip.program import training
 
 TREE = training.TrainConfig(
     bounding='tff_tree_adaptive', clip_norm='adaptive',

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from scripts import program
-from tff_clip import assembly
-from tff_clip import training
+from tff_clip.program import assembly
+from tff_clip.program import training
 import as_a_user  # pylint: disable=g-bad-import-order
 
 SEEDED = dict(rounds=2, clients_per_round=6, eval_every=2, seed=3,

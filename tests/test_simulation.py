@@ -1,6 +1,6 @@
-"""Specification of the in-process executor (`tff_clip.simulation`).
+"""Specification of the in-process executor (`tff_clip.runtime.simulation`).
 
-The oracle is TFF's own C++ runtime (`tff_clip.execution.
+The oracle is TFF's own C++ runtime (`tff_clip.runtime.execution.
 set_local_cpp_context`, set for the session by conftest): the same process,
 the same client data and the same noise seeds (`dp.dp_factory(...,
 noise_seed=N)`) run a few rounds on both, and every leaf of the state and of
@@ -16,12 +16,12 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_clip import aggregators
-from tff_clip import algorithms
-from tff_clip import audit
-from tff_clip import dp
-from tff_clip import optimizers
-from tff_clip import simulation
+from tff_clip.aggregation import aggregators
+from tff_clip.aggregation import dp
+from tff_clip.learning import algorithms
+from tff_clip.learning import optimizers
+from tff_clip.privacy import audit
+from tff_clip.runtime import simulation
 import tasks  # pylint: disable=g-bad-import-order
 import tiny_model  # pylint: disable=g-bad-import-order
 

@@ -1,6 +1,6 @@
-"""Specification of `tff_clip.spec`: each rule of a DP aggregation, once.
+"""Specification of `tff_clip.aggregation.spec`: each rule of a DP aggregation, once.
 
-`dp_factory`, the training program's flags (`tff_clip.config.validate`) and
+`dp_factory`, the training program's flags (`tff_clip.program.config.validate`) and
 the audit all read the one `DPSpec`; these tests hold them to it: the same
 bad value is refused by each with the same sentence (the flags write the
 argument as --name), and the spec needs no TensorFlow.
@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from tff_clip import config as config_lib
-from tff_clip import dp
-from tff_clip import spec
+from tff_clip.aggregation import dp
+from tff_clip.aggregation import spec
+from tff_clip.program import config as config_lib
 
 CHOICE_FIELDS = ('bounding', 'denominator', 'noise_placement')
 GOOD = dict(bounding_method='clip', noise_multiplier=1.0, clients_per_round=20)
@@ -93,7 +93,7 @@ def test_client_rules_are_the_same_for_the_library_and_the_flags():
 
 def test_checking_a_configuration_imports_no_tensorflow():
   code = ('import sys\n'
-          'from tff_clip import config, spec\n'
+          'from tff_clip.aggregation import spec; from tff_clip.program import config\n'
           'config.validate(config.TrainConfig(noise_multiplier=1.0))\n'
           'spec.DPSpec("per_layer_normalize", 1.0, 10, split=[1.0, 2.0])\n'
           'assert "tensorflow" not in sys.modules, "tensorflow imported"\n')

@@ -1,4 +1,4 @@
-"""Specification of the split runner (`tff_clip.split_execution`).
+"""Specification of the split runner (`tff_clip.runtime.split_execution`).
 
 The server's half of a round (prepare, update, initialize) runs in this
 process; TFF's C++ worker sees only the client half. Oracles: TFF's own
@@ -20,12 +20,12 @@ from tensorflow_federated.proto.v0 import executor_pb2
 from tensorflow_federated.python.core.impl.executors import value_serialization
 
 from scripts import program
-from tff_clip import algorithms
-from tff_clip import assembly
-from tff_clip import dp
-from tff_clip import execution
-from tff_clip import split_execution
-from tff_clip import training
+from tff_clip.aggregation import dp
+from tff_clip.learning import algorithms
+from tff_clip.program import assembly
+from tff_clip.program import training
+from tff_clip.runtime import execution
+from tff_clip.runtime import split_execution
 import tiny_model  # pylint: disable=g-bad-import-order
 
 _STUB_METHODS = ('create_value', 'create_call', 'create_struct',

@@ -13,8 +13,8 @@ import pytest
 
 import tasks
 from scripts import program
-from tff_clip import config as config_lib
-from tff_clip import training
+from tff_clip.program import config as config_lib
+from tff_clip.program import training
 import as_a_user  # pylint: disable=g-bad-import-order
 
 

@@ -1,4 +1,4 @@
-"""The TFF/TF internals `tff_clip.tf_graphs` relies on (its assumptions 1-6).
+"""The TFF/TF internals `tff_clip.runtime.tf_graphs` relies on (its assumptions 1-6).
 
 Each test breaks loudly when an upgrade of TFF or TensorFlow changes one of
 them. Oracles: closed forms of tiny computations.
@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_clip import tf_graphs
+from tff_clip.runtime import tf_graphs
 
 SEQUENCE_TYPE = tff.SequenceType(np.float32)
 

@@ -20,8 +20,8 @@ import json
 import pytest
 
 from tasks import names as task_names
-from tff_clip import config as config_lib
-from tff_clip import dp
+from tff_clip.aggregation import dp
+from tff_clip.program import config as config_lib
 import as_a_user  # pylint: disable=g-bad-import-order
 
 # Prints the configuration `scripts.train` builds from each command line (a

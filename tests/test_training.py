@@ -1,4 +1,4 @@
-"""Specification of the training program (`scripts.train`, `tff_clip.training`)."""
+"""Specification of the training program (`scripts.train`, `tff_clip.program.training`)."""
 
 import collections
 import csv
@@ -14,11 +14,11 @@ import portpicker
 import pytest
 
 from scripts import program
-from tff_clip import assembly
-from tff_clip import execution
-from tff_clip import program_logic
-from tff_clip import run_directory
-from tff_clip import training
+from tff_clip.program import assembly
+from tff_clip.program import program_logic
+from tff_clip.program import run_directory
+from tff_clip.program import training
+from tff_clip.runtime import execution
 import as_a_user  # pylint: disable=g-bad-import-order
 
 # A small, fast run: 4 rounds of DP-FedAvg with adaptive clipping on digits,
@@ -286,7 +286,7 @@ def test_too_many_clients_per_round_is_refused_before_training(tmp_path):
 
 
 def test_target_epsilon_calibrates_the_noise_multiplier():
-  from tff_clip import accounting  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import accounting  # pylint: disable=g-import-not-at-top
   config = training.TrainConfig(noise_multiplier=None, target_epsilon=8.0,
                                 rounds=20, clients_per_round=10)
   z = assembly.resolve_noise_multiplier(config, population=50)
@@ -494,7 +494,7 @@ def test_same_seed_runs_draw_different_noise_unless_noise_seed(
 
 
 def _first_seed_with_an_empty_round(rounds, population, clients_per_round):
-  from tff_clip import sampling  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import sampling  # pylint: disable=g-import-not-at-top
   ids = [str(i) for i in range(population)]
   for seed in range(100):
     sampler = sampling.ClientSampler(ids, clients_per_round, 'poisson', seed)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
-from tff_clip import aggregators
 from tff_clip import checks
-from tff_clip import dp
+from tff_clip.aggregation import aggregators
+from tff_clip.aggregation import dp
 
 VALUE = tff.TensorType(np.float32, [3])
 PRIVACY = dict(noise_multiplier=1.0, clients_per_round=10.0, clip_norm=1.0)

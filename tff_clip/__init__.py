@@ -1,22 +1,22 @@
 """tff_clip: bound every client's update the right way before it is aggregated.
 
-Modules (data flows down this list):
-  spec         -- the DP aggregation's arguments, checked once (no TF import).
-  bounding     -- pure-TF norms, clip, normalize, per-layer budgets.
-  client       -- client work: BLUR, LUS, model clipping (baseline).
-  optimizers   -- per-step clipped optimizer, LAMB, LARS, schedules.
-  aggregators  -- non-private TFF aggregation factories built on `bounding`.
-  dp           -- Gaussian-noise DP queries and `dp_factory` (user-level DP).
-  algorithms   -- `build_fedavg`: one call composing all of the above.
-  accounting   -- epsilon of DpEvents on dp_accounting; calibration,
-                  extrapolation (no TF import).
-  privacy_ledger -- the DpEvents a run actually ran, and their JSON format.
-  sampling     -- seeded Poisson / fixed-size client sampling.
-  training     -- the training program behind `python -m scripts.train`.
-  plotting     -- the run's PNG plot.
-  execution    -- TFF C++ execution contexts whose workers never leak.
-  run_records  -- a run directory as a checked record (atomic, hash-chained).
-  split_execution -- client work on TFF's C++ workers, the server here.
+Subsystems (folders; each imports only from the ones above it in this list
+and from the root modules `names` and `checks`):
+  aggregation -- bounding (clip, normalize, per-layer), noise mechanisms
+                 (independent, banded, tree, BLT), the DP query and
+                 `dp_factory`, the non-private aggregators.
+  privacy     -- accounting (epsilon, calibration, extrapolation), the privacy
+                 ledger, client sampling, the canary audit.
+  learning    -- client work (FAT-Clipping, BLUR, LUS, ...), optimizers (LAMB,
+                 LARS), `build_fedavg`.
+  runtime     -- the in-process runner, split execution on TFF's workers,
+                 execution contexts, graph import, client data.
+  program     -- the training program behind `python -m scripts.train`:
+                 configuration, assembly, the round loop, the run directory.
+Each folder's `__init__` lists its modules. `tff_clip.aggregators`,
+`tff_clip.dp`, `tff_clip.simulation`, `tff_clip.accounting`,
+`tff_clip.privacy_ledger` and `tff_clip.algorithms` still import the modules
+that moved into the folders (the same module objects).
 
 Importing `tff_clip` (any of its modules) sets exactly two things, so that a
 program using it prints nothing of TensorFlow's or TFF's own:

@@ -9,7 +9,7 @@ counts enter TensorFlow as float32), so 1e39 (inf in float32) and 1e-50 (0 in
 float32) are refused rather than silently becoming inf or 0. No TF import.
 
 The project's one set of these rules: the library, the flags
-(`tff_clip.config`, which writes `name` as --name), the accountant and the
+(`tff_clip.program.config`, which writes `name` as --name), the accountant and the
 optimizers all check their numbers and names here.
 """
 

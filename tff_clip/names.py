@@ -4,19 +4,19 @@ No imports, so the command line can check its flags before TensorFlow loads.
 """
 
 # Boundings and noise mechanisms are named by their classes, listed in
-# their registries (`tff_clip.mechanisms`): one class and one line there.
+# their registries (`tff_clip.aggregation.mechanisms`): one class and one line there.
 
-# Per-layer budget splits (`tff_clip.bounding.layer_budgets`).
+# Per-layer budget splits (`tff_clip.aggregation.bounding.layer_budgets`).
 SPLITS = ('uniform', 'dim')
-# Where DP noise is added, and what the noisy sum is divided by (`tff_clip.dp`).
+# Where DP noise is added, and what the noisy sum is divided by (`tff_clip.aggregation.dp`).
 NOISE_PLACEMENTS = ('central', 'client')
 DENOMINATORS = ('expected', 'actual')
-# Client sampling, as run (`tff_clip.sampling`) and accounted
-# (`tff_clip.accounting`): Poisson (add/remove-one adjacency) or fixed-size
+# Client sampling, as run (`tff_clip.privacy.sampling`) and accounted
+# (`tff_clip.privacy.accounting`): Poisson (add/remove-one adjacency) or fixed-size
 # without replacement (replace-one adjacency).
 POISSON = 'poisson'
 FIXED_SIZE = 'fixed_size'
-# Participation with minimum separation (`tff_clip.sampling`): round t takes
+# Participation with minimum separation (`tff_clip.privacy.sampling`): round t takes
 # group t mod b of b seeded groups; accounted without amplification.
 MIN_SEPARATION = 'min_separation'
 SAMPLINGS = (POISSON, FIXED_SIZE, MIN_SEPARATION)

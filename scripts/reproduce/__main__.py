@@ -39,7 +39,7 @@ def reproduce(paper: str, quick: bool, output_dir: str):
   """Runs paper `paper`'s module; returns its `common.Report`."""
   if paper not in PAPERS:
     raise ValueError(f'`paper` must be one of {PAPERS}; got {paper!r}.')
-  from tff_clip import execution  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import execution  # pylint: disable=g-import-not-at-top
   execution.set_local_cpp_context()
   module = importlib.import_module(f'scripts.reproduce.paper{paper}')
   if quick:

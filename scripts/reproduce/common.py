@@ -169,15 +169,15 @@ def weights_vector(process, state) -> np.ndarray:
 
 
 def train(output_dir: str, name: str, **config_fields) -> dict:
-  """`tff_clip.training.run` with `config_fields`; summary plus metric columns.
+  """`tff_clip.program.training.run` with `config_fields`; summary plus metric columns.
 
   A finished run in `output_dir/name` is resumed (i.e. read back) rather
   than trained again, so an interrupted reproduction picks up where it was.
   """
-  from tff_clip import plotting  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import plotting  # pylint: disable=g-import-not-at-top
   from scripts import program  # pylint: disable=g-import-not-at-top
-  from tff_clip import config as config_lib  # pylint: disable=g-import-not-at-top
-  from tff_clip import training  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import training  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   config = training.TrainConfig(
       root_output_dir=output_dir, experiment_name=name, progress=False,

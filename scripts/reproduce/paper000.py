@@ -33,8 +33,8 @@ import tensorflow_federated as tff
 
 import tasks
 from scripts.reproduce import common
-from tff_clip import aggregators
-from tff_clip import algorithms
+from tff_clip.aggregation import aggregators
+from tff_clip.learning import algorithms
 
 
 def _sgd(lr):

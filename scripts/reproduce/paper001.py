@@ -24,8 +24,8 @@ import tensorflow_federated as tff
 
 import tasks
 from scripts.reproduce import common
-from tff_clip import aggregators
-from tff_clip import algorithms
+from tff_clip.aggregation import aggregators
+from tff_clip.learning import algorithms
 
 LOCAL_STEPS = 10
 CLIENT_LR = 0.05

@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 from scripts.reproduce import common
-from tff_clip import accounting
+from tff_clip.privacy import accounting
 
 # z, S, K, T, paper's epsilon (RDP, delta = 1e-9), paper's RDP order.
 TABLE1 = (

@@ -28,10 +28,10 @@ import tensorflow_federated as tff
 
 import tasks
 from scripts.reproduce import common
-from tff_clip import accounting
-from tff_clip import algorithms
-from tff_clip import bounding
-from tff_clip import dp
+from tff_clip.aggregation import bounding
+from tff_clip.aggregation import dp
+from tff_clip.learning import algorithms
+from tff_clip.privacy import accounting
 
 LOCAL_STEPS = 20
 ETA = 0.01

@@ -1,0 +1,276 @@
+"""User-level differential privacy for every bounding: Gaussian noise on the sum.
+
+Privacy model: user-level (client-level) DP under add/remove-one-client
+adjacency (McMahan et al. 2018, "Learning Differentially Private Recurrent
+Language Models"; Zhang et al. 2022's DP-FedAvg and Pelikan et al. 2025). Each round:
+
+  1. every client update u_i is bounded by `tff_clip.aggregation.bounding` (clip,
+     normalize, per-layer clip, per-layer normalize); non-finite updates become
+     zeros. Any one client then moves the SUM by at most S, the L2 sensitivity:
+     S = C for global clip/normalize and S = sqrt(sum_h C_h^2) = C for
+     per-layer bounding with budgets C_h;
+  2. isotropic Gaussian noise N(0, (z S)^2 I) is added ONCE to the sum: every
+     coordinate of every layer gets the same std z S. (Nesting one Gaussian
+     query per layer would give layer h std z C_h, weakening the guarantee by
+     sqrt(H) -- the trap this module avoids.);
+  3. the noisy sum is divided by the expected clients per round (the unbiased
+     estimator of McMahan et al. 2018, used by Pelikan et al. 2025), or optionally by the
+     actual count (released in the clear: see `dp_factory`).
+
+Every round records the `dp_accounting.DpEvent` it actually ran in the
+aggregator state (TFF's `DifferentiallyPrivateFactory` convention:
+`tff.aggregators.differential_privacy.extract_dp_event_from_state`), and
+`tff_clip.privacy.accounting` composes those events with the sampling used.
+
+Adaptive clipping (Andrew et al., "Differentially Private Learning with
+Adaptive Clipping", NeurIPS 2021): C <- C exp(-eta_C (b_bar - gamma)), b_bar
+the noisy fraction of clients with norm <= C (count noise std sigma_b),
+reusing tensorflow-privacy's `QuantileEstimatorQuery`. The value noise
+multiplier z_v is raised so that the two releases together are exactly as
+private as one Gaussian mechanism with the requested z:
+    z_v = (z^-2 - k (2 sigma_b)^-2)^-1/2,
+with k = 1 for one global norm, and k = H for per-layer adaptive clipping,
+whose H-dimensional count vector (entries +-1/2) has L2 sensitivity
+sqrt(H)/2. The z = 0 case uses the noise-free estimator (CE-FedAvg with a
+moving threshold, Zhang et al. 2022).
+
+Built on tensorflow-privacy's `DPQuery` interface and wrapped by
+`tff.aggregators.DifferentiallyPrivateFactory`, so the factories stay
+secure-sum compatible and expose their `DpEvent` like TFF's.
+
+References:
+* Zhang et al. 2022: "Understanding Clipping for Federated Learning:
+  Convergence and Client-Level Differential Privacy", ICML 2022.
+* Pelikan et al. 2025: "Enabling Differentially Private Federated
+  Learning for Speech Recognition", NeurIPS 2025.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Optional
+
+import dp_accounting
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+import tensorflow_privacy as tfp
+
+from tff_clip.aggregation import aggregators
+from tff_clip.aggregation import bounding
+from tff_clip.aggregation import spec as spec_lib
+
+__all__ = [
+    'ActualCountNormalizedQuery',
+    'AdaptiveBoundedSumQuery',
+    'BoundedGaussianSumQuery',
+    'CountQuantileEstimatorQuery',
+    'ResultDtypeQuery',
+    'adaptive_noise_multipliers',
+    'default_clipped_count_stddev',
+    'dp_factory',
+    'extract_dp_event',
+]
+
+
+# The queries (`tff_clip.aggregation.dp_queries`) and the placements, re-exported: `dp` is
+# where users find them.
+from tff_clip.aggregation.dp_queries import ActualCountNormalizedQuery, AdaptiveBoundedSumQuery, BoundedGaussianSumQuery, CountQuantileEstimatorQuery, ResultDtypeQuery, secret_key  # pylint: disable=g-bad-import-order,wrong-import-position,unused-import
+from tff_clip.names import NOISE_PLACEMENTS  # pylint: disable=g-bad-import-order,wrong-import-position,unused-import
+
+
+# ----------------------------------------------------------------------------
+# Noise calibration for adaptive clipping.
+
+
+# Re-exported from the TensorFlow-free spec (`tff_clip.aggregation.spec`).
+adaptive_noise_multipliers = spec_lib.adaptive_noise_multipliers
+default_clipped_count_stddev = spec_lib.default_clipped_count_stddev
+MAX_VALUE_NOISE_INFLATION = spec_lib.MAX_VALUE_NOISE_INFLATION
+
+
+# ----------------------------------------------------------------------------
+# The factory.
+
+
+def _initial_budgets(spec, fractions, initial_norms):
+  """The per-layer budgets C_h a per-layer query starts from (else None)."""
+  if not spec.per_layer:
+    return None
+  if np.ndim(initial_norms) == 1:  # Per-layer quantiles: one norm per layer.
+    return np.asarray(initial_norms, np.float64)
+  return float(initial_norms) * np.asarray(fractions, np.float64)
+
+
+class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
+                        tff.aggregators.WeightedAggregationFactory):
+  """Bounding + Gaussian noise + mean, as an aggregation factory.
+
+  Unweighted by nature (DP-FedAvg weighs clients uniformly). It also accepts
+  `create(value_type, weight_type)` so it drops into
+  `build_weighted_fed_avg(model_aggregator=...)`: the weights are then
+  IGNORED -- every client counts once, as with `client_weighting=UNIFORM` --
+  because weighting by example counts would make the sensitivity depend on
+  private data.
+  """
+
+  def __init__(self, spec: spec_lib.DPSpec,
+               record_aggregation_factory: Optional[
+                   tff.aggregators.UnweightedAggregationFactory] = None):
+    self._spec = spec
+    self._record_aggregation_factory = record_aggregation_factory
+
+  @property
+  def spec(self) -> spec_lib.DPSpec:
+    """The checked description of the mechanism (frozen)."""
+    return self._spec
+
+  @property
+  def record_aggregation_factory(self):
+    """How bounded records are summed (None: `tff.aggregators.SumFactory`)."""
+    return self._record_aggregation_factory
+
+  def build_query(self, value_type) -> tfp.SumAggregationDPQuery:
+    """The tensorflow-privacy query `create` wraps, for `value_type`.
+
+    A new query on every call (the factory is not changed), e.g. for
+    `tff_clip.privacy.audit.CanaryFactory`, which wraps it in its canaries.
+    """
+    spec = self._spec
+    method = spec.bounding_method
+    per_layer = spec.per_layer
+    num_layers = len(tf.nest.flatten(
+        tff.types.type_to_tf_tensor_specs(value_type)))
+    fractions = None
+    if per_layer:
+      fractions = bounding.layer_budget_fractions(
+          value_type, spec.split,
+          None if spec.adaptive else spec.clip_norm)
+    z = spec.noise_multiplier
+    n = spec.clients_per_round
+    initial_norms = spec.clip_norm  # A scalar, or one per layer.
+    if not spec.adaptive:
+      query = sum_query = BoundedGaussianSumQuery(
+          method, spec.clip_norm, z, fractions, spec.noise_seed,
+          spec.noise_placement, n, spec.noise)
+    else:
+      per_layer_quantiles = per_layer and spec.per_layer_quantiles
+      num_counts = num_layers if per_layer_quantiles else 1
+      count_stddev = spec.clipped_count_stddev
+      if count_stddev is None:
+        count_stddev = default_clipped_count_stddev(z, n, num_counts)
+      value_z = adaptive_noise_multipliers(z, count_stddev, num_counts)
+      initial = spec.initial_clip_norm
+      if per_layer_quantiles:
+        # Every layer starts at C0 / sqrt(H) (sqrt(sum C_h^2) = C0), not at
+        # the `split` fractions: a layer's norm is unknown until estimated,
+        # and the 'dim' start (C0 sqrt(d_h / d)) clipped the EMNIST CNN's
+        # small layers to 1-9% of their update norms for a whole run
+        # (docs/frontier.md, "Per-layer bounding on the CNN").
+        initial = np.full([num_layers], spec.initial_clip_norm /
+                          np.sqrt(num_layers), np.float32)
+      initial_norms = initial
+      sum_query = BoundedGaussianSumQuery(
+          method, initial, value_z, fractions, spec.noise_seed,
+          spec.noise_placement, n, spec.noise)
+      # The count noise gets its own seed stream (seed + 1): reusing the
+      # value noise's seed would correlate the two releases.
+      count_seed = (None if spec.noise_seed is None else
+                    spec.noise_seed + 1)
+      estimator = CountQuantileEstimatorQuery(
+          initial, spec.target_quantile, spec.clip_learning_rate,
+          None if z == 0 else count_stddev, n, geometric_update=True,
+          noise_seed=count_seed)
+      query = AdaptiveBoundedSumQuery(sum_query, estimator,
+                                      per_layer_quantiles)
+    # The products the mechanism computes, in the dtypes it computes them.
+    leaf_dtypes = [np.dtype(leaf.dtype.as_numpy_dtype) for leaf in
+                   tf.nest.flatten(tff.types.type_to_tf_tensor_specs(
+                       value_type))]
+    spec.check_noise_scale(
+        dtypes=sorted(set(leaf_dtypes), key=str),
+        value_noise_multiplier=value_z if spec.adaptive else z,
+        budgets=_initial_budgets(spec, fractions, initial_norms))
+    sum_query.set_template(tff.types.type_to_tf_tensor_specs(value_type))
+    if spec.denominator == 'expected':
+      query = tfp.NormalizedQuery(query, denominator=float(n))
+    else:
+      query = ActualCountNormalizedQuery(query)
+    dtypes = tf.nest.map_structure(
+        lambda spec: spec.dtype, tff.types.type_to_tf_tensor_specs(value_type))
+    return ResultDtypeQuery(query, dtypes)
+
+  def create(self, value_type, weight_type=None):
+    value_type = tff.types.to_type(value_type)
+    aggregators.check_value_type(value_type)
+    query = self.build_query(value_type)
+    factory = tff.aggregators.DifferentiallyPrivateFactory(
+        query, self._record_aggregation_factory)
+    if weight_type is None:
+      return factory.create(value_type)
+    # Weights ignored on purpose (see the class docstring); the state is the
+    # unweighted process's, so `extract_dp_event` works the same.
+    return tff.aggregators.as_weighted_aggregator(factory).create(
+        value_type, weight_type)
+
+
+def dp_factory(
+    bounding_method: str,
+    *,
+    record_aggregation_factory: Optional[
+        tff.aggregators.UnweightedAggregationFactory] = None,
+    **parameters,
+) -> DPBoundingFactory:
+  """User-level DP aggregation: bound, add N(0,(z S)^2 I) to the sum, average.
+
+  The DP parameters are declared once, in `tff_clip.aggregation.spec.DPSpec` (this
+  function's signature is generated from it); `noise_multiplier` and
+  `clients_per_round` are required. `record_aggregation_factory`: how the
+  bounded records are summed (default `tff.aggregators.SumFactory`; a
+  secure sum fits here).
+
+  Args:
+{parameters}
+
+  Returns:
+    A `DPBoundingFactory`.
+  """
+  unknown = sorted(set(parameters) - set(spec_lib.PARAMETERS))
+  if unknown:
+    raise TypeError(f'`{unknown[0]}` is not a parameter of dp_factory; its DP '
+                    f'parameters are {spec_lib.PARAMETERS[1:]}.')
+  spec = spec_lib.DPSpec(bounding_method=bounding_method, **parameters)
+  if record_aggregation_factory is not None and not isinstance(
+      record_aggregation_factory,
+      tff.aggregators.UnweightedAggregationFactory):
+    raise TypeError('`record_aggregation_factory` must be an unweighted '
+                    f'tff.aggregators factory; got {record_aggregation_factory!r}.')
+  return DPBoundingFactory(spec, record_aggregation_factory)
+
+
+def _signature_from_spec(function):
+  """`function`'s signature with the DP parameters of `DPSpec` spelled out."""
+  signature = inspect.signature(function)
+  first, record, _ = signature.parameters.values()
+  declared = [
+      inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY,
+                        default=(inspect.Parameter.empty
+                                 if field.default is dataclasses.MISSING
+                                 else field.default),
+                        annotation=field.type)
+      for field in dataclasses.fields(spec_lib.DPSpec)[1:]]
+  function.__signature__ = signature.replace(
+      parameters=[first, *declared, record])
+  function.__doc__ = function.__doc__.replace(
+      '{parameters}', spec_lib.parameters_doc())
+  return function
+
+
+_signature_from_spec(dp_factory)
+
+
+def extract_dp_event(aggregator_state) -> dp_accounting.DpEvent:
+  """The `DpEvent` of the last round, from a DP aggregator's state."""
+  return tff.aggregators.differential_privacy.extract_dp_event_from_state(
+      aggregator_state)

@@ -1,0 +1,8 @@
+"""Learning: what clients and the server do with the model.
+
+  client      -- client work: FAT-Clipping, local clipping, BLUR, LUS, model clipping.
+  optimizers  -- per-step clipped optimizer, LAMB, LARS, schedules.
+  algorithms  -- `build_fedavg`: one call composing client work, aggregation and server optimizer.
+
+Imports from `tff_clip.aggregation`, never from above.
+"""

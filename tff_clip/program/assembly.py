@@ -1,0 +1,561 @@
+"""Assembling a run's parts from its configuration (`TrainConfig`).
+
+Everything a `TrainConfig` decides about what runs is read here, once:
+
+* the noise multiplier, given or calibrated from `target_epsilon`
+  (`resolve_noise_multiplier`, by `tff_clip.privacy.accounting`);
+* the model aggregator (`build_aggregator`: bounding, then noise, then
+  mean) and the learning process with its optimizers (`build_process`);
+* the execution: in-process, or split with TFF's workers
+  (`set_execution_context`, `runners`);
+* a `Session`: the task, the sampler, the client data, the traced and
+  wrapped processes, and what a round accounts (`Session.round_event`),
+  shared by runs in one process that differ only in where they write and
+  how long they run (`session`).
+
+The round loop (`tff_clip.program.program_logic`) is handed these parts and reads
+no configuration. Importing this module imports no TensorFlow (TensorFlow
+and TFF are imported when something is built).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import functools
+import math
+from typing import Optional
+
+from absl import logging
+import numpy as np
+
+from tff_clip.names import MIN_SEPARATION
+from tff_clip.privacy import accounting
+from tff_clip.privacy import sampling as sampling_lib
+from tff_clip.program import config as config_lib
+from tff_clip.program import program_logic
+from tff_clip.program.config import ConfigError, TrainConfig
+
+__all__ = [
+    'Session', 'available_memory', 'build_aggregator', 'build_process',
+    'check_noise_memory', 'initial_model_weights', 'resolve_noise_multiplier',
+    'runners', 'session', 'set_execution_context',
+]
+
+# Peak memory of a DP round in bytes per byte of the noise mechanism's state:
+# the state (numpy), its copy fed to the server update, the update's
+# temporaries, the new state and its numpy copy, the checkpoint's writes
+# (measured 5.5-6.6 on the Stack Overflow LSTM with banded noise:
+# `scripts.benchmark_stackoverflow`).
+STATE_COPIES_AT_PEAK = 7
+
+
+def resolve_noise_multiplier(config: TrainConfig, population: int):
+  """z from the flags: given, calibrated from `target_epsilon`, or None."""
+  try:
+    hash(config)
+  except TypeError:  # An unhashable field value: calibrate afresh.
+    return _resolve_noise_multiplier.__wrapped__(config, population)
+  return _resolve_noise_multiplier(config, population)
+
+
+# Calibration takes seconds: the program's early check and the session
+# share one (a pure function of the configuration and the population).
+@functools.lru_cache(maxsize=16)
+def _resolve_noise_multiplier(config: TrainConfig, population: int):
+  if config.clients_per_round > population:
+    raise ConfigError(
+        f'--clients_per_round ({config.clients_per_round}) exceeds the '
+        f'number of training clients ({population}).')
+  if config.target_epsilon is None:
+    return config.noise_multiplier
+  try:
+    if config.sampling == MIN_SEPARATION:
+      # The total z; with adaptive clipping the ledger's event (value noise
+      # / its sensitivity, plus the count noise) is then at most as large.
+      return accounting.calibrate_mechanism_noise_multiplier(
+          config.target_epsilon, config.noise, config.delta)
+    return accounting.calibrate_noise_multiplier(
+        config.target_epsilon, clients_per_round=config.clients_per_round,
+        population_size=population, rounds=config.rounds, delta=config.delta,
+        sampling=config.sampling)
+  except ValueError as e:
+    raise ConfigError(f'--target_epsilon: {e}') from e
+
+
+def available_memory() -> Optional[int]:
+  """Bytes this machine can give a process now (MemAvailable of
+  /proc/meminfo), or None where that is not known."""
+  try:
+    with open('/proc/meminfo') as f:
+      for line in f:
+        if line.startswith('MemAvailable:'):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return None
+
+
+def check_noise_memory(config: TrainConfig, parameters: int,
+                       available=None) -> None:
+  """Refuses (`ConfigError`, one line) a noise mechanism whose state of
+  model-sized vectors cannot fit in memory, before anything allocates it.
+
+  `parameters`: the model's trainable parameters (one noise vector);
+  `available`: bytes free, `available_memory()` when None (not checked
+  where that is not known).
+  """
+  vectors = config.noise.state_vectors
+  if not vectors:
+    return
+  available = available_memory() if available is None else available
+  state = vectors * parameters * 4  # float32 noise.
+  need = STATE_COPIES_AT_PEAK * state
+  if available is None or need <= available:
+    return
+  gib = lambda value: f'{value / 2**30:.1f} GiB'
+  fewer = ('--blt_buffers' if config.noise_mechanism == 'blt' else
+           '--bands, --noise_mechanism=blt')
+  raise ConfigError(
+      f'--noise_mechanism={config.noise_mechanism}: its state holds '
+      f'{vectors} noise vectors of {parameters:,} parameters '
+      f'({gib(state)}); a DP round holds about {STATE_COPIES_AT_PEAK} '
+      f'copies of it, so it needs about {gib(need)}, and this machine has '
+      f'{gib(available)} available. Use fewer {fewer} or a smaller model.')
+
+
+# ----------------------------------------------------------------------------
+# Execution: in-process, on local TFF workers, or on remote ones.
+
+
+def set_execution_context(config: TrainConfig) -> None:
+  """Local C++ runtime, the same on visible GPUs, or remote TFF workers."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import execution  # pylint: disable=g-import-not-at-top
+  execution.close_tff_context_at_exit()
+  if config.executor == 'gpu':
+    gpus = tf.config.list_physical_devices('GPU')
+    if not gpus:
+      raise ConfigError(
+          '`executor=gpu` but TensorFlow sees no GPU. Install '
+          '`tensorflow[and-cuda]==2.14.1` (pip install -e ".[gpu]") on a '
+          'machine with an NVIDIA driver, or use --executor=local.')
+    logging.info('GPUs visible: %s', gpus)
+  if _in_process(config):
+    return  # `runners` wraps the processes; no TFF context is used.
+  if config.executor in ('inprocess', 'local', 'gpu'):
+    try:
+      execution.set_local_cpp_context(
+          max_concurrent_clients=config.max_concurrent_clients)
+    except execution.WorkerIsolationError as e:
+      raise ConfigError(f'--executor={config.executor}: {e} Use the default '
+                        '--executor=inprocess, which starts no worker.'
+                        ) from e
+  else:
+    try:
+      contexts = [
+          execution.create_remote_async_context(
+              worker, timeout_s=config.worker_timeout_s)
+          for worker in config.workers
+      ]
+    except (TimeoutError, ConnectionError) as e:
+      raise ConfigError(f'--workers: {e}') from e
+    tff.backends.native.set_mergeable_comp_execution_context(contexts)
+
+
+def _in_process(config: TrainConfig) -> bool:
+  return config.executor == 'inprocess'
+
+
+def runners(config: TrainConfig, *processes):
+  """What runs the processes: all in-process, or split with TFF's workers.
+
+  Off `executor=inprocess`, `tff_clip.runtime.split_execution.SplitRunner` keeps the
+  server's half of each round (and the DP noise key) here and sends only the
+  clients' work to TFF's C++ workers. Either way the result has the
+  processes' `initialize`, `next`, `get_model_weights` and
+  `set_model_weights`.
+  """
+  from tff_clip.runtime import execution  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import simulation  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import split_execution  # pylint: disable=g-import-not-at-top
+  if _in_process(config):
+    def make(process):
+      return simulation.InProcessRunner(
+          process, client_threads=config.max_concurrent_clients)
+  else:
+    targets = (execution.local_worker_targets
+               if config.executor != 'remote' else lambda: config.workers)
+    def make(process):
+      return split_execution.for_workers(
+          process, worker_targets=targets,
+          worker_timeout_s=config.worker_timeout_s)
+  try:
+    return tuple(make(p) for p in processes)
+  except ValueError as e:  # Not a MapReduceForm: names --executor=local.
+    raise ConfigError(f'--executor: {e}') from e
+  except split_execution.SecretLeakError as e:
+    raise ConfigError(f'--executor={config.executor}: {e}') from e
+
+
+# ----------------------------------------------------------------------------
+# The aggregator and the learning process.
+
+
+def _client_optimizer(config):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  lr = config.client_learning_rate
+  return {
+      'sgd': lambda: tff.learning.optimizers.build_sgdm(lr),
+      'sgdm': lambda: tff.learning.optimizers.build_sgdm(lr, momentum=0.9),
+      'adam': lambda: tff.learning.optimizers.build_adam(lr),
+  }[config.client_optimizer]()
+
+
+def _server_optimizer(config):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_clip.learning import optimizers  # pylint: disable=g-import-not-at-top
+  lr = config.server_learning_rate
+  return {
+      'sgd': lambda: tff.learning.optimizers.build_sgdm(lr),
+      'sgdm': lambda: tff.learning.optimizers.build_sgdm(
+          lr, momentum=config.server_momentum),
+      'adam': lambda: tff.learning.optimizers.build_adam(lr),
+      'lamb': lambda: optimizers.build_lamb(lr),
+      'lars': lambda: optimizers.build_lars(lr),
+  }[config.server_optimizer]()
+
+
+def _tff_tree(config: TrainConfig, noise_multiplier: float):
+  from tff_clip.program import tff_tree  # pylint: disable=g-import-not-at-top
+  return tff_tree.TreeAdaptiveFactory(
+      noise_multiplier, config.clients_per_round, config.initial_clip_norm,
+      config.target_quantile, config.clip_learning_rate,
+      config.clipped_count_stddev, restart_every=config.bands,
+      noise_seed=config.noise_seed)
+
+
+def _tff_gaussian(config: TrainConfig, noise_multiplier: float):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  n = float(config.clients_per_round)
+  factory = tff.aggregators.DifferentiallyPrivateFactory
+  if config.clip_norm == 'adaptive':
+    return factory.gaussian_adaptive(
+        noise_multiplier, n, initial_l2_norm_clip=config.initial_clip_norm,
+        target_unclipped_quantile=config.target_quantile,
+        learning_rate=config.clip_learning_rate,
+        clipped_count_stddev=config.clipped_count_stddev)
+  return factory.gaussian_fixed(noise_multiplier, n, float(config.clip_norm))
+
+
+# The aggregators of the --bounding baselines (`config.BASELINES`).
+_BASELINE_AGGREGATORS = {
+    config_lib.NO_BOUNDING: lambda config, noise_multiplier: None,
+    config_lib.TFF_TREE: _tff_tree,
+    config_lib.TFF_GAUSSIAN: _tff_gaussian,
+}
+
+
+def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
+  """The model aggregator: bounding, then (when private) noise, then mean."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_clip.aggregation import aggregators, dp  # pylint: disable=g-import-not-at-top
+  if config_lib.baseline(config) is not None:
+    return _BASELINE_AGGREGATORS[config.bounding](config, noise_multiplier)
+  if noise_multiplier is not None:
+    # --noise_seed None: a key from OS entropy, drawn in the graph at
+    # initialize and kept only in the (checkpointed) aggregator state.
+    return dp.DPBoundingFactory(config.dp_spec(noise_multiplier))
+  if config.clip_norm == 'adaptive':
+    # CE-FedAvg with a moving threshold, noise-free.
+    clip_norm = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
+        initial_estimate=config.initial_clip_norm,
+        target_quantile=config.target_quantile,
+        learning_rate=config.clip_learning_rate, multiplier=1.0,
+        increment=0.0, secure_estimation=False)
+  else:
+    clip_norm = float(config.clip_norm)
+  return aggregators.bounding_factory(config.bounding, clip_norm, config.split)
+
+
+def build_process(config: TrainConfig, task, noise_multiplier,
+                  model_aggregator=None):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_clip.learning import algorithms  # pylint: disable=g-import-not-at-top
+  blur_clip_norm = config.blur_clip_norm
+  if config.blur_strength is not None and blur_clip_norm is None:
+    blur_clip_norm = float(config.clip_norm)
+  return algorithms.build_fedavg(
+      task.model_fn,
+      client_optimizer=_client_optimizer(config),
+      server_optimizer=_server_optimizer(config),
+      local_clip_norm=config.local_clip_norm,
+      blur_strength=config.blur_strength,
+      blur_clip_norm=blur_clip_norm if config.blur_strength else None,
+      lus_sparsity=config.lus_sparsity,
+      model_aggregator=(model_aggregator or
+                        build_aggregator(config, noise_multiplier)),
+      # DP-FedAvg weighs clients uniformly (the sensitivity must not depend
+      # on private example counts); otherwise FedAvg's example weighting.
+      client_weighting=(tff.learning.ClientWeighting.UNIFORM
+                        if noise_multiplier is not None else None))
+
+
+def initial_model_weights(task, seed: int):
+  """The model's initial weights as numpy, a function of the seed alone.
+
+  TFF traces `initialize` into its own graph, where Keras initializers ignore
+  the global seed: two processes would start from different weights. So the
+  model is built once eagerly under the seed and its weights set explicitly.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  tf.keras.utils.set_random_seed(seed)
+  weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
+  return tf.nest.map_structure(lambda v: v.numpy(), weights)
+
+
+def _trainable_parameters(task) -> int:
+  """Trainable parameters of the task's model: one noise vector's size."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
+  return sum(int(np.prod(v.shape)) for v in weights.trainable)
+
+
+def _eval_dataset(task, split: str):
+  """The centralized data evaluation measures: 'test' or 'validation'."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  test = (task.datasets.validation_data if split == 'validation'
+          else task.datasets.test_data)
+  if isinstance(test, tff.simulation.datasets.ClientData):
+    test = test.create_tf_dataset_from_all_clients()
+  preprocess = task.datasets.eval_preprocess_fn
+  return preprocess(test) if preprocess is not None else test
+
+
+def _state_type(runner):
+  state_type = getattr(runner, 'state_type', None)
+  if state_type is None:  # A TFF process run whole on the workers.
+    state_type = runner.next.type_signature.parameter[0].member
+  return state_type
+
+
+def _model_layout(runner) -> Optional[dict[str, int]]:
+  """{'trainable': n, 'non_trainable': m}: the state's first n + m leaves
+  are the global model (`tff.learning.models.ModelWeights`); None when the
+  state does not start with it."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  def count(type_spec):
+    if isinstance(type_spec, tff.TensorType):
+      return 1
+    if isinstance(type_spec, tff.StructType):
+      return sum(count(t) for _, t in tff.structure.to_elements(type_spec))
+    return 0
+
+  state_type = _state_type(runner)
+  if isinstance(state_type, tff.FederatedType):
+    state_type = state_type.member
+  elements = (tff.structure.to_elements(state_type)
+              if isinstance(state_type, tff.StructType) else [])
+  if not elements or elements[0][0] != 'global_model_weights':
+    return None
+  weights = dict(tff.structure.to_elements(elements[0][1]))
+  if set(weights) != {'trainable', 'non_trainable'}:
+    return None
+  return {name: count(weights[name]) for name in ('trainable',
+                                                  'non_trainable')}
+
+
+# ----------------------------------------------------------------------------
+# The session: everything built before the first file is written.
+
+
+class Session:
+  """Everything built from a configuration before the first file is written.
+
+  The task, its clients and their data (`client_datasets`), the cohort
+  sampler, the noise multiplier, the learning process and the evaluation
+  (wrapped by `runners`), the model's initial weights and the canary
+  auditor. It holds no run's state: `initial_state` draws one (with a
+  fresh noise key), or a run restores its checkpoint.
+  """
+
+  def __init__(self, config: TrainConfig, task_builder):
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    self.config = config
+    try:
+      self.task = task_builder(config)
+    except ValueError as e:
+      raise ConfigError(str(e).splitlines()[0]) from e
+    if (config.eval_split == 'validation' and
+        self.task.datasets.validation_data is None):
+      raise ConfigError(
+          f'--eval_split=validation: task {self.task.name!r} has no '
+          'validation data; hold some out with --validation_fraction.')
+    self.client_ids = list(self.task.datasets.train_data.client_ids)
+    self.population = len(self.client_ids)
+    self.noise_multiplier = resolve_noise_multiplier(config,
+                                                     self.population)
+    self.private = self.noise_multiplier is not None
+    try:  # E.g. a minimum-separation group smaller than the cohort.
+      self.sampler = sampling_lib.ClientSampler(
+          self.client_ids, config.clients_per_round, config.sampling,
+          config.seed, config.separation)
+    except ValueError as e:
+      raise config_lib.flag_error(e) from None
+    if self.private and config.noise.state_vectors:
+      # Before tracing and `initialize`: refused in seconds, not an
+      # out-of-memory crash halfway.
+      check_noise_memory(config, _trainable_parameters(self.task))
+    self.auditor = None
+    try:
+      if config.audit_canaries:  # Canaries inside the DP query.
+        from tff_clip.privacy import audit  # pylint: disable=g-import-not-at-top
+        separated = config.sampling == MIN_SEPARATION
+        # Under minimum separation a canary takes part in every round of its
+        # group: the most participations the ledger allows a client.
+        self.auditor = audit.CanaryFactory(
+            build_aggregator(config, self.noise_multiplier),
+            config.audit_canaries,
+            1.0 if separated else self.sampler.sampling_probability,
+            separation=config.separation if separated else None)
+      self.process = build_process(config, self.task, self.noise_multiplier,
+                                   self.auditor)
+    except ValueError as e:  # E.g. explicit count noise too small.
+      raise ConfigError(str(e).splitlines()[0]) from e
+    self.initial_weights = initial_model_weights(self.task, config.seed)
+    from tff_clip.learning import client  # pylint: disable=g-import-not-at-top
+    self.evaluation = tff.learning.algorithms.build_fed_eval(
+        self.task.model_fn, loop_implementation=client.DEFAULT_LOOP)
+    self.process, self.evaluation = runners(config, self.process,
+                                            self.evaluation)
+    self.test_data = _eval_dataset(self.task, config.eval_split)
+    from tff_clip.runtime import client_data  # pylint: disable=g-import-not-at-top
+    self.client_datasets = client_data.ClientDatasets(
+        self.task, config.seed, config.local_steps)
+
+  def initial_state(self):
+    return self.process.set_model_weights(self.process.initialize(),
+                                          self.initial_weights)
+
+  def round_event(self, state, round_num):
+    """The DP event round `round_num` ran, its sampling included (DP runs).
+
+    The event the aggregator's state reports, as the round sampled its
+    cohort: Poisson or fixed-size sampling of the population, or one
+    participation per cycle of minimum separation.
+    """
+    from tff_clip.aggregation import dp  # pylint: disable=g-import-not-at-top
+    baseline = config_lib.baseline(self.config)
+    if baseline is not None and not baseline.reports_events:
+      # E.g. TFF's restarted tree (--noise_mechanism=tree): accounted as
+      # tff_clip's same mechanism.
+      event = self.config.noise.participation_event(self.noise_multiplier)
+    else:
+      event = dp.extract_dp_event(state.aggregator)
+    if self.config.sampling == MIN_SEPARATION:
+      # Rounds run from 1: cycle c is rounds c b + 1 .. c b + b, the
+      # aggregator's rounds (its tree restarts) c b .. c b + b - 1.
+      return accounting.min_separation_round_event(
+          event, round_num - 1, self.config.separation)
+    return accounting.round_event(event, self.config.clients_per_round,
+                                  self.population, self.config.sampling)
+
+  @property
+  def objective(self):
+    """`report(trainable weights)` of a synthetic problem's task, or None."""
+    problem = getattr(self.task, 'problem', None)
+    return None if problem is None else problem.report
+
+  def state_leaves(self, state) -> list:
+    """The state as the flat arrays a checkpoint holds."""
+    from tff_clip.runtime import tf_graphs  # pylint: disable=g-import-not-at-top
+    return [np.asarray(leaf) for leaf in
+            tf_graphs.flatten_value(state, _state_type(self.process), [])]
+
+  def state_from_leaves(self, leaves):
+    """The inverse of `state_leaves`."""
+    from tff_clip.runtime import tf_graphs  # pylint: disable=g-import-not-at-top
+    return tf_graphs.pack_value(_state_type(self.process), leaves)
+
+  @functools.cached_property
+  def model_layout(self) -> Optional[dict[str, int]]:
+    """Where the state's leaves hold the global model (`_model_layout`)."""
+    return _model_layout(self.process)
+
+  def audit_report(self, state):
+    """Empirical epsilon of the canaries (`tff_clip.privacy.audit`), or None."""
+    if self.auditor is None:
+      return None
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    from tff_clip.privacy import audit  # pylint: disable=g-import-not-at-top
+    # theta_0 - theta_T: TFF's updates are (initial - trained) weights.
+    movement = [np.asarray(initial) - np.asarray(final) for final, initial in
+                zip(self.process.get_model_weights(state).trainable,
+                    self.initial_weights.trainable)]
+    query = self.auditor.build_query(
+        tff.types.to_type([(x.dtype, x.shape) for x in movement]))
+    return audit.audit_report(query, state.aggregator, movement,
+                              self.config.delta, self.config.audit_confidence)
+
+  def evaluate(self, state):
+    """Loss and accuracy on the server-held test data."""
+    eval_state = self.evaluation.set_model_weights(
+        self.evaluation.initialize(), self.process.get_model_weights(state))
+    metrics = program_logic.flatten_metrics(
+        self.evaluation.next(eval_state, [self.test_data]).metrics)
+    return collections.OrderedDict(
+        eval_loss=metrics.get('client_work/eval/current_round_metrics/loss',
+                              math.nan),
+        eval_accuracy=metrics.get(
+            'client_work/eval/current_round_metrics/'
+            'sparse_categorical_accuracy',
+            metrics.get('client_work/eval/current_round_metrics/accuracy',
+                        math.nan)))
+
+
+# What a session is not built from: a later run in this process that differs
+# from an earlier one only in these reuses its session (`session`).
+_NOT_BUILT_FROM = ('root_output_dir', 'experiment_name', 'rounds', 'eval_every',
+                   'progress', 'checkpoint_every', 'checkpoint_interval_s',
+                   'release_uncovered_metrics')
+_SESSIONS_KEPT = 3
+_sessions = collections.OrderedDict()
+# Dropped before the interpreter tears its modules down: a traced function
+# freed after that prints a TypeError traceback from TensorFlow's finalizer.
+atexit.register(_sessions.clear)
+
+
+def session(config: TrainConfig, task_builder) -> Session:
+  """The session of `config`, built once per process where that is safe.
+
+  Runs in one process (tests, notebooks, sweeps) that differ only in where
+  they write and how long they run share the task, the traced process, the
+  in-process runner and the client tensors: nothing is traced twice. A run
+  calibrated by `target_epsilon` shares only with runs of as many rounds
+  (its noise multiplier depends on them). A session holds no run's state
+  (the state, with its noise key, is drawn by `initial_state` or restored
+  from the run's checkpoint). Runs on TFF's workers and audited runs always
+  build their own.
+  """
+  if config.executor != 'inprocess' or config.audit_canaries:
+    return Session(config, task_builder)
+  ignored = set(_NOT_BUILT_FROM)
+  if config.target_epsilon is not None:
+    ignored.discard('rounds')  # The noise is calibrated for the rounds.
+  defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+              if f.name in ignored}
+  key = (task_builder, dataclasses.replace(config, **defaults))
+  try:
+    built = _sessions.pop(key, None)
+  except TypeError:  # An unhashable field value: build afresh.
+    return Session(config, task_builder)
+  if built is None:
+    built = Session(config, task_builder)
+  _sessions[key] = built
+  while len(_sessions) > _SESSIONS_KEPT:
+    _sessions.popitem(last=False)
+  return built

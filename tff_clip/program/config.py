@@ -1,0 +1,574 @@
+"""What a training run is: `TrainConfig`, declared once, and its validation.
+
+Every field carries its flag's help text, so `scripts.train` generates its
+flags from this declaration (a new knob is added here, and only here). The
+DP fields are declared once, in `tff_clip.aggregation.spec.DPSpec` (their names,
+defaults and help, shared with `tff_clip.aggregation.dp.dp_factory`); `dp_spec` turns a
+configuration into that spec. Validation needs no TensorFlow: a bad flag is
+reported in well under two seconds, before anything is imported or written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import typing
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from tff_clip import checks
+from tff_clip import names
+from tff_clip.aggregation import mechanisms
+from tff_clip.aggregation import spec
+from tff_clip.aggregation.baselines import BASELINES, NO_BOUNDING, TFF_GAUSSIAN, TFF_TREE, Baseline, baseline  # pylint: disable=unused-import
+
+__all__ = [
+    'BOUNDINGS', 'CLIENT_OPTIMIZERS', 'EXECUTION_KEYS', 'EXECUTORS',
+    'ConfigError', 'SERVER_OPTIMIZERS', 'TrainConfig',
+    'default_experiment_name', 'fields', 'flag_error', 'validate',
+]
+
+# The --bounding values: tff_clip's registered boundings and the baselines
+# (`tff_clip.aggregation.baselines`: none and TFF's own aggregators).
+BOUNDINGS = ((NO_BOUNDING,) + mechanisms.BOUNDINGS.names +
+             (TFF_GAUSSIAN, TFF_TREE))
+CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
+SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
+EXECUTORS = ('inprocess', 'local', 'gpu', 'remote')
+DATA_SOURCES = ('offline', 'online', 'synthetic')
+EVAL_SPLITS = ('test', 'validation')
+
+# How a run is executed, not what it computes: these may change on resume.
+EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'workers',
+                  'worker_timeout_s', 'progress', 'root_output_dir',
+                  'checkpoint_interval_s')
+
+# Earlier names of fields, read from a recorded config.json on resume (one
+# name per knob: the library's `tff_clip.learning.algorithms` argument names).
+RENAMED_KEYS = {'local_clip': 'local_clip_norm', 'blur_lambda': 'blur_strength'}
+
+
+# The largest --seed: numpy's and Keras' seeds are 32-bit.
+SEED_MAX = 2**32 - 1
+
+
+class ConfigError(ValueError):
+  """A configuration that cannot run; raised before anything is written."""
+
+
+def _field(default, help_text: str, choices=None, flag=None):
+  """A field and its flag (named `flag`, default: the field's name)."""
+  return dataclasses.field(default=default, metadata=dict(
+      help=help_text, choices=choices, flag=flag))
+
+
+def _dp(name: str):
+  """The field of DP parameter `name`: its default, help and choices as
+  declared in `tff_clip.aggregation.spec.DPSpec` (arguments written as flags)."""
+  declared = spec.parameter(name)
+  return _field(declared.default,
+                re.sub(r'`(\w+)`', r'--\1', declared.metadata['help']),
+                declared.metadata['choices'])
+
+
+def _option_value(text: str):
+  """'1.5' -> 1.5, '3' -> 3, 'none' -> None, 'true' -> True, 'a,b' -> tuple."""
+  if ',' in text:
+    return tuple(_option_value(part) for part in text.split(','))
+  lowered = text.strip().lower()
+  if lowered == 'none':
+    return None
+  if lowered in ('true', 'false'):
+    return lowered == 'true'
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text.strip()
+
+
+def parse_task_options(values) -> tuple:
+  """`--task_option` values ['key=value', ...] -> ((key, value), ...)."""
+  options = []
+  for item in values:
+    key, sep, value = item.partition('=')
+    if not sep or not key.strip():
+      raise ConfigError(f'--task_option must be key=value; got {item!r}.')
+    options.append((key.strip(), _option_value(value)))
+  return tuple(options)
+
+
+def parse_lus_sparsity(text):
+  """'0.7' -> 0.7; '0.5,0.7,0.9' -> (0.5, 0.7, 0.9) (one per layer)."""
+  if text is None or str(text).strip().lower() in ('', 'none'):
+    return None
+  try:
+    values = tuple(float(v) for v in str(text).split(','))
+  except ValueError:
+    raise ConfigError('--lus_sparsity must be numbers in [0, 1) (one, or one '
+                      f'per layer, comma-separated); got {text!r}.') from None
+  return values[0] if len(values) == 1 else values
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Everything a run depends on; each field is a flag of `scripts.train`."""
+  # The task.
+  task: str = _field('digits', 'Task name.')
+  data_source: str = _field(
+      'offline', 'offline: no network (digits, tinyshakespeare, generated); '
+      'online: the real data set, downloaded once into --cache_dir; '
+      "synthetic: TFF's get_synthetic().", DATA_SOURCES)
+  task_options: tuple = _field(
+      (), 'A task option as key=value (repeat the flag for several), e.g. '
+      '--task_option=noise=student_t --task_option=tail_index=1.5 for '
+      'fat_tailed_quadratic, --task_option=offline_data=mnist (real 28x28 '
+      'MNIST) for the EMNIST tasks. Values: numbers, none, true/false, comma '
+      'lists, else strings. A task\'s options: tasks.task_options(name).',
+      flag='task_option')
+  num_clients: Optional[int] = _field(None, 'Training clients (task default).')
+  partition: Optional[str] = _field(
+      None, 'Partition for image tasks (iid, dirichlet, classes_per_client, '
+      'shards, small_large).')
+  partition_alpha: Optional[float] = _field(None, 'Dirichlet alpha (> 0).')
+  validation_fraction: Optional[float] = _field(
+      None, 'Hold out this share of the training examples (stratified, '
+      'before the split into clients) as validation data, in (0, 1).')
+  eval_split: str = _field(
+      'test', 'What centralized evaluation measures: test, or validation '
+      "(the task's validation data; see --validation_fraction).",
+      EVAL_SPLITS)
+  # Bounding (tff_clip.aggregation.bounding / aggregators / dp).
+  # Adaptive normalization: the most accurate at equal epsilon in
+  # `scripts.benchmark_utility` (README, "Accuracy at equal privacy").
+  bounding: str = _field('normalize', 'How each client update is bounded '
+                         'before aggregation.', BOUNDINGS)
+  # The DP parameters, declared in `tff_clip.aggregation.spec.DPSpec` (`dp_spec`).
+  clip_norm: Union[float, str] = _dp('clip_norm')
+  split: str = _dp('split')
+  initial_clip_norm: float = _dp('initial_clip_norm')
+  target_quantile: float = _dp('target_quantile')
+  clip_learning_rate: float = _dp('clip_learning_rate')
+  clipped_count_stddev: Optional[float] = _dp('clipped_count_stddev')
+  per_layer_quantiles: bool = _dp('per_layer_quantiles')
+  # Privacy.
+  noise_multiplier: Optional[float] = _field(
+      0.5, "Gaussian noise multiplier z ('none': no DP). Excludes "
+      '--target_epsilon.')
+  target_epsilon: Optional[float] = _field(
+      None, 'Calibrate z to reach this epsilon at --delta after --rounds.')
+  delta: float = _field(1e-5, 'DP delta.')
+  noise_placement: str = _dp('noise_placement')
+  denominator: str = _dp('denominator')
+  noise_seed: Optional[int] = _dp('noise_seed')
+  release_uncovered_metrics: bool = _field(
+      False, 'Under DP, also release what epsilon does not cover (cohort '
+      'size, client training metrics, synthetic objective, round seconds); '
+      'summary.json lists them under not_covered_by_epsilon.')
+  clients_per_round: int = _field(
+      20, 'Clients per round (expected, for Poisson sampling).')
+  sampling: str = _field('poisson', 'Client sampling; the ledger accounts the '
+                         'one used. min_separation: round t takes group t mod '
+                         'b of b seeded client groups (b = --min_separation), '
+                         'no amplification.', names.SAMPLINGS)
+  noise_mechanism: str = _dp('noise_mechanism')
+  bands: int = _dp('bands')
+  blt_buffers: int = _dp('blt_buffers')
+  min_separation: Optional[int] = _field(
+      None, 'Groups b of --sampling=min_separation: a client takes part at '
+      'most every b rounds (default: --bands).')
+  # Training.
+  rounds: int = _field(30, 'Training rounds.')
+  client_optimizer: str = _field('sgd', 'Client optimizer.', CLIENT_OPTIMIZERS)
+  client_learning_rate: float = _field(0.1, 'Client learning rate eta_L.')
+  server_optimizer: str = _field('sgd', 'Server optimizer.', SERVER_OPTIMIZERS)
+  server_learning_rate: float = _field(1.0, 'Server learning rate eta.')
+  server_momentum: float = _field(0.9, 'Momentum of --server_optimizer=sgdm.')
+  local_epochs: int = _field(1, 'Passes over the client data per round.')
+  local_steps: Optional[int] = _field(
+      None, 'If set, exactly this many local steps (batches).')
+  batch_size: int = _field(16, 'Client batch size.')
+  local_clip_norm: Optional[float] = _field(
+      None, 'Per-step gradient clip (FAT-Clipping PI / local clipping).')
+  blur_strength: Optional[float] = _field(None, 'BLUR regularisation strength.')
+  blur_clip_norm: Optional[float] = _field(
+      None, 'BLUR radius S (default: --clip_norm when numeric).')
+  lus_sparsity: Union[float, tuple, None] = _field(
+      None, 'LUS sparsity c in [0, 1): one value for every layer, or one per '
+      'trainable layer (comma list).')
+  eval_every: int = _field(5, 'Centralized evaluation every this many rounds.')
+  # Outputs and execution.
+  root_output_dir: str = _field('runs', 'Output root.')
+  experiment_name: str = _field(
+      '', 'Run name, the directory under --root_output_dir (default: '
+      'task_bounding[_dp]_seedN, then _ and 8 hex digits of a hash of the '
+      'other flags that differ from their defaults, so that different '
+      'commands never share a directory and the same command resumes).')
+  seed: int = _field(0, 'Seed of sampling, data order and initialization '
+                     '(not of the DP noise: see --noise_seed).')
+  executor: str = _field(
+      'inprocess', "inprocess: TFF's MapReduceForm run in this process "
+      "(tff_clip.runtime.simulation; fastest on one machine); local: TFF's C++ "
+      'runtime; gpu: the same, refusing to run without a visible GPU; '
+      'remote: TFF workers (--workers).', EXECUTORS)
+  max_concurrent_clients: Optional[int] = _field(
+      None, 'Clients trained at once: the in-process executor\'s threads '
+      '(default: one per CPU core, at most 4), the local worker\'s limit '
+      '(default: none).')
+  workers: tuple = _field((), 'Remote executor: host:port of each TFF '
+                          'worker_binary, comma-separated.')
+  worker_timeout_s: float = _field(
+      30.0, 'Seconds to wait for a reachable remote worker to be ready.')
+  checkpoint_every: int = _field(
+      1, 'Checkpoint every this many rounds (a DP run: every round).')
+  checkpoint_interval_s: float = _field(
+      0.0, "Skip a round's checkpoint while the last one is younger than "
+      'this (0: every --checkpoint_every rounds). A killed run then re-runs '
+      'up to that many seconds. '
+      'Runs without DP only.')
+  cache_dir: Optional[str] = _field(None, 'Online data cache directory.')
+  progress: bool = _field(True, 'Show a progress bar (off: one line per '
+                           'round, for logs).')
+  # Empirical privacy audit (`tff_clip.privacy.audit`, docs/audit.md).
+  audit_canaries: int = _field(
+      0, 'Empirical privacy audit: about this many canary clients (0: none, '
+      'nothing changes). See docs/audit.md.')
+  audit_confidence: float = _field(
+      0.95, "Confidence of the audit's epsilon lower bound.")
+
+  def __post_init__(self):
+    if not self.experiment_name:
+      object.__setattr__(self, 'experiment_name',
+                         default_experiment_name(self))
+
+  @property
+  def output_dir(self) -> str:
+    return os.path.join(self.root_output_dir, self.experiment_name)
+
+  @property
+  def separation(self) -> int:
+    """The participation separation of --sampling=min_separation."""
+    return self.bands if self.min_separation is None else self.min_separation
+
+  @property
+  def private(self) -> bool:
+    return self.noise_multiplier is not None or self.target_epsilon is not None
+
+  @property
+  def participation_separation(self) -> Optional[int]:
+    """The minimum separation of participation: None unless
+    --sampling=min_separation."""
+    return (self.separation if self.sampling == names.MIN_SEPARATION else
+            None)
+
+  def _dp_parameters(self) -> dict[str, Any]:
+    """The fields that are DP parameters (`spec.PARAMETERS`), by name."""
+    return {name: getattr(self, name) for name in spec.PARAMETERS
+            if name in self.__dataclass_fields__}
+
+  @property
+  def noise(self):
+    """The noise mechanism of the flags (`tff_clip.aggregation.noise_mechanisms`)."""
+    return mechanisms.noise_mechanism_from(self._dp_parameters(),
+                                           self.participation_separation)
+
+  def dp_spec(self, noise_multiplier: float,
+              bounding_method: Optional[str] = None) -> spec.DPSpec:
+    """The DP aggregation these flags describe, checked (`spec.DPSpec`).
+
+    `bounding_method`: in place of --bounding (a baseline's stand-in). The
+    participation schema is the run's: --rounds, and the separation of
+    --sampling=min_separation.
+    """
+    declared = self._dp_parameters()
+    declared.update(bounding_method=bounding_method or self.bounding,
+                    noise_multiplier=noise_multiplier,
+                    clients_per_round=self.clients_per_round,
+                    min_separation=self.participation_separation)
+    return spec.DPSpec(**declared)
+
+  def to_json(self) -> dict[str, Any]:
+    out = dataclasses.asdict(self)
+    out['workers'] = list(self.workers)
+    out['task_options'] = {key: (list(value) if isinstance(value, tuple)
+                                 else value)
+                           for key, value in self.task_options}
+    if isinstance(self.lus_sparsity, tuple):
+      out['lus_sparsity'] = list(self.lus_sparsity)
+    return out
+
+  def identity(self) -> dict[str, Any]:
+    """What must match for a rerun to resume (not how it is executed)."""
+    out = self.to_json()
+    for key in EXECUTION_KEYS:
+      out.pop(key)
+    return out
+
+
+# What the default run name spells out (`default_experiment_name`); `_dp`
+# says whether `noise_multiplier` is None.
+_NAMED = ('task', 'bounding', 'seed', 'experiment_name')
+
+
+def _canonical(value):
+  """`value` as hashed: numbers as floats (`--clip_norm=1` is 1.0), lists."""
+  if isinstance(value, (tuple, list)):
+    return [_canonical(v) for v in value]
+  if isinstance(value, (int, float)) and not isinstance(value, bool):
+    return float(value)
+  return value
+
+
+def default_experiment_name(config: TrainConfig) -> str:
+  """`task_bounding[_dp]_seedN[_HASH]`, the run's directory name.
+
+  HASH (8 hex digits of SHA-256) covers every field that differs from its
+  default and is not in the name or one of `EXECUTION_KEYS` (how a run is
+  executed may change on resume): the command with no flags is
+  `digits_normalize_dp_seed0`, two commands that differ in what they
+  compute get different directories, and the same command (or the same
+  flags in another order, or a default given explicitly) finds its run again.
+  """
+  changed = {
+      field.name: _canonical(getattr(config, field.name))
+      for field in dataclasses.fields(config)
+      if field.name not in _NAMED + EXECUTION_KEYS
+      and getattr(config, field.name) != field.default}
+  if changed.get('noise_multiplier', 0) is None:
+    del changed['noise_multiplier']  # No `_dp`, or --target_epsilon.
+  name = (f'{config.task}_{config.bounding}{"_dp" if config.private else ""}'
+          f'_seed{config.seed}')
+  if not changed:
+    return name
+  text = json.dumps(changed, sort_keys=True, default=str)
+  return f'{name}_{hashlib.sha256(text.encode()).hexdigest()[:8]}'
+
+
+def fields() -> list[tuple[dataclasses.Field, Any]]:
+  """(field, resolved type) for every `TrainConfig` field, in order."""
+  hints = typing.get_type_hints(TrainConfig)
+  return [(f, hints[f.name]) for f in dataclasses.fields(TrainConfig)]
+
+
+# ----------------------------------------------------------------------------
+# Validation.
+
+
+# The largest value of an int flag: counts enter TensorFlow as int32.
+_INT32_MAX = 2**31 - 1
+
+
+def _check(rule, value, name, *args, optional=False, **kwargs):
+  """Flag `name` checked by the `tff_clip.checks` `rule` (None passes when
+  `optional`): the library's one rule, its error a `ConfigError`."""
+  if value is None and optional:
+    return
+  try:
+    rule(value, name, *args, **kwargs)
+  except (TypeError, ValueError) as e:
+    raise flag_error(e) from None
+
+
+def _positive(value, name, optional=False, dtype=np.float32):
+  _check(checks.positive_float, value, name, dtype, optional=optional)
+
+
+def _count(value, name, optional=False):
+  _check(checks.integer, value, name, minimum=1, maximum=_INT32_MAX,
+         optional=optional)
+
+
+def one_of(value, name, choices):
+  _check(checks.one_of, value, name, choices)
+
+
+def _check_choices(config):
+  for field, _ in fields():
+    choices = field.metadata.get('choices')
+    if choices:
+      one_of(getattr(config, field.name), field.name, choices)
+
+
+# The library's argument names whose flags are named otherwise.
+_FLAG_NAMES = {'separation': 'min_separation'}
+
+
+def flag_error(error: Exception) -> ConfigError:
+  """The library's error, with `name` (an argument) written as --name."""
+  return ConfigError(re.sub(
+      r'`(\w+)`', lambda match: '--' + _FLAG_NAMES.get(match.group(1),
+                                                       match.group(1)),
+      str(error)))
+
+
+def _check_mechanism(config):
+  """The bounding and DP knobs: the library's own spec checks them."""
+  if config.noise_multiplier is not None and config.target_epsilon is not None:
+    raise ConfigError(
+        f'--noise_multiplier={config.noise_multiplier} and --target_epsilon='
+        f'{config.target_epsilon} both set the noise: give one of them '
+        '(--target_epsilon calibrates the noise multiplier).')
+  if checks.is_real(config.noise_multiplier) and config.noise_multiplier == 0:
+    raise ConfigError(
+        '--noise_multiplier=0 adds no noise: a DP run needs z > 0 (its '
+        'epsilon would be infinite). For a run without DP say '
+        '--noise_multiplier=none.')
+  # A baseline --bounding's other knobs are checked as a tff_clip bounding
+  # would check them: the first registered one stands in.
+  stand_in = (None if config.bounding in mechanisms.BOUNDINGS else
+              mechanisms.BOUNDINGS.names[0])
+  try:
+    # Calibrated later from --target_epsilon; 0 stands in until then.
+    config.dp_spec(0.0 if config.noise_multiplier is None else
+                   config.noise_multiplier, stand_in)
+  except (TypeError, ValueError) as e:
+    raise flag_error(e) from None
+
+
+def _check_privacy(config):
+  _positive(config.target_epsilon, 'target_epsilon', optional=True,
+            dtype=np.float64)
+  baseline = BASELINES.get(config.bounding)
+  if baseline is not None:
+    _check(baseline.check, config, config.bounding)
+  if config.denominator == 'actual' and config.sampling != names.FIXED_SIZE:
+    raise ConfigError('--denominator=actual releases the cohort size: it is '
+                      'private under --sampling=poisson; use '
+                      '--sampling=fixed_size or --denominator=expected.')
+  _check(checks.probability, config.delta, 'delta')
+
+
+def _check_training(config):
+  # numpy's seeds (Keras' set_random_seed) are 32-bit.
+  _check(checks.integer, config.seed, 'seed', minimum=0, maximum=SEED_MAX)
+  _count(config.clients_per_round, 'clients_per_round')
+  _count(config.rounds, 'rounds')
+  _positive(config.client_learning_rate, 'client_learning_rate')
+  _positive(config.server_learning_rate, 'server_learning_rate')
+  _check(checks.probability, config.server_momentum, 'server_momentum',
+         low_open=False)
+  _count(config.local_epochs, 'local_epochs')
+  _count(config.local_steps, 'local_steps', optional=True)
+  _count(config.batch_size, 'batch_size')
+  _count(config.num_clients, 'num_clients', optional=True)
+  _positive(config.partition_alpha, 'partition_alpha', optional=True)
+  _check(checks.probability, config.validation_fraction,
+         'validation_fraction', optional=True)
+  blur_clip_norm = config.blur_clip_norm
+  if (blur_clip_norm is None and config.blur_strength is not None and
+      not isinstance(config.clip_norm, str)):
+    blur_clip_norm = config.clip_norm  # S defaults to a fixed --clip_norm.
+  try:
+    spec.check_client_arguments(
+        blur_strength=config.blur_strength, blur_clip_norm=blur_clip_norm,
+        lus_sparsity=config.lus_sparsity,
+        local_clip_norm=config.local_clip_norm,
+        client_learning_rate=config.client_learning_rate)
+  except (TypeError, ValueError) as e:
+    raise flag_error(e) from None
+  _count(config.eval_every, 'eval_every')
+  _count(config.checkpoint_every, 'checkpoint_every')
+  _check(checks.nonnegative_float, config.checkpoint_interval_s,
+         'checkpoint_interval_s', np.float64)
+  # A DP run checkpoints every round before releasing it: a released round
+  # that a resumed run computed again would be released twice under the
+  # same noise (a function of the key and the round), and with a random
+  # client step (dropout) the two releases differ by a noise-free amount.
+  if config.private and config.checkpoint_every != 1:
+    raise ConfigError('--checkpoint_every must be 1 for a DP run (each round '
+                      'is checkpointed before it is released); got '
+                      f'{config.checkpoint_every}.')
+  if config.private and config.checkpoint_interval_s != 0:
+    raise ConfigError('--checkpoint_interval_s must be 0 for a DP run (each '
+                      'round is checkpointed before it is released); got '
+                      f'{config.checkpoint_interval_s!r}.')
+
+
+def _check_execution(config):
+  _count(config.max_concurrent_clients, 'max_concurrent_clients',
+         optional=True)
+  _positive(config.worker_timeout_s, 'worker_timeout_s')
+  if config.executor == 'remote' and not config.workers:
+    raise ConfigError('--executor=remote needs --workers=host:port,...')
+  for worker in config.workers:
+    host, _, port = str(worker).rpartition(':')
+    if not host or not port.isdigit():
+      raise ConfigError(f'--workers entries must be host:port; got {worker!r}.')
+  if (not isinstance(config.experiment_name, str) or
+      not config.experiment_name or os.sep in config.experiment_name or
+      config.experiment_name in ('.', '..')):
+    raise ConfigError('--experiment_name must be a non-empty name without '
+                      f'{os.sep!r}; got {config.experiment_name!r}.')
+  _check_path('experiment_name', config.experiment_name)
+  if not isinstance(config.root_output_dir, str) or not (
+      config.root_output_dir.strip()):
+    raise ConfigError('--root_output_dir must name a directory (e.g. runs); '
+                      f'got {config.root_output_dir!r}.')
+  _check_path('root_output_dir', config.root_output_dir)
+
+
+# A file name's most bytes on Linux file systems (NAME_MAX), and a path's.
+_NAME_MAX = 255
+_PATH_MAX = 4095
+
+
+def _check_path(name: str, path: str) -> None:
+  """A path the run directory can have: printable, within the OS limits."""
+  control = [c for c in path if ord(c) < 32 or 127 <= ord(c) < 160]
+  if control:
+    raise ConfigError(f'--{name} must be printable; it holds the control '
+                      f'character {control[0]!r}.')
+  try:
+    encoded = path.encode()
+  except UnicodeEncodeError:
+    raise ConfigError(f'--{name} is not valid text: {path!r}.') from None
+  longest = max(len(part.encode()) for part in path.split(os.sep))
+  if longest > _NAME_MAX or len(encoded) > _PATH_MAX:
+    raise ConfigError(
+        f'--{name} is too long for a file system: a name may have at most '
+        f'{_NAME_MAX} bytes and a path {_PATH_MAX}; got a name of {longest} '
+        f'bytes in a path of {len(encoded)}.')
+
+
+def _check_audit(config):
+  _check(checks.integer, config.audit_canaries, 'audit_canaries',
+         maximum=_INT32_MAX)
+  if config.audit_canaries and (not config.private or
+                                config.bounding in BASELINES):
+    raise ConfigError('--audit_canaries audits a tff_clip DP run: set '
+                      '--noise_multiplier or --target_epsilon and a tff_clip '
+                      '--bounding.')
+  _check(checks.probability, config.audit_confidence, 'audit_confidence')
+
+
+def _check_correlated(config):
+  _count(config.min_separation, 'min_separation', optional=True)
+  # The mechanism's own checks (placement and `bands` against the
+  # separation were checked with the spec, `_check_mechanism`).
+  noise = config.noise
+  if not config.private:
+    if noise.correlated:
+      raise ConfigError(
+          f'--noise_mechanism={noise.name} correlates DP noise across rounds: '
+          'it needs --noise_multiplier or --target_epsilon.')
+    return
+  try:
+    noise.check_participation()
+  except ValueError as e:
+    raise flag_error(e) from None
+
+
+def validate(config: TrainConfig) -> None:
+  """Raises `ConfigError` naming the flag for a configuration that cannot run."""
+  _check_choices(config)
+  _check_audit(config)
+  _check_mechanism(config)
+  _check_privacy(config)
+  _check_correlated(config)
+  _check_training(config)
+  _check_execution(config)

@@ -1,0 +1,73 @@
+"""Plots of a run's metrics: accuracy, loss, clip norm and epsilon per round."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+
+from tff_clip.program import run_records
+
+__all__ = ['plot_metrics', 'read_metrics']
+
+PANELS = (
+    ('eval_accuracy', 'eval accuracy'),
+    # A DP run withholds client training loss by default: eval loss then.
+    (('train_loss', 'eval_loss'), 'loss'),
+    ('clip_norm', 'clip norm'),
+    ('epsilon', 'epsilon'),
+)
+
+
+def read_metrics(csv_path: str) -> dict[str, list[float]]:
+  """Columns of a metrics CSV as floats (empty cells are NaN)."""
+  with open(csv_path, newline='') as f:
+    rows = list(csv.DictReader(f))
+  columns = {}
+  for row in rows:
+    for key, value in row.items():
+      try:
+        number = float(value) if value not in ('', None) else math.nan
+      except ValueError:
+        number = math.nan
+      columns.setdefault(key, []).append(number)
+  return columns
+
+
+def plot_metrics(csv_path: str, png_path: str, title: str = '') -> str:
+  """Writes a 2x2 PNG of the `PANELS` against round; returns its path.
+
+  Raises `run_records.RunRecordError` (one line) when it cannot be written.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  columns = read_metrics(csv_path)
+  rounds = columns.get('round', [])
+  fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+  for ax, (keys, label) in zip(axes.flat, PANELS):
+    keys = (keys,) if isinstance(keys, str) else keys
+    key = next((k for k in keys if k in columns), keys[0])
+    if len(keys) > 1:
+      label = key.replace('_', ' ')
+    points = [(r, v) for r, v in zip(rounds, columns.get(key, []))
+              if math.isfinite(v)]
+    if points:
+      xs, ys = zip(*points)
+      ax.plot(xs, ys, marker='o' if len(xs) < 30 else None, markersize=3)
+    else:
+      ax.text(0.5, 0.5, 'not recorded' if key != 'epsilon' else
+              'no DP: epsilon = inf', ha='center', va='center',
+              transform=ax.transAxes)
+    ax.set_xlabel('round')
+    ax.set_ylabel(label)
+    ax.grid(True, alpha=0.3)
+  fig.suptitle(title)
+  fig.tight_layout()
+  # Drawn in memory, then written whole or not at all (a full disk leaves
+  # no truncated plot.png, and `run_records.RunRecordError` says so).
+  image = io.BytesIO()
+  fig.savefig(image, format='png', dpi=100)
+  plt.close(fig)
+  run_records.atomic_write(png_path, image.getvalue())
+  return png_path

@@ -1,0 +1,226 @@
+"""The round loop: train, account, checkpoint, release, round after round.
+
+The program logic of TFF's federated programs (TFF's
+`examples/program/program_logic.py`): `train_model` is handed the parts a
+configuration assembled (`tff_clip.program.assembly`) -- the learning process, the
+cohort sampler and the clients' data, the evaluation, the run's state
+manager and its release managers -- and reads no configuration. What a
+round does depends on (seed, round number) and the state it is handed.
+
+Every round's row goes, filtered by the run's `released` filter (under DP:
+only what epsilon covers, `RELEASED`), first to the run's record (the state
+manager's `record`: `releases.jsonl` with the round's DP event, which a
+rerun trusts), then to each release manager, each wrapped in the same
+filter (`tff.program.FilteringReleaseManager`). A new release destination
+is one `tff.program.ReleaseManager` added to that list.
+
+A DP round is checkpointed, with its row, before it is released: no
+released round is ever computed again (that would release a second
+aggregate under the same noise), and a round killed between the two is
+released from its checkpoint on resume (`restored`'s pending round).
+Without DP a round is released first and checkpointed when due: a kill in
+between runs the rounds after the checkpoint again.
+
+Importing this module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+__all__ = ['Accounting', 'NOT_COVERED', 'RELEASED', 'Schedule',
+           'flatten_metrics', 'released_metric', 'train_model']
+
+# Per-round columns a DP run releases: covered by epsilon (or public).
+RELEASED = ('round', 'epsilon', 'clip_norm', 'eval_loss', 'eval_accuracy')
+# Data-dependent columns epsilon does not cover: the realised cohort size
+# (Poisson), client-side training metrics, a synthetic task's objective
+# (computed on the clients' data) and round timings (which grow with the
+# cohort). Released under DP only with `release_uncovered_metrics`.
+NOT_COVERED = ('clients', 'train_loss', 'train_accuracy', 'objective',
+               'seconds')
+
+# Where the learning process reports the round's clip norm: tff_clip's DP
+# query, TFF's DP query, tff_clip's bounding without noise.
+_CLIP_NORM_METRICS = ('aggregator/dp_query_metrics/clip_norm',
+                      'aggregator/dp_query_metrics/clip',
+                      'aggregator/clip_norm')
+
+
+def released_metric(private: bool, release_uncovered_metrics: bool = False):
+  """The release filter: under DP, only what epsilon covers (by default).
+
+  A `filter_fn` of `tff.program.FilteringReleaseManager` (True: release the
+  metric at `path`); the record and every release manager of a run are
+  filtered by it.
+  """
+  if not private or release_uncovered_metrics:
+    return lambda path: True
+  return lambda path: path[-1] not in NOT_COVERED
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """How many rounds, and when to evaluate and (without DP) checkpoint.
+
+  A DP run checkpoints every round (before releasing it); a run without DP
+  after every `checkpoint_every`-th round once `checkpoint_interval_s`
+  passed since the last, and after the last round.
+  """
+  rounds: int
+  eval_every: int = 1
+  checkpoint_every: int = 1
+  checkpoint_interval_s: float = 0.0
+
+
+@dataclasses.dataclass
+class Accounting:
+  """What a DP run accounts: each round's event, into `ledger`.
+
+  `round_event(state, round_num)` is the DP event the round ran (its
+  sampling included); each released row carries the ledger's epsilon at
+  `delta` (RDP, as `ledger.json` lists it).
+  """
+  round_event: Callable[[Any, int], Any]
+  ledger: Any  # privacy_ledger.PrivacyLedger
+  delta: float
+
+
+def flatten_metrics(value, prefix: str = '', out=None) -> dict[str, float]:
+  """{'a/b/c': float}: the scalar leaves of nested metrics."""
+  out = {} if out is None else out
+  if isinstance(value, (dict, collections.OrderedDict)):
+    for key, item in value.items():
+      flatten_metrics(item, f'{prefix}/{key}' if prefix else str(key), out)
+  elif isinstance(value, (list, tuple)) and not hasattr(value, '_fields'):
+    for i, item in enumerate(value):
+      flatten_metrics(item, f'{prefix}/{i}', out)
+  else:
+    array = np.asarray(value)
+    if array.size == 1 and array.dtype.kind in 'fiub':
+      out[prefix] = float(array)
+  return out
+
+
+def _train_row(round_num, cohort, metrics, accounting):
+  row = collections.OrderedDict(round=round_num, clients=len(cohort))
+  row['train_loss'] = metrics.get('client_work/train/loss', math.nan)
+  row['train_accuracy'] = metrics.get(
+      'client_work/train/sparse_categorical_accuracy',
+      metrics.get('client_work/train/accuracy', math.nan))
+  row['clip_norm'] = next((metrics[k] for k in _CLIP_NORM_METRICS
+                           if k in metrics), math.nan)
+  row['epsilon'] = (math.inf if accounting is None else
+                    accounting.ledger.guarantee(accounting.delta).epsilon)
+  return row
+
+
+class _Releases:
+  """Releases a round: to the record, then to each filtered manager."""
+
+  def __init__(self, state_manager, release_managers, released):
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    self._state_manager = state_manager
+    self._released = released
+    self._managers = [tff.program.FilteringReleaseManager(manager, released)
+                      for manager in release_managers]
+
+  def filtered(self, row):
+    return {k: v for k, v in row.items() if self._released((k,))}
+
+  def release(self, round_num, row, event):
+    self._state_manager.record(round_num, self.filtered(row), event)
+
+    async def release_all():
+      for manager in self._managers:
+        await manager.release(row, key=round_num)
+
+    asyncio.run(release_all())
+
+
+def train_model(*, process, sampler, client_data, evaluate: Callable,
+                state_manager, release_managers: Sequence[Any],
+                schedule: Schedule, restored,
+                accounting: Optional[Accounting] = None,
+                objective: Optional[Callable] = None,
+                released: Callable = released_metric(False),
+                progress=None, last_eval=None):
+  """Trains rounds up to `schedule.rounds` from `restored`; the final state.
+
+  Args:
+    process: runs a round: `next(state, client_datasets)` with `.state` and
+      `.metrics`, and `get_model_weights(state)` (a runner of
+      `tff_clip.program.assembly.runners`, or a TFF learning process).
+    sampler: `sample(round_num)`, the round's cohort of client ids.
+    client_data: `datasets(cohort, round_num)`, the cohort's datasets.
+    evaluate: `evaluate(state)`, an ordered dict (eval_loss, eval_accuracy).
+    state_manager: the run's program state (`run_directory.RunState`):
+      `checkpoint(round_num, state, pending=None)` and
+      `record(round_num, row, event)`.
+    release_managers: `tff.program.ReleaseManager`s, each handed every
+      released row with the round number as key, filtered by `released`.
+    schedule: the rounds, evaluation and (without DP) checkpoint schedule.
+    restored: (state, first round to train, pending (round, row, event) or
+      None), as `state_manager.restore` returns them.
+    accounting: a DP run's ledger (None without DP).
+    objective: `objective(trainable weights)`, a synthetic problem's
+      measure of progress released as the row's 'objective', or None.
+    released: the run's release filter (`released_metric`).
+    progress: `update(round_num, row, last_eval)` after each round.
+    last_eval: the last released evaluation (of a resumed run).
+  """
+  releases = _Releases(state_manager, release_managers, released)
+  state, start_round, pending = restored
+  if pending is not None:
+    # Killed between the checkpoint and the release: release the saved row
+    # (the round is never computed again).
+    round_num, row, event = pending
+    accounting.ledger.record(round_num, event)
+    releases.release(round_num, row, event)
+  last_eval = last_eval or collections.OrderedDict(eval_loss=math.nan,
+                                                   eval_accuracy=math.nan)
+  last_checkpoint = -math.inf
+  for round_num in range(start_round, schedule.rounds + 1):
+    started = time.perf_counter()
+    cohort = sampler.sample(round_num)
+    # An empty Poisson cohort still runs: the aggregator adds its noise to
+    # an empty sum, so the released model does not reveal that it was empty.
+    output = process.next(state, client_data.datasets(cohort, round_num))
+    state = output.state
+    event = None
+    if accounting is not None:  # The event the aggregator actually ran.
+      event = accounting.round_event(state, round_num)
+      accounting.ledger.record(round_num, event)
+    row = _train_row(round_num, cohort, flatten_metrics(output.metrics),
+                     accounting)
+    if objective is not None:
+      row['objective'] = float(objective(
+          process.get_model_weights(state).trainable))
+    row['seconds'] = time.perf_counter() - started
+    row.update(eval_loss=math.nan, eval_accuracy=math.nan)
+    if round_num % schedule.eval_every == 0 or round_num == schedule.rounds:
+      last_eval = evaluate(state)
+      row.update(last_eval)
+    if accounting is not None:
+      # Checkpoint (with the row, as its release will show it), then
+      # release.
+      state_manager.checkpoint(round_num, state,
+                               pending=(releases.filtered(row), event))
+      releases.release(round_num, row, event)
+    else:
+      releases.release(round_num, row, event)
+      if (round_num % schedule.checkpoint_every == 0 and
+          time.monotonic() - last_checkpoint >= schedule.checkpoint_interval_s
+         ) or round_num == schedule.rounds:
+        last_checkpoint = time.monotonic()
+        state_manager.checkpoint(round_num, state)
+    if progress is not None:
+      progress.update(round_num, row, last_eval)
+  return state

@@ -1,0 +1,208 @@
+"""What a run directory's files prove was released, and spent.
+
+A DP run whose log of released rounds (`releases.jsonl`) was deleted,
+emptied or cut short must never train those rounds again. Every other file
+a run writes after releasing a round is evidence that it did: a checkpoint
+of round r (written before r's release), the rows of `metrics.csv`,
+TensorBoard's steps, `summary.json`, `ledger.json` and `plot.png`.
+`release_evidence` reads them all, however damaged, and gives the most they
+prove (`tff_clip.program.run_directory.check_released` refuses on it). TensorBoard's
+files are read with its protocol buffers alone: no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import struct
+from typing import Any, Mapping, Optional
+
+from tff_clip.program import run_records
+
+__all__ = ['ReleaseEvidence', 'release_evidence']
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseEvidence:
+  """The most any surviving file proves a run released.
+
+  Attributes:
+    rounds: the highest round number that some file proves was released
+      (0: nothing proves a release).
+    proof: the file that proves it ('' when `rounds` is 0).
+    epsilon: the largest epsilon any file recorded as spent (None: none did).
+    event: a round's DP event as a checkpoint or the ledger recorded it
+      (`privacy_ledger.event_to_dict`), for rounds no log line describes.
+  """
+  rounds: int = 0
+  proof: str = ''
+  epsilon: Optional[float] = None
+  event: Optional[Mapping[str, Any]] = None
+
+
+def _number(value) -> Optional[float]:
+  try:
+    value = float(value)
+  except (TypeError, ValueError):
+    return None
+  return value if math.isfinite(value) else None
+
+
+def _csv_evidence(path):
+  """(last round, largest epsilon) of a metrics.csv, however damaged."""
+  rounds, epsilon = 0, None
+  try:
+    with open(path, newline='', errors='replace') as f:
+      for row in csv.DictReader(f):
+        r = _number(row.get('round'))
+        if r is not None and r == int(r):
+          rounds = max(rounds, int(r))
+        e = _number(row.get('epsilon'))
+        if e is not None:
+          epsilon = e if epsilon is None else max(epsilon, e)
+  except (OSError, csv.Error, ValueError):
+    pass
+  return rounds, epsilon
+
+
+def _json_or_none(path):
+  try:
+    with open(path, 'rb') as f:
+      return json.loads(f.read())
+  except (OSError, ValueError):
+    return None
+
+
+def _tfrecords(path):
+  """The records of a TFRecord file (TensorBoard's events), torn tail skipped.
+
+  The framing: uint64 length, uint32 CRC of it, the data, uint32 CRC.
+  """
+  try:
+    with open(path, 'rb') as f:
+      data = f.read()
+  except OSError:
+    return
+  offset = 0
+  while offset + 12 <= len(data):
+    (length,) = struct.unpack_from('<Q', data, offset)
+    start = offset + 12
+    if start + length + 4 > len(data):
+      return
+    yield data[start:start + length]
+    offset = start + length + 4
+
+
+def _tensorboard_evidence(directory):
+  """(last step, largest 'epsilon' scalar) of TensorBoard event files."""
+  # TensorBoard's protocol buffers only: no TensorFlow.
+  from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+  rounds, epsilon = 0, None
+  for root, _, files in os.walk(directory):
+    for name in files:
+      if 'tfevents' not in name:
+        continue
+      for record in _tfrecords(os.path.join(root, name)):
+        try:
+          event = event_pb2.Event.FromString(record)
+        except Exception:  # pylint: disable=broad-except
+          continue
+        if not event.summary.value:
+          continue
+        rounds = max(rounds, int(event.step))
+        for value in event.summary.value:
+          if value.tag.split('/')[-1] != 'epsilon':
+            continue
+          if value.HasField('tensor'):
+            try:
+              found = _number(tensor_util.make_ndarray(value.tensor).item())
+            except Exception:  # pylint: disable=broad-except
+              found = None
+          else:
+            found = _number(value.simple_value)
+          if found is not None:
+            epsilon = found if epsilon is None else max(epsilon, found)
+  return rounds, epsilon
+
+
+def release_evidence(run_dir: str) -> ReleaseEvidence:
+  """What the files of a DP run directory prove was released (read only).
+
+  Every file a run writes after releasing a round is evidence that it did:
+  a checkpoint of round r (written before r's release, so r - 1 were
+  released; its name suffices, even when it is damaged), the rows of
+  `metrics.csv`, TensorBoard's steps, `summary.json`'s rounds, the rounds
+  of `ledger.json` and, for at least one round, `plot.png`. The epsilon is
+  the largest any of them records (`metrics.csv`'s and TensorBoard's
+  per-round epsilon, `summary.json`, `ledger.json`). `releases.jsonl`
+  itself is not read here (the caller holds it).
+  """
+  found = [(0, '', None)]  # (rounds, file, epsilon)
+  event = None
+  checkpoints = run_records.Checkpoints(os.path.join(run_dir, 'checkpoints'))
+  versions = checkpoints.versions()
+  if versions:
+    found.append((versions[-1] - 1, checkpoints.path(versions[-1]), None))
+    for version in reversed(versions):
+      try:
+        _, header = checkpoints.load(version)
+      except run_records.RunRecordError:
+        continue
+      pending = header.get('pending')
+      if isinstance(pending, Mapping) and pending.get('event'):
+        event = pending['event']
+        break
+  path = os.path.join(run_dir, 'metrics.csv')
+  if os.path.isfile(path):
+    rounds, epsilon = _csv_evidence(path)
+    found.append((rounds, path, epsilon))
+  path = os.path.join(run_dir, 'summary.json')
+  summary = _json_or_none(path)
+  if isinstance(summary, Mapping):
+    rounds = summary.get('rounds')
+    if isinstance(rounds, str):
+      rounds = rounds.split(' ')[0]
+    rounds = _number(rounds)
+    found.append((int(rounds) if rounds else 0, path,
+                  _number(summary.get('epsilon'))))
+  elif os.path.lexists(path):
+    found.append((1, path, None))
+  path = os.path.join(run_dir, 'ledger.json')
+  ledger = _json_or_none(path)
+  if isinstance(ledger, Mapping):
+    history = ledger.get('epsilon_per_round') or []
+    rounds, epsilon = 0, None
+    for entry in history if isinstance(history, list) else []:
+      if isinstance(entry, list) and len(entry) == 2:
+        r, e = _number(entry[0]), _number(entry[1])
+        rounds = max(rounds, int(r)) if r is not None else rounds
+        if e is not None:
+          epsilon = e if epsilon is None else max(epsilon, e)
+    groups = (ledger.get('ledger') or {}).get('groups') or []
+    for group in groups if isinstance(groups, list) else []:
+      if isinstance(group, Mapping):
+        numbers = [n for n in group.get('round_nums') or []
+                   if isinstance(n, int)]
+        rounds = max([rounds, *numbers])
+        if event is None and group.get('event', {}).get('type') not in (
+            None, 'NoOpDpEvent'):
+          event = group['event']
+    found.append((max(rounds, 1), path, epsilon))
+  elif os.path.lexists(path):
+    found.append((1, path, None))
+  path = os.path.join(run_dir, 'plot.png')
+  if os.path.lexists(path):
+    found.append((1, path, None))
+  path = os.path.join(run_dir, 'tensorboard')
+  if os.path.isdir(path):
+    rounds, epsilon = _tensorboard_evidence(path)
+    found.append((rounds, path, epsilon))
+  rounds, proof, _ = max(found, key=lambda f: f[0])
+  epsilons = [e for _, _, e in found if e is not None]
+  return ReleaseEvidence(rounds=rounds, proof=proof if rounds else '',
+                         epsilon=max(epsilons) if epsilons else None,
+                         event=event)

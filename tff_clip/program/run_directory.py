@@ -1,0 +1,420 @@
+"""The run directory's lifecycle: is there a run, may it go on, what it spent.
+
+A run directory (`root_output_dir/experiment_name/`, docs/run_directory.md)
+is a record, never silently changed. Before anything is built or written,
+`existing_run` says whether `config` starts, resumes or is finished there
+(refusing another configuration or a foreign directory),
+`check_writable` whether this process can create it, and `check_released`
+whether a DP run's surviving files prove releases that its log
+(`releases.jsonl`) lost, which must never be trained again. A finished
+run's report is `finished_summary`, recomputed from its records. A run
+that trains keeps its state in `RunState`: checkpoints that name the
+release they follow, and the log of released rounds.
+
+None of this imports TensorFlow, and the location checks do not import
+dp_accounting either (about half a second): a bad `--root_output_dir` is
+refused in a fraction of a second. The records themselves (atomic files,
+the hash-chained log, checkpoints, the lock) are `tff_clip.program.run_records`.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import sys
+import tempfile
+from typing import Any, Optional
+
+from tff_clip.names import MIN_SEPARATION
+from tff_clip.program import release_evidence
+from tff_clip.program import run_records
+from tff_clip.program.config import ConfigError, TrainConfig
+from tff_clip.program.config import EXECUTION_KEYS, RENAMED_KEYS
+
+__all__ = [
+    'RunState', 'check_released', 'check_writable', 'epsilons',
+    'existing_run', 'finished_summary', 'last_eval', 'ledger_of',
+    'prepare_output_dir', 'refusal',
+]
+
+
+def _nearest_existing(path: str) -> str:
+  parent = os.path.abspath(path)
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  return parent
+
+
+def existing_run(config: TrainConfig) -> str:
+  """'new', 'resume' or 'finished' for `config.output_dir`; writes nothing.
+
+  Raises `ConfigError` when the directory holds another configuration or
+  something else, or cannot be created, and `run_records.RunRecordError`
+  when its config.json cannot be read.
+  """
+  out = config.output_dir
+  if not os.path.exists(out):
+    parent = _nearest_existing(out)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+      raise ConfigError(f'--root_output_dir: cannot create {out!r} ({parent!r} '
+                        'is not a writable directory).')
+    return 'new'
+  if not os.path.isdir(out) or not os.access(out, os.W_OK):
+    raise ConfigError(f'--root_output_dir: {out!r} is not a writable '
+                      'directory.')
+  config_path = os.path.join(out, 'config.json')
+  if not os.path.lexists(config_path):
+    if os.listdir(out):
+      raise ConfigError(
+          f'{out!r} is not empty and holds no tff_clip run; nothing was '
+          'changed. Choose another --experiment_name or --root_output_dir.')
+    return 'new'
+  recorded = run_records.read_json(config_path, 'run configuration')
+  if not isinstance(recorded, dict):
+    raise run_records.RunRecordError(
+        f'{config_path} is not a run configuration (damaged).')
+  previous = {RENAMED_KEYS.get(k, k): v for k, v in recorded.items()
+              if k not in EXECUTION_KEYS}
+  current = config.identity()
+  # A run recorded before a knob existed ran with that knob's default.
+  defaults = TrainConfig().identity()
+  previous = {**{k: defaults[k] for k in current if k not in previous},
+              **previous}
+  if previous != current:
+    changed = sorted(k for k in set(previous) | set(current)
+                     if previous.get(k) != current.get(k))
+    was_private = (previous.get('noise_multiplier') is not None or
+                   previous.get('target_epsilon') is not None)
+    raise ConfigError(
+        f'{out!r} holds a run with a different configuration (differs in: '
+        f'{", ".join(changed)}); nothing was changed. Choose another '
+        '--experiment_name or --root_output_dir' + (
+            ' (that directory is the record of a DP run: deleting it does '
+            'not take back what it released).' if was_private else
+            ', or delete that directory.'))
+  if os.path.lexists(os.path.join(out, 'summary.json')):
+    return 'finished'
+  return 'resume'
+
+
+def check_writable(config: TrainConfig) -> None:
+  """Refuses an output directory this process cannot create or write in.
+
+  Asked of the file system, not of permission bits (`os.access` answers
+  yes to root, and knows nothing of read-only or pseudo file systems): a
+  directory is made and removed at once in the run directory, or where it
+  would be created. `ConfigError` naming `--root_output_dir` and the reason.
+  """
+  out = config.output_dir
+  where = out if os.path.isdir(out) else _nearest_existing(out)
+  if not os.path.isdir(where):
+    raise ConfigError(f'--root_output_dir: cannot create {out!r} ({where!r} '
+                      'is not a directory).')
+  try:
+    os.rmdir(tempfile.mkdtemp(prefix='.tff_clip_probe_', dir=where))
+  except OSError as e:
+    raise ConfigError(f'--root_output_dir: cannot write in {where!r} '
+                      f'({e.strerror}).') from None
+
+
+def prepare_output_dir(config: TrainConfig) -> bool:
+  """Creates the directory and config.json; True when a run can resume there."""
+  status = existing_run(config)
+  try:
+    os.makedirs(config.output_dir, exist_ok=True)
+  except OSError as e:
+    raise run_records.RunRecordError(
+        f'cannot create {config.output_dir}: {e.strerror}.') from None
+  if status == 'new':
+    run_records.write_json(os.path.join(config.output_dir, 'config.json'),
+                           config.to_json())
+  return status != 'new'
+
+
+# ----------------------------------------------------------------------------
+# What the records prove was released and spent (dp_accounting from here on).
+
+
+def ledger_of(log: run_records.ReleaseLog):
+  """The DP events of the released rounds (what epsilon must count)."""
+  from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
+  ledger = privacy_ledger.PrivacyLedger()
+  for round_num, event in log.events():
+    if event is not None:
+      ledger.record(round_num, privacy_ledger.event_from_dict(event))
+  return ledger
+
+
+def epsilons(ledger, delta) -> dict[str, Any]:
+  """The run's epsilon by each accountant that applies, and the tightest.
+
+  {'epsilon': the smaller valid one, 'accountant': 'pld' or 'rdp',
+  'epsilon_rdp', 'epsilon_pld' (None where PLD does not apply: fixed-size
+  sampling, tree events)}. Both are upper bounds (PLD pessimistic), so the
+  smaller is a valid guarantee.
+  """
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import accounting  # pylint: disable=g-import-not-at-top
+  rdp = ledger.guarantee(delta).epsilon
+  try:
+    pld = ledger.guarantee(delta, accounting.PLD).epsilon
+  except (dp_accounting.UnsupportedEventError, ValueError):
+    pld = None
+  tightest = accounting.PLD if pld is not None and pld < rdp else accounting.RDP
+  return collections.OrderedDict(
+      epsilon=pld if tightest == accounting.PLD else rdp,
+      accountant=tightest, epsilon_rdp=rdp, epsilon_pld=pld)
+
+
+def last_eval(rows):
+  """The last released evaluation (loss, accuracy), NaN when none."""
+  for row in reversed(rows):
+    if math.isfinite(row.get('eval_accuracy', math.nan)) or math.isfinite(
+        row.get('eval_loss', math.nan)):
+      return collections.OrderedDict(
+          eval_loss=row.get('eval_loss', math.nan),
+          eval_accuracy=row.get('eval_accuracy', math.nan))
+  return collections.OrderedDict(eval_loss=math.nan, eval_accuracy=math.nan)
+
+
+def finished_summary(config: TrainConfig):
+  """A finished run's summary.json, if it agrees with the run's records.
+
+  summary.json is a report, never the truth: its epsilon and final figures
+  are recomputed from `releases.jsonl`. None (after saying why) when it
+  is damaged or disagrees: the caller then rebuilds it from the records.
+  """
+  out = config.output_dir
+  path = os.path.join(out, 'summary.json')
+  try:
+    stored = run_records.read_json(path, 'summary')
+    if not isinstance(stored, dict):
+      raise run_records.RunRecordError(f'{path} is not a summary (damaged).')
+  except run_records.RunRecordError as e:
+    print(f'{e} It is rebuilt from the run\'s records.', flush=True)
+    return None
+  log = run_records.ReleaseLog(out)
+  ledger = ledger_of(log)
+  final = last_eval(log.rows())
+  expected = dict(
+      rounds=log.last_round,
+      epsilon=(epsilons(ledger, config.delta)['epsilon'] if len(ledger)
+               else None),
+      final_eval_accuracy=final['eval_accuracy'],
+      final_eval_loss=final['eval_loss'])
+  expected = run_records.strict_json(expected)
+  expected['rounds'] = config.rounds if log.last_round == config.rounds else (
+      f'{log.last_round} released')
+  differs = [k for k, v in expected.items() if not _same(stored.get(k), v)]
+  if differs:
+    print(f'{path} does not match the run\'s records ({", ".join(differs)}); '
+          'it is rebuilt from them.', flush=True)
+    return None
+  return stored
+
+
+def _same(a, b) -> bool:
+  if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not (
+      isinstance(a, bool) or isinstance(b, bool)):
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+  return a == b
+
+
+def _proven_spent(config, log, evidence) -> tuple[int, Optional[float]]:
+  """(rounds, epsilon): the most that `releases.jsonl` or any other
+  surviving file proves was released, and spent.
+
+  Rounds beyond the log's are charged the round event a checkpoint, the log
+  or `ledger.json` recorded (under minimum separation, one participation per
+  cycle of b rounds, as `accounting.min_separation_round_event`); the
+  epsilon is the larger of that composition and any epsilon a file recorded.
+  """
+  from tff_clip.privacy import accounting  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
+  ledger = ledger_of(log)
+  rounds = max(log.last_round, evidence.rounds)
+  template = next((e for _, e in log.events()
+                   if e is not None and e.get('type') != 'NoOpDpEvent'),
+                  evidence.event)
+  if template is not None:
+    template = privacy_ledger.event_from_dict(template)
+    for round_num in range(log.last_round + 1, rounds + 1):
+      event = template
+      if config.sampling == MIN_SEPARATION:
+        event = accounting.min_separation_round_event(
+            template, round_num - 1, config.separation)
+      ledger.record(round_num, event)
+  spent = [e for e in (evidence.epsilon,) if e is not None]
+  if len(ledger):
+    spent.append(ledger.guarantee(config.delta).epsilon)
+  return rounds, max(spent) if spent else None
+
+
+def _spent(log, config, evidence=None) -> str:
+  evidence = evidence or release_evidence.release_evidence(config.output_dir)
+  rounds, epsilon = _proven_spent(config, log, evidence)
+  if not rounds:
+    return ''
+  spent = ('an epsilon no surviving file records' if epsilon is None else
+           f'epsilon = {epsilon:.4g} at delta = {config.delta:g}')
+  return (f' The {rounds} rounds released so far spent {spent} (at least: '
+          'the most that the surviving files prove).')
+
+
+def refusal(config, log, what, evidence=None) -> run_records.RunRecordError:
+  """The error that stops a DP run whose records cannot be trusted: `what`
+  happened, and what the surviving files prove was spent."""
+  return run_records.RunRecordError(
+      f'{config.output_dir}: {what}; continuing would compute released '
+      'rounds again under the same or a new noise key, so the run stops here '
+      f'and nothing was changed.{_spent(log, config, evidence)}')
+
+
+def check_released(config: TrainConfig) -> None:
+  """Refuses a DP run whose files prove releases its log does not list.
+
+  A DP run directory whose `releases.jsonl` was deleted, emptied or cut
+  short while other files (`metrics.csv`, `tensorboard/`, `summary.json`,
+  `ledger.json`, `plot.png`, a checkpoint) show that rounds were released
+  must never train those rounds again: they would be released a second
+  time under a new noise key, and the privacy cost would add up.
+  """
+  log = run_records.ReleaseLog(config.output_dir)
+  evidence = release_evidence.release_evidence(config.output_dir)
+  covered = log.last_round
+  # A round checkpointed (with its row) but cut from the log by a kill is
+  # released again from its checkpoint: the same row, never computed again.
+  checkpoints = run_records.Checkpoints(
+      os.path.join(config.output_dir, 'checkpoints'))
+  if covered + 1 in checkpoints.versions():
+    try:
+      _, header = checkpoints.load(covered + 1)
+      if header.get('pending') and header.get('log_hash') == log.hash_at(
+          covered):
+        covered += 1
+    except run_records.RunRecordError:
+      pass
+  if evidence.rounds > covered:
+    listed = (f'lists only rounds 1-{log.last_round}' if log.last_round else
+              'lists none')
+    raise refusal(config, log, f'{evidence.proof} shows that rounds up to '
+                  f'{evidence.rounds} were released but '
+                  f'{run_records.RELEASES} {listed}', evidence)
+
+
+# ----------------------------------------------------------------------------
+# The run's program state: checkpoints, each naming the release it follows.
+
+
+class RunState:
+  """The state manager of a run: its checkpoints and its release log.
+
+  The role of TFF's `tff.program.ProgramStateManager`, for a run whose
+  releases must never be computed twice: a checkpoint
+  (`checkpoints/round_NNNNNN.npz`, readable by its owner only: it holds the
+  noise key) records the `releases.jsonl` hash of the last round it covers,
+  and a DP round's checkpoint also the row and event its release will
+  show. `restore` trusts a checkpoint only together with the log; `record`
+  appends a released round to the log.
+
+  `to_leaves(state)` and `from_leaves(leaves)` turn the state into the flat
+  arrays a checkpoint holds and back; `model_layout` says where the model's
+  weights lie among them (`run_records.share`).
+  """
+
+  def __init__(self, config: TrainConfig, log: run_records.ReleaseLog,
+               private: bool, to_leaves, from_leaves,
+               model_layout: Optional[dict[str, int]]):
+    self._config = config
+    self._log = log
+    self._private = private
+    self._to_leaves = to_leaves
+    self._from_leaves = from_leaves
+    self._model = model_layout
+    self._checkpoints = run_records.Checkpoints(
+        os.path.join(config.output_dir, 'checkpoints'))
+
+  def restore(self, initial_state):
+    """(state, first round to train, pending (round, row, event) or None).
+
+    `initial_state()` when nothing was trained. A DP run whose released
+    rounds no loadable checkpoint covers is refused (it would release them
+    again), as is a log that lost rounds a checkpoint covers; a run without
+    DP trains the rounds after its checkpoint again.
+    """
+    config, log = self._config, self._log
+    released = log.last_round
+    found = self._checkpoints.load_latest(
+        warn=lambda message: print(message, file=sys.stderr, flush=True))
+    if found is None:
+      if released == 0:
+        return initial_state(), 1, None
+      if self._private:
+        raise refusal(config, log, f'rounds 1-{released} were released '
+                      f'({run_records.RELEASES}) but no loadable checkpoint '
+                      'covers them (checkpoints/ is missing or damaged)')
+      print(f'No loadable checkpoint: rounds 1-{released} run again (no '
+            'DP).', flush=True)
+      log.truncate(0)
+      return initial_state(), 1, None
+    version, leaves, header = found
+    pending = header.get('pending')
+    base = version - 1 if pending else version
+    if released > version:
+      if self._private:
+        raise refusal(config, log, f'rounds {version + 1}-{released} were '
+                      f'released ({run_records.RELEASES}) but the newest '
+                      f'loadable checkpoint is of round {version}')
+      print(f'Rounds {version + 1}-{released} run again from the checkpoint '
+            f'of round {version} (no DP).', flush=True)
+      log.truncate(version)
+      released = version
+    if released < base:
+      raise refusal(config, log, f'the checkpoint of round {version} covers '
+                    f'rounds up to {base} but {run_records.RELEASES} lists '
+                    f'only {released}: the records of rounds '
+                    f'{released + 1}-{base} are lost')
+    if log.hash_at(min(released, base)) != header.get('log_hash'):
+      raise refusal(config, log, f'the checkpoint of round {version} does '
+                    f'not belong to {run_records.RELEASES} (the log hashes '
+                    'differ)')
+    state = self._from_leaves(leaves)
+    if pending is not None and released == base:
+      from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
+      pending = (version, {k: math.nan if v is None else v
+                           for k, v in pending['row'].items()},
+                 privacy_ledger.event_from_dict(pending['event']))
+    else:
+      pending = None
+    print(f'Resuming {config.output_dir}/ from its checkpoint after round '
+          f'{version} of {config.rounds}.', flush=True)
+    return state, version + 1, pending
+
+  def checkpoint(self, round_num: int, state, pending=None) -> None:
+    """Saves round `round_num`'s state.
+
+    `pending`: (row, event) of a DP round saved before its release; the
+    checkpoint then follows the log of the rounds before it.
+    """
+    if pending is None:
+      header = dict(pending=None, log_hash=self._log.hash_at(round_num),
+                    model=self._model)
+    else:
+      row, event = pending
+      header = dict(pending=dict(row=run_records.strict_json(row),
+                                 event=_event_dict(event)),
+                    log_hash=self._log.hash_at(round_num - 1),
+                    model=self._model)
+    self._checkpoints.save(round_num, self._to_leaves(state), header)
+
+  def record(self, round_num: int, row, event) -> None:
+    """Appends the released round (its row and DP event) to the log."""
+    self._log.append(round_num, row, _event_dict(event))
+
+
+def _event_dict(event):
+  if event is None:
+    return None
+  from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
+  return privacy_ledger.event_to_dict(event)
