@@ -86,15 +86,21 @@ _TRAIN = flags.DEFINE_bool('train', False, 'Also time scripts.train end to '
                            'end (digits, DP on) for inprocess and local.')
 
 
+def _correlated(mechanism: str) -> bool:
+  from tff_clip.aggregation import mechanisms  # pylint: disable=g-import-not-at-top
+  return mechanisms.NOISE_MECHANISMS.get(mechanism).correlated
+
+
 def _config(task, dp_on, mechanism='independent'):
   from tff_clip.program import training  # pylint: disable=g-import-not-at-top
   # The EMNIST tasks on the 5,000 real 28x28 MNIST digits (offline).
   options = (('offline_data', 'mnist'),) if task.startswith('emnist') else ()
+  correlated = _correlated(mechanism)
   return training.TrainConfig(
       task=task, task_options=options, clients_per_round=_CLIENTS.value,
-      sampling='fixed_size' if mechanism == 'independent' else
-      'min_separation', noise_mechanism=mechanism,
-      bands=1 if mechanism == 'independent' else _BANDS.value,
+      sampling='min_separation' if correlated else 'fixed_size',
+      noise_mechanism=mechanism,
+      bands=_BANDS.value if correlated else 1,
       bounding='clip' if dp_on else 'none',
       noise_multiplier=0.5 if dp_on else None, progress=False)
 
@@ -407,8 +413,8 @@ def main(argv):
     settings = [(d, m) for d in _DP.value
                 for m in (_MECHANISMS.value if d == 'on' else ['independent'])]
     for dp_on, mechanism in settings:
-      dp_setting = (dp_on if mechanism == 'independent' else
-                    f'{dp_on} ({mechanism}, b={_BANDS.value})')
+      dp_setting = (f'{dp_on} ({mechanism}, b={_BANDS.value})'
+                    if _correlated(mechanism) else dp_on)
       result = _bench_task(task_name, dp_on == 'on', mechanism)
       medians = {k: statistics.median(v) if v else float('nan')
                  for k, (_, v) in result.items()}

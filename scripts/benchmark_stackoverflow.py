@@ -193,8 +193,16 @@ def memory_need(vectors: int, parameters: int) -> int:
   return BASE_BYTES + STATE_COPIES_AT_PEAK * vectors * parameters * FLOAT_BYTES
 
 
+def uses_bands(mechanism: str) -> bool:
+  """Whether `bands` shapes `mechanism`'s noise (a name tff_clip does not
+  register: no)."""
+  from tff_clip.aggregation import mechanisms  # pylint: disable=g-import-not-at-top
+  return (mechanism in mechanisms.NOISE_MECHANISMS and
+          mechanisms.NOISE_MECHANISMS.get(mechanism).uses_bands)
+
+
 def label(mechanism: str, bands: int) -> str:
-  return f'banded (b = {bands})' if mechanism == 'banded' else mechanism
+  return f'{mechanism} (b = {bands})' if uses_bands(mechanism) else mechanism
 
 
 def gib(value: float) -> str:
@@ -256,7 +264,7 @@ def train_config(shape: Shape, mechanism: str, clients_per_round: int,
       num_clients=shape.num_clients, clients_per_round=clients_per_round,
       sampling='min_separation', min_separation=shape.min_separation,
       noise_mechanism=mechanism,
-      bands=shape.bands if mechanism == 'banded' else 1,
+      bands=shape.bands if uses_bands(mechanism) else 1,
       noise_multiplier=1.0, rounds=shape.rounds, server_optimizer='sgdm',
       client_learning_rate=0.5, seed=shape.seed, progress=False), **overrides})
 
@@ -505,7 +513,7 @@ def plan(shape: Shape, mechanisms, bands, memory: int):
   parameters = lstm_parameters(shape.vocab_size)
   planned = []
   for mechanism in mechanisms:
-    for b in bands if mechanism == 'banded' else [shape.bands]:
+    for b in bands if uses_bands(mechanism) else [shape.bands]:
       shaped = dataclasses.replace(shape, bands=b)
       if mechanism not in available:
         planned.append((mechanism, shaped, None, None, 'not yet available '

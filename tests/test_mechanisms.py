@@ -9,9 +9,11 @@ defaults read back from `dataclasses.fields`. Eager queries only: no TFF
 process is built.
 """
 
+import ast
 import collections
 import dataclasses
 import inspect
+import pathlib
 import re
 
 import dp_accounting
@@ -254,3 +256,68 @@ def test_bands_beyond_the_separation_names_both_flags():
     config_lib.validate(config_lib.TrainConfig(
         noise_mechanism='banded', bands=4, sampling='min_separation',
         min_separation=3))
+
+
+# ----------------------------------------------------------------------------
+# No code outside the registries branches on a mechanism's or a bounding's
+# name: it asks the object (a new mechanism then needs no edit elsewhere).
+
+_REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
+# The registries themselves, and the classes whose `name` they register.
+_REGISTRY_FILES = frozenset(
+    pathlib.Path(module.__file__).resolve()
+    for module in (mechanisms, boundings))
+# A paper's figure, drawn as the paper draws it: its two curves are labelled
+# and styled by the paper's own method names (Das et al. 2022, Fig. 1).
+_PAPER_FIGURES = frozenset({'scripts/reproduce/paper003.py'})
+
+
+def _strings(node):
+  """The string constants `node` is or holds (a tuple, list or set of them)."""
+  if isinstance(node, ast.Constant) and isinstance(node.value, str):
+    return [node.value]
+  if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+    return [s for element in node.elts for s in _strings(element)]
+  return []
+
+
+def _name_comparisons(source: str, registered: frozenset[str]):
+  """(line, names) of each ==, !=, in, not in whose operands include a
+  registered name as a string constant and something else."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if not isinstance(node, ast.Compare) or not all(
+        isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
+        for op in node.ops):
+      continue
+    operands = [node.left, *node.comparators]
+    names = sorted({s for operand in operands for s in _strings(operand)}
+                   & registered)
+    if names and any(not _strings(operand) for operand in operands):
+      found.append((node.lineno, names))
+  return found
+
+
+def test_the_scan_finds_a_comparison_with_a_registered_name():
+  registered = frozenset({'banded', 'clip'})
+  source = ("if mechanism == 'banded': pass\n"
+            "x = method in ('clip', 'other')\n"
+            "y = 'banded' if flag else 'tree'\n"
+            "z = mode == 'other'\n")
+  assert _name_comparisons(source, registered) == [(1, ['banded']),
+                                                   (2, ['clip'])]
+
+
+def test_no_code_outside_the_registries_compares_a_name_with_a_registered_one():
+  registered = frozenset(mechanisms.NOISE_MECHANISMS.names
+                         + mechanisms.BOUNDINGS.names)
+  found = []
+  for folder in ('tff_clip', 'scripts', 'tasks'):
+    for path in sorted((_REPOSITORY / folder).rglob('*.py')):
+      relative = path.relative_to(_REPOSITORY).as_posix()
+      if path.resolve() in _REGISTRY_FILES or relative in _PAPER_FIGURES:
+        continue
+      for line, names in _name_comparisons(path.read_text(), registered):
+        found.append(f'{relative}:{line} compares with {names}')
+  assert not found, ('Ask the mechanism or bounding object (an attribute or '
+                     'method of its class) instead:\n' + '\n'.join(found))

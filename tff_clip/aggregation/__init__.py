@@ -4,7 +4,8 @@
   boundings        -- the bounding methods as objects (clip, normalize, per-layer), by name.
   noise_mechanisms -- the noise mechanism base class and independent Gaussian noise.
   correlated_noise -- banded and tree (correlated) noise mechanisms.
-  blt              -- buffered linear Toeplitz (BLT) correlated noise.
+  blt_matrix       -- BLT matrices: parameterization, inverse, streaming, sensitivity.
+  blt              -- buffered linear Toeplitz (BLT) noise: its optimization, the mechanism.
   mechanisms       -- the registries: a public name to its bounding or noise mechanism.
   bounding         -- pure-TF norms, clip, normalize, per-layer budgets.
   aggregators      -- non-private TFF aggregation factories built on `bounding`.

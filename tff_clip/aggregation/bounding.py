@@ -58,6 +58,7 @@ __all__ = [
     'check_sum_rule',
     'clip',
     'clip_per_layer',
+    'flatten_alike',
     'global_l2_norm',
     'layer_budget_fractions',
     'layer_budgets',
@@ -159,6 +160,18 @@ def leaf_sizes(structure_or_type_spec) -> np.ndarray:
           f'shape {shape}.')
     sizes.append(int(shape.num_elements()))
   return np.asarray(sizes, dtype=np.int64)
+
+
+def flatten_alike(first, second, first_label: str, second_label: str):
+  """The leaves of two structures that must have as many leaves as each
+  other (ValueError naming both arguments otherwise)."""
+  flat_first = tf.nest.flatten(first)
+  flat_second = tf.nest.flatten(second)
+  if len(flat_first) != len(flat_second):
+    raise ValueError(
+        f'`{first_label}` has {len(flat_first)} leaves but `{second_label}` '
+        f'has {len(flat_second)}.')
+  return flat_first, flat_second
 
 
 # ----------------------------------------------------------------------------

@@ -122,6 +122,7 @@ class Banded(noise_mechanisms.NoiseMechanism):
 
   name = 'banded'
   correlated = True
+  uses_bands = True
 
   @property
   def state_vectors(self) -> int:
@@ -180,6 +181,7 @@ class Tree(noise_mechanisms.NoiseMechanism):
 
   name = 'tree'
   correlated = True
+  uses_bands = True
 
   @property
   def whitening_depth(self) -> int:

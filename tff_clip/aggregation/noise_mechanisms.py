@@ -108,6 +108,11 @@ class NoiseMechanism:
   # Past released aggregates the audit combines with the current one
   # (`whitening_weights` has whitening_depth + 1 entries).
   whitening_depth: int = 0
+  # True when `bands` shapes the noise (and the state): its memory in rounds.
+  uses_bands: bool = False
+  # The flags that shrink its state, named when the state does not fit in
+  # memory (`tff_clip.program.assembly`).
+  smaller_state_flags: str = '--bands, --noise_mechanism=blt'
   # Keyword arguments of its own (besides bands, rounds and separation) that
   # `tff_clip.aggregation.mechanisms.noise_mechanism` passes on, e.g. 'blt_buffers'.
   options: tuple = ()

@@ -1,6 +1,7 @@
 """Learning: what clients and the server do with the model.
 
   client      -- client work: FAT-Clipping, local clipping, BLUR, LUS, model clipping.
+  sparsification -- LUS, Local Update Sparsification: scores, masks, keep counts.
   optimizers  -- per-step clipped optimizer, LAMB, LARS, schedules.
   algorithms  -- `build_fedavg`: one call composing client work, aggregation and server optimizer.
 

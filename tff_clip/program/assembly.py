@@ -115,8 +115,7 @@ def check_noise_memory(config: TrainConfig, parameters: int,
   if available is None or need <= available:
     return
   gib = lambda value: f'{value / 2**30:.1f} GiB'
-  fewer = ('--blt_buffers' if config.noise_mechanism == 'blt' else
-           '--bands, --noise_mechanism=blt')
+  fewer = config.noise.smaller_state_flags
   raise ConfigError(
       f'--noise_mechanism={config.noise_mechanism}: its state holds '
       f'{vectors} noise vectors of {parameters:,} parameters '
