@@ -11,6 +11,10 @@ Hypothesis is derandomized (the 'tff_clip' settings profile).
 import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+# Tests neither read nor fill the user's cache of traced graphs (nor do the
+# programs they start); tests/test_graph_cache.py points it at a temporary
+# directory.
+os.environ['TFF_CLIP_GRAPH_CACHE'] = 'off'
 
 from hypothesis import settings  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top

@@ -24,6 +24,7 @@ import atexit
 import collections
 import dataclasses
 import functools
+import hashlib
 import math
 from typing import Optional
 
@@ -369,6 +370,74 @@ def _model_layout(runner) -> Optional[dict[str, int]]:
 
 
 # ----------------------------------------------------------------------------
+# The traced graphs, cached on disk across runs (`tff_clip.runtime.graph_cache`).
+
+
+def _graph_cache_key(config: TrainConfig, task_builder,
+                     noise_multiplier) -> Optional[str]:
+  """The cache key of the session's graphs, or None where they are not
+  cached: runs on TFF's workers, audited runs, a fixed `--noise_seed` (a
+  constant of the graph: it must never reach a file), a task builder without
+  a stable name (a lambda, a local function)."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import graph_cache  # pylint: disable=g-import-not-at-top
+  name = (f'{getattr(task_builder, "__module__", "")}.'
+          f'{getattr(task_builder, "__qualname__", "<unnamed>")}')
+  if (not _in_process(config) or config.audit_canaries or
+      config.noise_seed is not None or '<' in name or
+      graph_cache.directory() is None):
+    return None
+  try:  # The builder's own source shapes the task, so the graphs.
+    with open(inspect.getsourcefile(task_builder), 'rb') as f:
+      builder_source = hashlib.sha256(f.read()).hexdigest()
+  except (TypeError, OSError):
+    return None
+  # Every field but those that shape no graph (where and how long a run
+  # writes); the noise multiplier as resolved (a constant of the graph).
+  defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+              if f.name in _NOT_BUILT_FROM}
+  description = repr((dataclasses.replace(config, **defaults),
+                      noise_multiplier, name, builder_source))
+  return graph_cache.entry_key(description)
+
+
+def _cached_runners(config: TrainConfig, key: Optional[str]):
+  """(process, evaluation) runners from the cache entry `key`, or None."""
+  if key is None:
+    return None
+  from tff_clip.runtime import graph_cache  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import simulation  # pylint: disable=g-import-not-at-top
+  entry = graph_cache.load(key)
+  if entry is None:
+    return None
+  graphs = ({}, {})
+  for name, data in entry.items():
+    part, _, graph = name.partition('/')
+    graphs[part == 'evaluation'][graph] = data
+  try:
+    return tuple(simulation.InProcessRunner.from_graphs(
+        g, client_threads=config.max_concurrent_clients) for g in graphs)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning('Graph cache: entry %s unusable (%s); rebuilding.', key, e)
+    return None
+
+
+def _store_runners(key: Optional[str], process, evaluation) -> None:
+  from tff_clip.runtime import graph_cache  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import simulation  # pylint: disable=g-import-not-at-top
+  if key is None or not all(isinstance(r, simulation.InProcessRunner) and
+                            r.cacheable for r in (process, evaluation)):
+    return
+  entry = {f'{part}/{name}': data
+           for part, runner in (('process', process), ('evaluation', evaluation))
+           for name, data in runner.graphs.items()}
+  if not graph_cache.has_baked_seed(
+      c for runner in (process, evaluation)
+      for c in simulation.parse_graphs(runner.graphs).values()):
+    graph_cache.store(key, entry)
+
+
+# ----------------------------------------------------------------------------
 # The session: everything built before the first file is written.
 
 
@@ -410,27 +479,34 @@ class Session:
       # out-of-memory crash halfway.
       check_noise_memory(config, _trainable_parameters(self.task))
     self.auditor = None
-    try:
-      if config.audit_canaries:  # Canaries inside the DP query.
-        from tff_clip.privacy import audit  # pylint: disable=g-import-not-at-top
-        separated = config.sampling == MIN_SEPARATION
-        # Under minimum separation a canary takes part in every round of its
-        # group: the most participations the ledger allows a client.
-        self.auditor = audit.CanaryFactory(
-            build_aggregator(config, self.noise_multiplier),
-            config.audit_canaries,
-            1.0 if separated else self.sampler.sampling_probability,
-            separation=config.separation if separated else None)
-      self.process = build_process(config, self.task, self.noise_multiplier,
-                                   self.auditor)
-    except ValueError as e:  # E.g. explicit count noise too small.
-      raise ConfigError(str(e).splitlines()[0]) from e
+    cache_key = _graph_cache_key(config, task_builder, self.noise_multiplier)
+    cached = _cached_runners(config, cache_key)  # None: trace and build.
+    if cached is None:
+      try:
+        if config.audit_canaries:  # Canaries inside the DP query.
+          from tff_clip.privacy import audit  # pylint: disable=g-import-not-at-top
+          separated = config.sampling == MIN_SEPARATION
+          # Under minimum separation a canary takes part in every round of
+          # its group: the most participations the ledger allows a client.
+          self.auditor = audit.CanaryFactory(
+              build_aggregator(config, self.noise_multiplier),
+              config.audit_canaries,
+              1.0 if separated else self.sampler.sampling_probability,
+              separation=config.separation if separated else None)
+        self.process = build_process(config, self.task,
+                                     self.noise_multiplier, self.auditor)
+      except ValueError as e:  # E.g. explicit count noise too small.
+        raise ConfigError(str(e).splitlines()[0]) from e
     self.initial_weights = initial_model_weights(self.task, config.seed)
-    from tff_clip.learning import client  # pylint: disable=g-import-not-at-top
-    self.evaluation = tff.learning.algorithms.build_fed_eval(
-        self.task.model_fn, loop_implementation=client.DEFAULT_LOOP)
-    self.process, self.evaluation = runners(config, self.process,
-                                            self.evaluation)
+    if cached is None:
+      from tff_clip.learning import client  # pylint: disable=g-import-not-at-top
+      self.evaluation = tff.learning.algorithms.build_fed_eval(
+          self.task.model_fn, loop_implementation=client.DEFAULT_LOOP)
+      self.process, self.evaluation = runners(config, self.process,
+                                              self.evaluation)
+      _store_runners(cache_key, self.process, self.evaluation)
+    else:
+      self.process, self.evaluation = cached
     self.test_data = _eval_dataset(self.task, config.eval_split)
     from tff_clip.runtime import client_data  # pylint: disable=g-import-not-at-top
     self.client_datasets = client_data.ClientDatasets(

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import json
 import os
 import queue
 from typing import Any, Optional, Sequence
@@ -47,11 +48,14 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from tensorflow_federated.proto.v0 import computation_pb2 as pb
+from tensorflow_federated.python.core.impl.types import type_serialization
 
 from tff_clip import checks
 from tff_clip.runtime import tf_graphs
 
-__all__ = ['InProcessRunner', 'default_client_threads', 'map_reduce_form']
+__all__ = ['InProcessRunner', 'default_client_threads', 'map_reduce_form',
+           'process_graphs']
 
 
 # Threads beyond a few cores gain little: every client's `work` holds
@@ -78,6 +82,77 @@ def map_reduce_form(process) -> Any:
         'This process does not compile to TFF\'s MapReduceForm, so it cannot '
         'run in-process (`executor=inprocess`); run it with '
         f'`--executor=local` (TFF\'s C++ runtime). TFF said: {e}') from e
+
+
+# The parts of a `MapReduceForm` the runner calls.
+_FORM_PARTS = ('prepare', 'work', 'zero', 'accumulate', 'report', 'update',
+               'secure_modular_sum_modulus')
+
+
+def process_graphs(process) -> dict[str, bytes]:
+  """All the runner needs of `process`, as serialized protos: the parts of
+  its `MapReduceForm`, its state's initialization, `get_model_weights` and
+  `set_model_weights` (`pb.Computation`s, types included) and the type of
+  `next` (`pb.Type`). A pure function of the process's graphs, so it can be
+  cached (`tff_clip.runtime.graph_cache`)."""
+  form = map_reduce_form(process)
+  computations = {name: getattr(form, name) for name in _FORM_PARTS}
+  computations['initialize'] = (
+      tff.backends.mapreduce.get_state_initialization_computation(
+          process.initialize))
+  for name in ('get_model_weights', 'set_model_weights'):
+    if getattr(process, name, None) is not None:
+      computations[name] = getattr(process, name)
+  graphs = {name: tff.framework.serialize_computation(c).SerializeToString()
+            for name, c in computations.items()}
+  graphs['next_type'] = type_serialization.serialize_type(
+      process.next.type_signature).SerializeToString()
+  containers = _container_types(process)
+  trees = {name: tf_graphs.container_tree(t) for name, t in containers.items()}
+  try:  # Only where the containers come back as they were.
+    restored = _restore_types(graphs, trees)
+  except ValueError:
+    restored = None
+  if restored is not None and all(
+      tf_graphs.container_tree(restored[name]) == trees[name] and
+      restored[name].is_equivalent_to(containers[name]) for name in trees):
+    graphs['containers'] = json.dumps(trees, sort_keys=True).encode()
+  return graphs
+
+
+def _container_types(process) -> dict[str, Any]:
+  """The types the runner's results are packed as, Python containers and
+  all: `next`'s, the state's initialization's, and the model weights'."""
+  types = {'next': process.next.type_signature,
+           'initialize': tff.FunctionType(
+               None, process.initialize.type_signature.result.member)}
+  types.update({name: getattr(process, name).type_signature
+                for name in ('get_model_weights', 'set_model_weights')
+                if getattr(process, name, None) is not None})
+  return types
+
+
+def _restore_types(graphs, trees) -> dict[str, Any]:
+  types = {'next': type_serialization.deserialize_type(
+      _parse(pb.Type, graphs['next_type']))}
+  for name in trees:
+    if name != 'next':
+      types[name] = type_serialization.deserialize_type(
+          _parse(pb.Computation, graphs[name]).type)
+  return {name: tf_graphs.with_containers(t, trees[name])
+          for name, t in types.items()}
+
+
+def _parse(message_class, data: bytes):
+  message = message_class()
+  message.ParseFromString(data)
+  return message
+
+
+def parse_graphs(graphs) -> dict[str, Any]:
+  """The `pb.Computation`s of `process_graphs`, by name."""
+  return {name: _parse(pb.Computation, data) for name, data in graphs.items()
+          if name not in ('next_type', 'containers')}
 
 
 def _zeros(type_spec) -> list:
@@ -108,51 +183,71 @@ class InProcessRunner:
   """
 
   def __init__(self, process, client_threads: Optional[int] = None):
+    graphs = process_graphs(process)
+    # Where the graphs can be cached, they are used as a cache entry would
+    # be: a run on a cache hit is the same run.
+    types = (_restore_types(graphs, json.loads(graphs['containers']))
+             if 'containers' in graphs else _container_types(process))
+    self._build(graphs, types, client_threads)
+
+  @classmethod
+  def from_graphs(cls, graphs, client_threads: Optional[int] = None):
+    """The runner of the process whose `process_graphs` are `graphs`
+    (which must hold its containers: `cacheable`)."""
+    runner = cls.__new__(cls)
+    types = _restore_types(graphs, json.loads(graphs['containers']))
+    runner._build(graphs, types, client_threads)  # pylint: disable=protected-access
+    return runner
+
+  @property
+  def cacheable(self) -> bool:
+    """Whether `from_graphs(self.graphs)` rebuilds this runner."""
+    return 'containers' in self.graphs
+
+  def _build(self, graphs, types, client_threads):
     client_threads = (default_client_threads() if client_threads is None
                       else checks.integer(client_threads, 'client_threads',
                                           minimum=1))
-    self._process = process
-    form = map_reduce_form(process)
-    self._form = form
-    next_type = process.next.type_signature
+    self.graphs = graphs
+    computations = parse_graphs(graphs)
+    self._types = types
+    next_type = types['next']
     self._state_type = next_type.parameter[0].member
     self._result_type = next_type.result
-    self._prepare = tf_graphs.TensorFlowFunction(form.prepare)
-    self._work = tf_graphs.TensorFlowFunction(form.work)
+    self._work_proto = computations['work']
+    self._prepare = tf_graphs.TensorFlowFunction(computations['prepare'])
+    self._work = tf_graphs.TensorFlowFunction(computations['work'])
     self._client_threads = client_threads
     self._pool = None  # Built on the first round with more than one client.
     self._free_works = None
-    self._zero = tf_graphs.TensorFlowFunction(form.zero)
-    self._accumulate = tf_graphs.TensorFlowFunction(form.accumulate)
-    self._report = tf_graphs.TensorFlowFunction(form.report)
-    self._update = tf_graphs.TensorFlowFunction(form.update)
-    work_result = form.work.type_signature.result
+    self._zero = tf_graphs.TensorFlowFunction(computations['zero'])
+    self._accumulate = tf_graphs.TensorFlowFunction(
+        computations['accumulate'])
+    self._report = tf_graphs.TensorFlowFunction(computations['report'])
+    self._update = tf_graphs.TensorFlowFunction(computations['update'])
+    work_result = self._work.type_signature.result
     # work -> <aggregated, secure_sum_bitwidth, secure_sum_max_input,
     #          secure_modular_sum>.
     self._secure_types = [work_result[i] for i in (1, 2, 3)]
     self._num_update_leaves = tf_graphs.count_leaves(work_result[0])
-    moduli = tf_graphs.TensorFlowFunction(form.secure_modular_sum_modulus)()
+    moduli = tf_graphs.TensorFlowFunction(
+        computations['secure_modular_sum_modulus'])()
     self._moduli = [m.numpy() for m in moduli]
     self._initialize = tf_graphs.TensorFlowFunction(
-        tff.backends.mapreduce.get_state_initialization_computation(
-            process.initialize))
-    self._get_weights = self._optional(process, 'get_model_weights')
-    self._set_weights = self._optional(process, 'set_model_weights')
+        computations['initialize'])
+    self._get_weights, self._set_weights = (
+        tf_graphs.TensorFlowFunction(computations[name])
+        if name in computations else None
+        for name in ('get_model_weights', 'set_model_weights'))
 
   @property
   def state_type(self):
     """The TFF type of the process's state (what `next` takes and returns)."""
     return self._state_type
 
-  @staticmethod
-  def _optional(process, name):
-    computation = getattr(process, name, None)
-    return (tf_graphs.TensorFlowFunction(computation)
-            if computation is not None else None)
-
   def initialize(self):
-    return tf_graphs.pack_value(
-        self._process.initialize.type_signature.result, self._initialize())
+    return tf_graphs.pack_value(self._types['initialize'].result,
+                                self._initialize())
 
   def next(self, state, client_datasets: Sequence[tf.data.Dataset]):
     """One round: the process's `next(state, client_datasets)`."""
@@ -202,7 +297,7 @@ class InProcessRunner:
       self._free_works = queue.SimpleQueue()
       self._free_works.put(self._work)
       for _ in range(self._client_threads - 1):
-        self._free_works.put(tf_graphs.TensorFlowFunction(self._form.work))
+        self._free_works.put(tf_graphs.TensorFlowFunction(self._work_proto))
       self._pool = concurrent.futures.ThreadPoolExecutor(
           self._client_threads, thread_name_prefix='tff_clip_client')
     pending = collections.deque()
@@ -220,12 +315,14 @@ class InProcessRunner:
 
   def get_model_weights(self, state):
     fn = self._get_weights
-    return tf_graphs.pack_value(fn.type_signature.result, fn(
-        *tf_graphs.flatten_value(state, fn.type_signature.parameter, [])))
+    return tf_graphs.pack_value(
+        self._types['get_model_weights'].result,
+        fn(*tf_graphs.flatten_value(state, fn.type_signature.parameter, [])))
 
   def set_model_weights(self, state, weights):
     fn = self._set_weights
     leaves = tf_graphs.flatten_value(
         tff.structure.Struct([(None, state), (None, weights)]),
         fn.type_signature.parameter, [])
-    return tf_graphs.pack_value(fn.type_signature.result, fn(*leaves))
+    return tf_graphs.pack_value(self._types['set_model_weights'].result,
+                                fn(*leaves))

@@ -35,13 +35,18 @@ breaks one fails loudly there rather than silently here:
 
 from __future__ import annotations
 
+import collections
 import collections.abc
+import functools
 import itertools
+import sys
 from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from tensorflow_federated.proto.v0 import computation_pb2 as pb
+from tensorflow_federated.python.core.impl.types import type_serialization
 
 __all__ = ['TensorFlowFunction', 'flatten_value', 'pack_value',
            'count_leaves', 'tiny_dataset_options']
@@ -126,6 +131,88 @@ def pack_value(type_spec, leaves: Sequence[Any]):
   iterator = iter([as_numpy(x) for x in leaves])
   value = _pack(type_spec, iterator)
   return tff.types.type_to_py_container(value, type_spec)
+
+
+# ----------------------------------------------------------------------------
+# The Python containers of a TFF type (`LearningProcessOutput`, `ModelWeights`,
+# ...) are not part of its serialized form (`pb.Type`): they travel beside it
+# as a tree of class names, resolved only among modules already imported.
+
+
+def container_tree(type_spec):
+  """The Python containers of `type_spec`'s structs, as plain data (JSON)."""
+  if isinstance(type_spec, tff.FederatedType):
+    return container_tree(type_spec.member)
+  if isinstance(type_spec, tff.FunctionType):
+    return {'parameter': (None if type_spec.parameter is None
+                          else container_tree(type_spec.parameter)),
+            'result': container_tree(type_spec.result)}
+  if isinstance(type_spec, tff.SequenceType):
+    return {'sequence': container_tree(type_spec.element)}
+  if isinstance(type_spec, tff.StructType):
+    container = getattr(type_spec, 'python_container', None)
+    return {'container': None if container is None else _class_path(container),
+            'fields': list(getattr(container, '_fields', ())),
+            'elements': [container_tree(t) for _, t in
+                         tff.structure.to_elements(type_spec)]}
+  return None
+
+
+def with_containers(type_spec, tree):
+  """`type_spec` with the containers of `container_tree` put back."""
+  if tree is None:
+    return type_spec
+  if isinstance(type_spec, tff.FederatedType):
+    return tff.FederatedType(with_containers(type_spec.member, tree),
+                             type_spec.placement, type_spec.all_equal)
+  if isinstance(type_spec, tff.FunctionType):
+    return tff.FunctionType(
+        None if type_spec.parameter is None else
+        with_containers(type_spec.parameter, tree['parameter']),
+        with_containers(type_spec.result, tree['result']))
+  if isinstance(type_spec, tff.SequenceType):
+    return tff.SequenceType(with_containers(type_spec.element,
+                                            tree['sequence']))
+  if isinstance(type_spec, tff.StructType):
+    elements = [(name, with_containers(t, subtree)) for (name, t), subtree in
+                zip(tff.structure.to_elements(type_spec), tree['elements'],
+                    strict=True)]
+    if tree['container'] is None:
+      return tff.StructType(elements)
+    return tff.StructWithPythonType(
+        elements, _container_class(tree['container'], tuple(tree['fields'])))
+  raise ValueError(f'A container tree for the non-struct type {type_spec}.')
+
+
+def _class_path(cls: type) -> str:
+  """'module:Name' or 'module:Outer.Name' reaching `cls` (a namedtuple
+  made inside a class has only its own name as `__qualname__`)."""
+  module = sys.modules.get(cls.__module__)
+  if getattr(module, cls.__qualname__, None) is not cls:
+    for outer_name, outer in sorted(vars(module or object).items()):
+      if isinstance(outer, type) and vars(outer).get(cls.__name__) is cls:
+        return f'{cls.__module__}:{outer_name}.{cls.__name__}'
+  return f'{cls.__module__}:{cls.__qualname__}'
+
+
+def _container_class(name: str, fields: tuple[str, ...]) -> type:
+  """The class `name` names among the modules imported; a namedtuple that
+  none holds (dp_accounting makes one per call to `to_named_tuple`) is made
+  again with its name and fields."""
+  module_name, _, qualname = name.partition(':')
+  found = sys.modules.get(module_name)
+  for part in qualname.split('.'):
+    found = getattr(found, part, None)
+  if isinstance(found, type):
+    return found
+  if fields:
+    return _namedtuple(module_name, qualname, fields)
+  raise ValueError(f'No imported class {name}.')
+
+
+@functools.lru_cache(maxsize=None)
+def _namedtuple(module_name: str, name: str, fields: tuple[str, ...]) -> type:
+  return collections.namedtuple(name, fields, module=module_name)
 
 
 # ----------------------------------------------------------------------------
@@ -393,15 +480,22 @@ class TensorFlowFunction:
   computation, and returns the result's leaves as eager tensors.
   """
 
-  def __init__(self, computation: tff.Computation):
-    proto = tff.framework.serialize_computation(computation)
+  def __init__(self, computation):
+    """`computation`: a `tff.Computation`, or its serialized `pb.Computation`
+    (`tff.framework.serialize_computation`)."""
+    if isinstance(computation, pb.Computation):
+      proto = computation
+      type_signature = type_serialization.deserialize_type(proto.type)
+    else:
+      proto = tff.framework.serialize_computation(computation)
+      type_signature = computation.type_signature
     if proto.WhichOneof('computation') != 'tensorflow':
       raise ValueError(
           'Only TensorFlow computations run in-process; got a '
           f'{proto.WhichOneof("computation")} computation of type '
-          f'{computation.type_signature}.')
+          f'{type_signature}.')
     tf_proto = proto.tensorflow
-    self.type_signature = computation.type_signature
+    self.type_signature = type_signature
     graph_def = tf.compat.v1.GraphDef()
     tf_proto.graph_def.Unpack(graph_def)
     graph_def = _rename_functions(graph_def, f'inproc{next(_counter)}')
