@@ -111,15 +111,12 @@ SPECIAL_TOKENS = 4
 # Model-sized vectors of the server state besides the noise: the model and
 # its server momentum (--server_optimizer=sgdm).
 MODEL_VECTORS = 2
-# Peak memory of a DP round, in bytes per byte of noise state: the peak RSS
-# of banded noise over independent noise's, per byte of its state, measured
-# 5.5-5.9 (server round) and 6.1-6.6 (`training.run`) at b = 20 on the
-# published LSTM (two runs), 5.7-5.9 at b = 32 and 64 on the LSTM over 100
-# words. A round holds the state (numpy), its copy fed to the server
-# update, the update's temporaries (coefficients x past noise, the shifted
-# history), the new history and its numpy copy, then the checkpoint's file
-# image.
-STATE_COPIES_AT_PEAK = 7
+# Peak memory of a DP round, in bytes per byte of noise state, is the
+# library's `assembly.STATE_COPIES_AT_PEAK` (what `scripts.train` refuses
+# with): the peak RSS of banded noise over independent noise's, per byte of
+# its state, measured 5.5-5.9 (server round) and 6.1-6.6 (`training.run`) at
+# b = 20 on the published LSTM (two runs), 5.7-5.9 at b = 32 and 64 on the
+# LSTM over 100 words.
 # The peak RSS of `training.run` with independent noise at the published
 # shape (TensorFlow, TFF's traced computations, the model, its momentum,
 # the cohort's sum, evaluation): 1.80-1.89 GiB measured.
@@ -188,9 +185,16 @@ def noise_vectors(mechanism: str, shape: Shape) -> int:
                       shape.clients_per_round).noise.state_vectors
 
 
+def state_copies_at_peak() -> int:
+  """Bytes a DP round holds at peak per byte of noise state."""
+  from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
+  return assembly.STATE_COPIES_AT_PEAK
+
+
 def memory_need(vectors: int, parameters: int) -> int:
   """Bytes a DP round needs at peak with `vectors` noise vectors."""
-  return BASE_BYTES + STATE_COPIES_AT_PEAK * vectors * parameters * FLOAT_BYTES
+  return (BASE_BYTES +
+          state_copies_at_peak() * vectors * parameters * FLOAT_BYTES)
 
 
 def uses_bands(mechanism: str) -> bool:
@@ -218,7 +222,7 @@ def refusal(name: str, vectors: int, parameters: int,
   return (f'{name}: refused before anything is built: its state holds '
           f'{vectors} noise vectors of {parameters:,} parameters '
           f'({gib(vectors * parameters * FLOAT_BYTES)}); a DP round holds '
-          f'about {STATE_COPIES_AT_PEAK} copies of it besides '
+          f'about {state_copies_at_peak()} copies of it besides '
           f'{gib(BASE_BYTES)} for TensorFlow and the model, so it needs about '
           f'{gib(need)}, and this machine has {gib(memory)} available.')
 

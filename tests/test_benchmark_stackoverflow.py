@@ -95,12 +95,12 @@ def test_published_banded_noise_is_refused_up_front_with_its_memory_need(
   assert b.main([]) == 0
   lines = capsys.readouterr().out.splitlines()
   state = 341 * PUBLISHED_PARAMETERS * 4  # 341 past noise vectors, float32.
-  need = b.BASE_BYTES + b.STATE_COPIES_AT_PEAK * state
+  need = b.BASE_BYTES + b.state_copies_at_peak() * state
   refusals = [line for line in lines if 'refused before' in line]
   assert refusals == [
       'banded (b = 342): refused before anything is built: its state holds '
       '341 noise vectors of 4,050,748 parameters (5.1 GiB); a DP round holds'
-      f' about {b.STATE_COPIES_AT_PEAK} copies of it besides '
+      f' about {b.state_copies_at_peak()} copies of it besides '
       f'{b.BASE_BYTES / 2**30:.1f} GiB for TensorFlow and the model, so it '
       f'needs about {need / 2**30:.1f} GiB, and this machine has 23.0 GiB '
       'available.']

@@ -55,6 +55,7 @@ import tensorflow_federated as tff
 from tff_clip import checks
 from tff_clip.aggregation import bounding
 from tff_clip.aggregation import mechanisms
+from tff_clip.aggregation import spec
 
 __all__ = [
     'BOUNDINGS',
@@ -67,6 +68,8 @@ __all__ = [
 
 BOUNDINGS = bounding.BOUNDINGS
 NORM_DTYPE = np.float32
+# DPSpec's: a bounding splits its norm the same way with or without DP.
+_DEFAULT_SPLIT = spec.parameter('split').default
 
 NormSource = Union[float, tff.templates.EstimationProcess]
 InnerFactory = Union[tff.aggregators.UnweightedAggregationFactory,
@@ -298,7 +301,7 @@ class BoundingFactory(_BoundingFactoryBase,
   `build_unweighted_fed_avg(model_aggregator=...)` alike.
   """
 
-  def __init__(self, method, clip_norm, split='dim'):
+  def __init__(self, method, clip_norm, split=_DEFAULT_SPLIT):
     super().__init__(method, clip_norm, split, None)
 
   def create(self, value_type, weight_type=None):
@@ -329,7 +332,7 @@ class WeightedBoundingFactory(_BoundingFactoryBase,
 
 def bounding_factory(bounding_method: str,
                      clip_norm: NormSource,
-                     split: bounding.Split = 'dim',
+                     split: bounding.Split = _DEFAULT_SPLIT,
                      inner_agg_factory: Optional[InnerFactory] = None):
   """A factory that bounds each client update, then aggregates with the inner.
 
@@ -375,7 +378,7 @@ def normalize_factory(clip_norm: NormSource,
 
 
 def per_layer_clip_factory(clip_norm: NormSource,
-                           split: bounding.Split = 'dim',
+                           split: bounding.Split = _DEFAULT_SPLIT,
                            inner_agg_factory: Optional[InnerFactory] = None):
   """Per-layer clipping u_h min(1, C_h/||u_h||), sum C_h^2 = C^2."""
   return bounding_factory('per_layer_clip', clip_norm, split,
@@ -384,7 +387,7 @@ def per_layer_clip_factory(clip_norm: NormSource,
 
 def per_layer_normalize_factory(
     clip_norm: NormSource,
-    split: bounding.Split = 'dim',
+    split: bounding.Split = _DEFAULT_SPLIT,
     inner_agg_factory: Optional[InnerFactory] = None):
   """Per-layer normalization C_h u_h/||u_h||, sum C_h^2 = C^2."""
   return bounding_factory('per_layer_normalize', clip_norm, split,

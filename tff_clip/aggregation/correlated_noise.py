@@ -88,9 +88,7 @@ def max_column_norm(bands: int) -> float:
 def sensitivity(bands: int, rounds: int, separation: int) -> float:
   """sqrt(k) max_j ||C e_j|| for unit per-round sensitivity (b <= separation)."""
   bands = checks.integer(bands, 'bands', minimum=1)
-  if separation < bands:
-    raise ValueError(f'`bands` ({bands}) must be at most the participation '
-                     f'separation ({separation}).')
+  noise_mechanisms.check_bands_within_separation(bands, separation)
   return math.sqrt(participations(rounds, separation)) * max_column_norm(bands)
 
 

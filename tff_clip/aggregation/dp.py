@@ -59,14 +59,11 @@ import tensorflow_privacy as tfp
 
 from tff_clip.aggregation import aggregators
 from tff_clip.aggregation import bounding
+from tff_clip.aggregation import dp_queries
 from tff_clip.aggregation import spec as spec_lib
 
-__all__ = [
-    'ActualCountNormalizedQuery',
-    'AdaptiveBoundedSumQuery',
-    'BoundedGaussianSumQuery',
-    'CountQuantileEstimatorQuery',
-    'ResultDtypeQuery',
+# The queries (`tff_clip.aggregation.dp_queries`) are re-exported below.
+__all__ = dp_queries.__all__ + [
     'adaptive_noise_multipliers',
     'default_clipped_count_stddev',
     'dp_factory',

@@ -141,10 +141,12 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
   def __init__(self, bounding_method: str, clip_norm, noise_multiplier: float,
                layer_fractions: Optional[np.ndarray] = None,
                noise_seed: Optional[int] = None,
-               noise_placement: str = 'central',
+               noise_placement: str = spec_lib.parameter(
+                   'noise_placement').default,
                expected_clients: Optional[float] = None,
                noise_mechanism=spec_lib.parameter('noise_mechanism').default,
-               bands: int = 1, *, rounds: Optional[int] = None,
+               bands: int = spec_lib.parameter('bands').default, *,
+               rounds: Optional[int] = None,
                separation: Optional[int] = None, **options):
     # One object draws the noise and states its DpEvent: `noise_mechanism`
     # is one (`tff_clip.aggregation.noise_mechanisms`), or the name it is built from with

@@ -39,13 +39,26 @@ import numpy as np
 
 from tff_clip import checks
 
-__all__ = ['Independent', 'NoiseMechanism', 'fold', 'gaussian_event',
+__all__ = ['Independent', 'NoiseMechanism', 'check_bands_within_separation',
+           'fold', 'gaussian_event',
            'participations', 'standard_normals']
 
 
 def participations(rounds: int, separation: int) -> int:
   """k = ceil(T / b): the most rounds a client can take part in."""
   return -(-int(rounds) // int(separation))
+
+
+def check_bands_within_separation(bands: int, separation: int) -> None:
+  """Refuses `bands` above the participation `separation`."""
+  if separation < bands:
+    # Within `bands` rounds two participations would share the
+    # mechanism's memory: the per-participation accounting breaks.
+    raise ValueError(
+        f'`bands` ({bands}) must be at most the participation '
+        f'`separation` ({separation}): a client taking part twice '
+        f'within {bands} rounds is not covered by the accounting; '
+        'raise the separation or lower `bands`.')
 
 
 def gaussian_event(noise_multiplier):
@@ -124,14 +137,8 @@ class NoiseMechanism:
                    checks.integer(rounds, 'rounds', minimum=1))
     self.separation = (None if separation is None else
                        checks.integer(separation, 'separation', minimum=1))
-    if self.separation is not None and self.separation < self.bands:
-      # Within `bands` rounds two participations would share the
-      # mechanism's memory: the per-participation accounting breaks.
-      raise ValueError(
-          f'`bands` ({self.bands}) must be at most the participation '
-          f'`separation` ({self.separation}): a client taking part twice '
-          f'within {self.bands} rounds is not covered by the accounting; '
-          'raise the separation or lower `bands`.')
+    if self.separation is not None:
+      check_bands_within_separation(self.bands, self.separation)
 
   def __repr__(self):
     return (f'{type(self).__name__}(bands={self.bands}, rounds={self.rounds}'
