@@ -17,6 +17,8 @@ default and TFF's adaptive clipping):
 * `banded_b` and `tree_b`: tff_clip's correlated noise with the default
   bounding (adaptive normalization) and participation with minimum
   separation b (b groups, round t trains group t mod b; not amplified).
+* `blt_b`: BLT noise (its default `--blt_buffers`, optimized for the
+  run's rounds and separation b) under the same participation.
 * `tff_tree_b`: TFF's `DifferentiallyPrivateFactory.tree_adaptive`,
   restarted every b rounds, under the same participation: the baseline.
 * `banded_{b/4}` (b >= 8 only): banded noise with b/4 bands under the same
@@ -89,6 +91,7 @@ def variants(bands: int) -> dict:
       ('independent', dict(sampling='poisson')),
       (f'banded_{bands}', dict(separated, noise_mechanism='banded')),
       (f'tree_{bands}', dict(separated, noise_mechanism='tree')),
+      (f'blt_{bands}', dict(separated, noise_mechanism='blt')),
       (f'tff_tree_{bands}', dict(separated, noise_mechanism='tree',
                                  bounding='tff_tree_adaptive',
                                  clip_norm='adaptive')),

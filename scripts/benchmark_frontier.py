@@ -151,6 +151,13 @@ METHODS = collections.OrderedDict([
                                        noise_mechanism='banded')),
     ('banded_normalize_fixed', dict(SEPARATED, bounding='normalize',
                                     noise_mechanism='banded')),
+    # BLT noise (its default buffers, optimized for the run's rounds and
+    # separation) with the same bounding and participation as banded.
+    ('blt_normalize_adaptive', dict(SEPARATED, bounding='normalize',
+                                    clip_norm='adaptive',
+                                    noise_mechanism='blt')),
+    ('blt_normalize_fixed', dict(SEPARATED, bounding='normalize',
+                                 noise_mechanism='blt')),
     ('tff_tree_adaptive', dict(SEPARATED, bounding='tff_tree_adaptive',
                                clip_norm='adaptive', noise_mechanism='tree')),
 ])

@@ -25,7 +25,7 @@ from scripts import benchmark_correlated as b
 table = b.variants(5)
 plan = b.configs('digits', list(table), table, [2.0, 8.0], [0, 1], None,
                  {str(tmp_path)!r})
-assert len(plan) == 4 * 2 * 2
+assert len(plan) == 5 * 2 * 2
 for name, epsilon, seed, c in plan:
   assert c.target_epsilon == epsilon and c.noise_multiplier is None
   assert c.rounds == 40
@@ -39,7 +39,8 @@ for name, epsilon, seed, c in plan:
 print(sorted(table))
 ''', REPO)
   assert result.returncode == 0, result.stderr[-2000:]
-  assert "['banded_5', 'independent', 'tff_tree_5', 'tree_5']" in result.stdout
+  assert ("['banded_5', 'blt_5', 'independent', 'tff_tree_5', 'tree_5']"
+          in result.stdout)
   assert not os.listdir(tmp_path)  # Planning writes nothing.
 
 

@@ -53,7 +53,7 @@ for method, epsilon, i, config in plan:
     assert config.sampling == 'min_separation'
     assert config.separation == config.bands == (
         config.num_clients // setting_cohort)
-    assert config.noise_mechanism in ('banded', 'tree')
+    assert config.noise_mechanism in ('banded', 'blt', 'tree')
     # The cohort is the smallest of this seed's groups (the sampler refuses
     # a larger one), computed as the sampler groups them.
     groups = collections.Counter(
