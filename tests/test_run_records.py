@@ -588,3 +588,119 @@ def test_a_tiny_epsilon_is_never_printed_as_zero():
   assert 'would give epsilon = < 0.001' in text
   assert program.format_epsilon(3e-7) == '< 0.001'
   assert program.format_epsilon(0.004) == '0.004'
+
+
+# ----------------------------------------------------------------------------
+# Banded noise's checkpoints write what changed: one new noise vector a round.
+
+
+def _banded_states(bands, rounds, seed=0):
+  """A model's leaves and banded noise's ring of its last bands - 1 noise
+  vectors (newest first) after each round, and the key: numpy's own
+  recursion, as `correlated_noise.Banded` keeps it."""
+  rng = np.random.default_rng(seed)
+  model = [rng.normal(size=(100, 50)).astype(np.float32),
+           rng.normal(size=50).astype(np.float32)]
+  ring = [np.zeros((bands - 1,) + m.shape, np.float32) for m in model]
+  key = np.array([7, 11], np.int64)
+  states = []
+  for _ in range(rounds):
+    noise = [rng.normal(size=m.shape).astype(np.float32) for m in model]
+    ring = [np.concatenate([w[np.newaxis], r[:-1]]) for w, r in zip(noise,
+                                                                    ring)]
+    model = [m + w for m, w in zip(model, noise)]
+    states.append(model + ring + [key])
+  return states, sum(m.nbytes for m in model)
+
+
+@pytest.mark.parametrize('bands', [4, 16, 64])
+def test_a_banded_round_writes_the_model_and_one_noise_vector_whatever_b(
+    tmp_path, monkeypatch, bands):
+  """Each round's ring holds b - 1 noise vectors, b - 2 of them already in
+  the previous checkpoint: a round writes the model, the new vector and a
+  header, at most 2.25x the model's bytes (counted from its weights) for
+  any b, not the b x of writing the ring whole."""
+  written = []
+  real_replace = os.replace
+
+  def counting_replace(src, dst):
+    written.append(os.path.getsize(src))
+    real_replace(src, dst)
+
+  monkeypatch.setattr(run_records.os, 'replace', counting_replace)
+  states, model_bytes = _banded_states(bands, rounds=bands + 4)
+  checkpoints = run_records.Checkpoints(str(tmp_path / 'checkpoints'))
+  for round_num, state in enumerate(states, 1):
+    written.clear()
+    checkpoints.save(round_num, state, {'model': None})
+    if round_num > 2:  # The first two carry the initial ring once.
+      assert sum(written) <= 2.25 * model_bytes, (round_num, sum(written))
+  leaves, _ = run_records.Checkpoints(checkpoints.directory).load(len(states))
+  for got, want in zip(leaves, states[-1], strict=True):
+    np.testing.assert_array_equal(got, want)
+  # Old vectors are removed once no kept checkpoint holds them.
+  assert len(os.listdir(checkpoints.directory)) <= 2 + bands
+
+
+class _Killed(BaseException):
+  pass
+
+
+def test_a_kill_between_any_two_writes_resumes_bit_for_bit(tmp_path,
+                                                           monkeypatch):
+  """Killed at each file-system change of banded checkpoints (a rename or a
+  removal), a restart loads the last complete round's state exactly, every
+  kept checkpoint loads (none refers to a missing file), and going on from
+  it ends with the uninterrupted run's checkpoints."""
+  states, _ = _banded_states(bands=5, rounds=9)
+  reference = run_records.Checkpoints(str(tmp_path / 'reference'))
+  for round_num, state in enumerate(states, 1):
+    reference.save(round_num, state, {'model': None})
+  real_replace, real_remove = os.replace, os.remove
+  change = 0
+  while True:
+    change += 1
+    directory = str(tmp_path / f'killed_{change}' / 'checkpoints')
+    count = [0]
+
+    def counted(real):
+      def call(*args):
+        count[0] += 1
+        if count[0] == change:  # pylint: disable=cell-var-from-loop
+          raise _Killed()
+        return real(*args)
+      return call
+
+    monkeypatch.setattr(run_records.os, 'replace', counted(real_replace))
+    monkeypatch.setattr(run_records.os, 'remove', counted(real_remove))
+    killed = run_records.Checkpoints(directory)
+    done = 0
+    try:
+      for round_num, state in enumerate(states, 1):
+        killed.save(round_num, state, {'model': None})
+        done = round_num
+    except _Killed:
+      pass
+    monkeypatch.setattr(run_records.os, 'replace', real_replace)
+    monkeypatch.setattr(run_records.os, 'remove', real_remove)
+    if done == len(states):
+      break
+    resumed = run_records.Checkpoints(directory)
+    found = resumed.load_latest(warn=pytest.fail)
+    version = found[0] if found else 0
+    assert version in (done, done + 1), (change, version, done)
+    if found:
+      for got, want in zip(found[1], states[version - 1], strict=True):
+        np.testing.assert_array_equal(got, want)
+    for kept in resumed.versions():
+      run_records.Checkpoints(directory).load(kept)
+    for round_num in range(version + 1, len(states) + 1):
+      resumed.save(round_num, states[round_num - 1], {'model': None})
+    assert sorted(os.listdir(directory)) == sorted(
+        os.listdir(reference.directory)), change
+    for kept in reference.versions():
+      got, _ = run_records.Checkpoints(directory).load(kept)
+      want, _ = run_records.Checkpoints(reference.directory).load(kept)
+      for a, b in zip(got, want, strict=True):
+        assert a.tobytes() == b.tobytes()
+  assert change > 9 * 2  # Each round renamed and removed something.
