@@ -237,3 +237,26 @@ def test_an_entry_of_another_library_version_is_not_used(built):
   finally:
     graph_cache.library_hash = library_hash
   assert len(built['traced']) == before + 1
+
+
+@pytest.mark.slow
+def test_a_fresh_process_runs_from_the_entry_another_wrote(tmp_path):
+  # Nothing traced in the second process: not even the aggregator's modules
+  # are imported when its state's containers are looked up.
+  import pathlib
+  import subprocess
+  import sys
+  directory = tmp_path / 'graphs'
+  env = dict(os.environ, **{graph_cache.ENV: str(directory)})
+  def train(name):
+    return subprocess.run(
+        [sys.executable, '-m', 'scripts.train', '--rounds=1',
+         '--progress=false', f'--root_output_dir={tmp_path / name}'],
+        cwd=pathlib.Path(__file__).parent.parent, env=env,
+        capture_output=True, text=True, check=True)
+  train('cold')
+  (entry,) = directory.iterdir()
+  written = os.stat(entry)
+  warm = train('warm')
+  assert 'Graph cache' not in warm.stderr
+  assert os.stat(entry).st_ino == written.st_ino  # Not rewritten.

@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import functools
+import importlib
 import itertools
 import sys
 from typing import Any, Sequence
@@ -184,6 +185,11 @@ def with_containers(type_spec, tree):
   raise ValueError(f'A container tree for the non-struct type {type_spec}.')
 
 
+# The packages whose modules a container's name may import.
+_CONTAINER_PACKAGES = ('tff_clip', 'tensorflow_federated', 'tensorflow_privacy',
+                       'dp_accounting', 'collections')
+
+
 def _class_path(cls: type) -> str:
   """'module:Name' or 'module:Outer.Name' reaching `cls` (a namedtuple
   made inside a class has only its own name as `__qualname__`)."""
@@ -201,12 +207,17 @@ def _container_class(name: str, fields: tuple[str, ...]) -> type:
   again with its name and fields."""
   module_name, _, qualname = name.partition(':')
   found = sys.modules.get(module_name)
+  if found is None and module_name.split('.')[0] in _CONTAINER_PACKAGES:
+    try:  # A fresh process that traced nothing has not imported it yet.
+      found = importlib.import_module(module_name)
+    except ImportError:
+      pass
   for part in qualname.split('.'):
     found = getattr(found, part, None)
   if isinstance(found, type):
     return found
   if fields:
-    return _namedtuple(module_name, qualname, fields)
+    return _namedtuple(module_name, qualname.split('.')[-1], fields)
   raise ValueError(f'No imported class {name}.')
 
 
