@@ -174,9 +174,10 @@ def train(output_dir: str, name: str, **config_fields) -> dict:
   A finished run in `output_dir/name` is resumed (i.e. read back) rather
   than trained again, so an interrupted reproduction picks up where it was.
   """
-  from tff_clip.program import plotting  # pylint: disable=g-import-not-at-top
   from scripts import program  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
   from tff_clip.program import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import plotting  # pylint: disable=g-import-not-at-top
   from tff_clip.program import training  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   config = training.TrainConfig(
@@ -198,7 +199,7 @@ def train(output_dir: str, name: str, **config_fields) -> dict:
     # ~2-3 GB for the CNN) on every call, and the previous worker lives until
     # this process exits; `scripts.reproduce` set the context once already.
     from unittest import mock  # pylint: disable=g-import-not-at-top
-    with mock.patch.object(training, 'set_execution_context',
+    with mock.patch.object(assembly, 'set_execution_context',
                            lambda config: None):
       summary = dict(program.run(config))
   summary['metrics'] = plotting.read_metrics(
