@@ -287,6 +287,7 @@ def _bookkeeping_ms(rounds, parameters=20_000):
   round is released to `releases.jsonl` and `metrics.csv`.
   """
   from tff_clip.privacy import accounting, privacy_ledger
+  from tff_clip.program import checkpoints  # pylint: disable=g-import-not-at-top
   from tff_clip.program import run_records  # pylint: disable=g-import-not-at-top
   event = accounting.gaussian_round_event(0.5, 20, 1000)
   event_dict = privacy_ledger.event_to_dict(event)
@@ -295,7 +296,7 @@ def _bookkeeping_ms(rounds, parameters=20_000):
   times = []
   with tempfile.TemporaryDirectory() as out:
     log = run_records.ReleaseLog(out)
-    checkpoints = run_records.Checkpoints(os.path.join(out, 'checkpoints'))
+    store = checkpoints.Checkpoints(os.path.join(out, 'checkpoints'))
     csv_path = os.path.join(out, 'metrics.csv')
     rows = []
     for round_num in range(1, rounds + 1):
@@ -303,7 +304,7 @@ def _bookkeeping_ms(rounds, parameters=20_000):
       ledger.record(round_num, event)
       row = dict(round=round_num, clip_norm=0.1,
                  epsilon=ledger.guarantee(1e-5).epsilon)
-      checkpoints.save(round_num, leaves, dict(
+      store.save(round_num, leaves, dict(
           pending=dict(row=row, event=event_dict),
           log_hash=log.hash_at(round_num - 1)))
       log.append(round_num, row, event_dict)

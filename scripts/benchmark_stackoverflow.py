@@ -320,7 +320,7 @@ def _server_round(shape, mechanism, cohort, directory):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip.aggregation import dp
   from tff_clip.privacy import accounting, privacy_ledger, sampling
-  from tff_clip.program import assembly, run_records
+  from tff_clip.program import assembly, checkpoints, run_records
   from tff_clip.runtime import client_data, simulation, tf_graphs  # pylint: disable=g-import-not-at-top,g-multiple-import
   config = train_config(shape, mechanism, cohort)
   task = task_builder(shape)(config)
@@ -371,9 +371,9 @@ def _server_round(shape, mechanism, cohort, directory):
     times.append(time.perf_counter() - started)
   result['update_s'] = statistics.median(times)
   event = dp.extract_dp_event(state.aggregator)
-  checkpoints = run_records.Checkpoints(os.path.join(directory, 'server'))
+  store = checkpoints.Checkpoints(os.path.join(directory, 'server'))
   started = time.perf_counter()
-  checkpoints.save(1, [np.asarray(leaf) for leaf in leaves],
+  store.save(1, [np.asarray(leaf) for leaf in leaves],
                    dict(pending=dict(row=dict(round=1), event=None)))
   result['checkpoint_s'] = time.perf_counter() - started
   result['checkpoint_bytes'] = os.path.getsize(

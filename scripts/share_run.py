@@ -20,6 +20,7 @@ from __future__ import annotations
 from absl import flags
 
 from scripts import cli
+from tff_clip.program import checkpoints
 from tff_clip.program import run_records
 
 _RUN_DIR = flags.DEFINE_string('run_dir', None, 'The run directory to share.')
@@ -36,7 +37,7 @@ def main(argv) -> int:
     return cli.fail('--output_dir is required: a new directory for the '
                     'released outputs.')
   try:
-    copied = run_records.share(_RUN_DIR.value, _OUTPUT_DIR.value)
+    copied = checkpoints.share(_RUN_DIR.value, _OUTPUT_DIR.value)
   except run_records.RunRecordError as e:
     return cli.fail(e)
   print(f'{_OUTPUT_DIR.value}/: {", ".join(copied)} (the released outputs; '

@@ -239,14 +239,14 @@ def interrupted() -> str:
   Read from the run directory, as the rerun will read it: it resumes after
   the newest checkpoint (a DP run saves each round's before releasing it).
   """
-  from tff_clip.program import run_records  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import checkpoints  # pylint: disable=g-import-not-at-top
   config = config_from_flags()
   out = config.output_dir
   if not os.path.exists(os.path.join(out, 'config.json')):
     return 'rerun the same command to start the run'
   if os.path.exists(os.path.join(out, 'summary.json')):
     return 'the run had finished; rerun the same command to see its results'
-  versions = run_records.Checkpoints(os.path.join(out, 'checkpoints')
+  versions = checkpoints.Checkpoints(os.path.join(out, 'checkpoints')
                                      ).versions()
   next_round = (versions[-1] if versions else 0) + 1
   if next_round > config.rounds:

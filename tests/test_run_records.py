@@ -22,6 +22,7 @@ import as_a_user  # pylint: disable=g-bad-import-order
 from scripts import program
 from tff_clip.program import program_logic
 from tff_clip.program import run_directory
+from tff_clip.program import checkpoints
 from tff_clip.program import run_records
 from tff_clip.program import training
 
@@ -312,15 +313,15 @@ def test_a_checkpoint_is_written_as_produced_never_whole_in_memory(tmp_path):
   memory), and it reads back exactly."""
   import tracemalloc  # pylint: disable=g-import-not-at-top
   leaf = np.arange(16 * 2**20, dtype=np.float32)  # 64 MiB.
-  checkpoints = run_records.Checkpoints(str(tmp_path / 'checkpoints'))
+  store = checkpoints.Checkpoints(str(tmp_path / 'checkpoints'))
   tracemalloc.start()
   try:
-    checkpoints.save(1, [leaf], {'model': None})
+    store.save(1, [leaf], {'model': None})
     _, peak = tracemalloc.get_traced_memory()
   finally:
     tracemalloc.stop()
   assert peak < leaf.nbytes / 2
-  leaves, header = checkpoints.load(1)
+  leaves, header = store.load(1)
   np.testing.assert_array_equal(leaves[0], leaf)
   assert header == {'model': None, 'round': 1}
 
@@ -629,17 +630,17 @@ def test_a_banded_round_writes_the_model_and_one_noise_vector_whatever_b(
 
   monkeypatch.setattr(run_records.os, 'replace', counting_replace)
   states, model_bytes = _banded_states(bands, rounds=bands + 4)
-  checkpoints = run_records.Checkpoints(str(tmp_path / 'checkpoints'))
+  store = checkpoints.Checkpoints(str(tmp_path / 'checkpoints'))
   for round_num, state in enumerate(states, 1):
     written.clear()
-    checkpoints.save(round_num, state, {'model': None})
+    store.save(round_num, state, {'model': None})
     if round_num > 2:  # The first two carry the initial ring once.
       assert sum(written) <= 2.25 * model_bytes, (round_num, sum(written))
-  leaves, _ = run_records.Checkpoints(checkpoints.directory).load(len(states))
+  leaves, _ = checkpoints.Checkpoints(store.directory).load(len(states))
   for got, want in zip(leaves, states[-1], strict=True):
     np.testing.assert_array_equal(got, want)
   # Old vectors are removed once no kept checkpoint holds them.
-  assert len(os.listdir(checkpoints.directory)) <= 2 + bands
+  assert len(os.listdir(store.directory)) <= 2 + bands
 
 
 class _Killed(BaseException):
@@ -653,7 +654,7 @@ def test_a_kill_between_any_two_writes_resumes_bit_for_bit(tmp_path,
   kept checkpoint loads (none refers to a missing file), and going on from
   it ends with the uninterrupted run's checkpoints."""
   states, _ = _banded_states(bands=5, rounds=9)
-  reference = run_records.Checkpoints(str(tmp_path / 'reference'))
+  reference = checkpoints.Checkpoints(str(tmp_path / 'reference'))
   for round_num, state in enumerate(states, 1):
     reference.save(round_num, state, {'model': None})
   real_replace, real_remove = os.replace, os.remove
@@ -673,7 +674,7 @@ def test_a_kill_between_any_two_writes_resumes_bit_for_bit(tmp_path,
 
     monkeypatch.setattr(run_records.os, 'replace', counted(real_replace))
     monkeypatch.setattr(run_records.os, 'remove', counted(real_remove))
-    killed = run_records.Checkpoints(directory)
+    killed = checkpoints.Checkpoints(directory)
     done = 0
     try:
       for round_num, state in enumerate(states, 1):
@@ -685,7 +686,7 @@ def test_a_kill_between_any_two_writes_resumes_bit_for_bit(tmp_path,
     monkeypatch.setattr(run_records.os, 'remove', real_remove)
     if done == len(states):
       break
-    resumed = run_records.Checkpoints(directory)
+    resumed = checkpoints.Checkpoints(directory)
     found = resumed.load_latest(warn=pytest.fail)
     version = found[0] if found else 0
     assert version in (done, done + 1), (change, version, done)
@@ -693,14 +694,14 @@ def test_a_kill_between_any_two_writes_resumes_bit_for_bit(tmp_path,
       for got, want in zip(found[1], states[version - 1], strict=True):
         np.testing.assert_array_equal(got, want)
     for kept in resumed.versions():
-      run_records.Checkpoints(directory).load(kept)
+      checkpoints.Checkpoints(directory).load(kept)
     for round_num in range(version + 1, len(states) + 1):
       resumed.save(round_num, states[round_num - 1], {'model': None})
     assert sorted(os.listdir(directory)) == sorted(
         os.listdir(reference.directory)), change
     for kept in reference.versions():
-      got, _ = run_records.Checkpoints(directory).load(kept)
-      want, _ = run_records.Checkpoints(reference.directory).load(kept)
+      got, _ = checkpoints.Checkpoints(directory).load(kept)
+      want, _ = checkpoints.Checkpoints(reference.directory).load(kept)
       for a, b in zip(got, want, strict=True):
         assert a.tobytes() == b.tobytes()
   assert change > 9 * 2  # Each round renamed and removed something.

@@ -20,6 +20,7 @@ import os
 import struct
 from typing import Any, Mapping, Optional
 
+from tff_clip.program import checkpoints
 from tff_clip.program import run_records
 
 __all__ = ['ReleaseEvidence', 'release_evidence']
@@ -143,13 +144,13 @@ def release_evidence(run_dir: str) -> ReleaseEvidence:
   """
   found = [(0, '', None)]  # (rounds, file, epsilon)
   event = None
-  checkpoints = run_records.Checkpoints(os.path.join(run_dir, 'checkpoints'))
-  versions = checkpoints.versions()
+  store = checkpoints.Checkpoints(os.path.join(run_dir, 'checkpoints'))
+  versions = store.versions()
   if versions:
-    found.append((versions[-1] - 1, checkpoints.path(versions[-1]), None))
+    found.append((versions[-1] - 1, store.path(versions[-1]), None))
     for version in reversed(versions):
       try:
-        _, header = checkpoints.load(version)
+        _, header = store.load(version)
       except run_records.RunRecordError:
         continue
       pending = header.get('pending')

@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 from tff_clip.names import MIN_SEPARATION
 from tff_clip.program import release_evidence
+from tff_clip.program import checkpoints
 from tff_clip.program import run_records
 from tff_clip.program.config import ConfigError, TrainConfig
 from tff_clip.program.config import EXECUTION_KEYS, RENAMED_KEYS
@@ -285,11 +286,11 @@ def check_released(config: TrainConfig) -> None:
   covered = log.last_round
   # A round checkpointed (with its row) but cut from the log by a kill is
   # released again from its checkpoint: the same row, never computed again.
-  checkpoints = run_records.Checkpoints(
+  store = checkpoints.Checkpoints(
       os.path.join(config.output_dir, 'checkpoints'))
-  if covered + 1 in checkpoints.versions():
+  if covered + 1 in store.versions():
     try:
-      _, header = checkpoints.load(covered + 1)
+      _, header = store.load(covered + 1)
       if header.get('pending') and header.get('log_hash') == log.hash_at(
           covered):
         covered += 1
@@ -320,7 +321,7 @@ class RunState:
 
   `to_leaves(state)` and `from_leaves(leaves)` turn the state into the flat
   arrays a checkpoint holds and back; `model_layout` says where the model's
-  weights lie among them (`run_records.share`).
+  weights lie among them (`checkpoints.share`).
   """
 
   def __init__(self, config: TrainConfig, log: run_records.ReleaseLog,
@@ -332,7 +333,7 @@ class RunState:
     self._to_leaves = to_leaves
     self._from_leaves = from_leaves
     self._model = model_layout
-    self._checkpoints = run_records.Checkpoints(
+    self._checkpoints = checkpoints.Checkpoints(
         os.path.join(config.output_dir, 'checkpoints'))
 
   def restore(self, initial_state):

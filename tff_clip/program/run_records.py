@@ -35,15 +35,13 @@ import io
 import json
 import math
 import os
-import re
-import shutil
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
 __all__ = [
-    'Checkpoints', 'ReleaseLog', 'RunRecordError', 'atomic_write',
-    'read_json', 'share', 'strict_json', 'write_json',
+    'ReleaseLog', 'RunRecordError', 'atomic_write', 'atomic_write_with',
+    'fsync_dir', 'read_json', 'strict_json', 'write_error', 'write_json',
 ]
 
 RELEASES = 'releases.jsonl'
@@ -74,7 +72,7 @@ def exclusive(directory: str):
   try:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   except OSError as e:
-    raise _write_error(path, e) from None
+    raise write_error(path, e) from None
   try:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -94,7 +92,7 @@ def exclusive(directory: str):
 # Atomic, durable writes.
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
   try:
     fd = os.open(directory or '.', os.O_RDONLY)
   except OSError:
@@ -107,7 +105,7 @@ def _fsync_dir(directory: str) -> None:
     os.close(fd)
 
 
-def _write_error(path: str, error: OSError) -> RunRecordError:
+def write_error(path: str, error: OSError) -> RunRecordError:
   reason = os.strerror(error.errno) if error.errno else str(error)
   hint = (' Free some space and rerun the same command: the run resumes.'
           if error.errno in (errno.ENOSPC, errno.EDQUOT) else '')
@@ -146,9 +144,9 @@ def atomic_write_with(path: str, write, mode: int = 0o666) -> None:
     except OSError:
       pass
     if isinstance(e, OSError):
-      raise _write_error(path, e) from None
+      raise write_error(path, e) from None
     raise
-  _fsync_dir(directory)
+  fsync_dir(directory)
 
 
 def strict_json(value):
@@ -311,9 +309,9 @@ class ReleaseLog:
         os.fsync(f.fileno())
     except OSError as e:
       self._rewrite_quietly()
-      raise _write_error(self.path, e) from None
+      raise write_error(self.path, e) from None
     if len(self._records) == 0:
-      _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+      fsync_dir(os.path.dirname(os.path.abspath(self.path)))
     self._records.append(record)
     self._hashes.append(record['hash'])
 
@@ -386,7 +384,7 @@ def append_metrics_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
       f.flush()
       os.fsync(f.fileno())
   except OSError as e:
-    raise _write_error(path, e) from None
+    raise write_error(path, e) from None
 
 
 def _fieldnames(rows) -> list[str]:
@@ -394,313 +392,3 @@ def _fieldnames(rows) -> list[str]:
   for row in rows:
     fields.extend(k for k in row if k not in fields)
   return fields
-
-
-# ----------------------------------------------------------------------------
-# Checkpoints.
-
-_CHECKPOINT = re.compile(r'^round_(\d{6,})\.npz$')
-_SLICES = re.compile(r'^slices_(\d{6,})\.npz$')
-
-
-# A checkpoint holds secrets (the DP noise key; for correlated noise, past
-# noise vectors; the row of a round not yet released, with metrics epsilon
-# does not cover): the directory is its owner's only (0700), every file in
-# it 0600.
-SECRET_DIR_MODE = 0o700
-SECRET_FILE_MODE = 0o600
-
-
-def _digest(array: np.ndarray) -> bytes:
-  """SHA-256 of an array's dtype, shape and bytes: whether a ring shifted."""
-  h = hashlib.sha256(f'{array.dtype.str}{array.shape}'.encode())
-  h.update(np.ascontiguousarray(array).tobytes())
-  return h.digest()
-
-
-def _vectors(leaf: np.ndarray) -> bool:
-  """Whether a leaf could be a ring: two or more vectors along axis 0."""
-  return leaf.ndim >= 2 and leaf.shape[0] >= 2
-
-
-def _slice_refs(data) -> dict[int, list[tuple[int, int]]]:
-  """{leaf: [(slices file's round, row in its array), ...]} of a checkpoint,
-  stored as int64s: leaf, count, then (round, row) pairs, leaf after leaf."""
-  if 'slices' not in data.files:
-    return {}
-  flat, refs, at = data['slices'].tolist(), {}, 0
-  while at < len(flat):
-    leaf, count = flat[at], flat[at + 1]
-    pairs = flat[at + 2:at + 2 + 2 * count]
-    refs[leaf] = list(zip(pairs[::2], pairs[1::2]))
-    at += 2 + 2 * count
-  return refs
-
-
-class Checkpoints:
-  """`checkpoints/round_NNNNNN.npz`: a state's leaves and a JSON header.
-
-  `save` writes atomically and keeps the newest `keep`; `load_latest`
-  returns the newest readable one, skipping (and naming) damaged ones. The
-  directory and its files are readable by their owner only
-  (`SECRET_DIR_MODE`, `SECRET_FILE_MODE`): a checkpoint of a DP run holds
-  the noise key, from which the noise of every round can be regenerated and
-  subtracted from the released model.
-
-  A leaf that is a ring of past vectors (banded noise's last b - 1 noise
-  vectors: each round shifts it by one and puts the new vector first) is
-  not written whole each round: its new vector goes to
-  `slices_NNNNNN.npz`, written before the checkpoint that refers to it, and
-  the checkpoint names the earlier rounds' files that hold the rest (8
-  bytes a vector). A slices file is removed only once no kept checkpoint
-  refers to it. So a round writes the model, the rest of the state and one
-  new vector per ring, whatever the ring's length; a kill between any two
-  writes leaves the newest complete checkpoint loadable with every file it
-  refers to, and an older one too.
-  """
-
-  def __init__(self, directory: str, keep: int = 2):
-    self.directory = directory
-    self._keep = keep
-    # Per leaf of the last checkpoint saved or loaded, per axis-0 vector:
-    # (its digest, (slices file's round, row) or None when written inline).
-    self._last: list[list[tuple[bytes, Optional[tuple[int, int]]]]] = []
-
-  def _make_private(self) -> None:
-    """Creates the directory (0700), or narrows an existing one and its files."""
-    try:
-      os.makedirs(self.directory, mode=SECRET_DIR_MODE, exist_ok=True)
-      os.chmod(self.directory, SECRET_DIR_MODE)
-      for name in os.listdir(self.directory):
-        path = os.path.join(self.directory, name)
-        if os.path.isfile(path) and not os.path.islink(path):
-          os.chmod(path, SECRET_FILE_MODE)
-    except OSError as e:
-      raise _write_error(self.directory, e) from None
-
-  def path(self, round_num: int) -> str:
-    """The file of round `round_num`'s checkpoint."""
-    return os.path.join(self.directory, f'round_{round_num:06d}.npz')
-
-  def slices_path(self, round_num: int) -> str:
-    """The file of the ring vectors round `round_num` was the first to hold."""
-    return os.path.join(self.directory, f'slices_{round_num:06d}.npz')
-
-  def _listed(self, pattern) -> list[int]:
-    if not os.path.isdir(self.directory):
-      return []
-    return sorted(int(m.group(1)) for m in map(
-        pattern.match, os.listdir(self.directory)) if m)
-
-  def versions(self) -> list[int]:
-    return self._listed(_CHECKPOINT)
-
-  def _plan(self, round_num, arrays):
-    """(inline leaves, new vectors, refs): a leaf whose vectors 1.. are the
-    last checkpoint's vectors 0..-2 of that leaf (a shifted ring) refers to
-    them where they were written."""
-    inline, new, flat, last = {}, {}, [], []
-    for i, leaf in enumerate(arrays):
-      digests = [_digest(v) for v in leaf] if _vectors(leaf) else []
-      before = self._last[i] if i < len(self._last) else []
-      if (digests and len(before) == len(digests) and
-          digests[1:] == [d for d, _ in before[:-1]]):
-        if all(where is not None for _, where in before[:-1]):
-          new[f'leaf_{i:05d}'] = leaf[:1]
-          where = [(round_num, 0)] + [w for _, w in before[:-1]]
-        else:  # The ring was inline: its vectors are written here once.
-          new[f'leaf_{i:05d}'] = leaf
-          where = [(round_num, j) for j in range(len(leaf))]
-        flat += [i, len(where)] + [n for pair in where for n in pair]
-        last.append(list(zip(digests, where)))
-      else:
-        inline[f'leaf_{i:05d}'] = leaf
-        last.append([(d, None) for d in digests])
-    return inline, new, flat, last
-
-  def save(self, round_num: int, leaves: Sequence[Any],
-           header: Mapping[str, Any]) -> None:
-    self._make_private()
-    arrays = [np.asarray(leaf) for leaf in leaves]
-    inline, new, flat, last = self._plan(round_num, arrays)
-    inline['header'] = np.asarray(json.dumps(  # Key order kept (rows).
-        strict_json(dict(header, round=round_num)), allow_nan=False))
-    if flat:
-      inline['slices'] = np.asarray(flat, np.int64)
-    # The vectors first: a checkpoint never refers to a file not written.
-    if new:
-      atomic_write_with(self.slices_path(round_num),
-                        lambda f: np.savez(f, **new), mode=SECRET_FILE_MODE)
-    atomic_write_with(self.path(round_num), lambda f: np.savez(f, **inline),
-                      mode=SECRET_FILE_MODE)
-    self._last = last
-    self._remove_old()
-
-  def _remove_old(self) -> None:
-    """Removes all but the newest `keep` checkpoints, then the slices files
-    no kept checkpoint refers to (none when a kept one cannot be read)."""
-    for old in self.versions()[:-self._keep]:
-      try:
-        os.remove(self.path(old))
-      except OSError:
-        pass
-    referenced = set()
-    for version in self.versions():
-      try:
-        with np.load(self.path(version), allow_pickle=False) as data:
-          refs = _slice_refs(data)
-      except Exception:  # pylint: disable=broad-except
-        return
-      referenced.update(at for ref in refs.values() for at, _ in ref)
-    for version in self._listed(_SLICES):
-      if version not in referenced:
-        try:
-          os.remove(self.slices_path(version))
-        except OSError:
-          pass
-
-  def load(self, round_num: int) -> tuple[list[np.ndarray], dict[str, Any]]:
-    path = self.path(round_num)
-    try:
-      with np.load(path, allow_pickle=False) as data:
-        header = json.loads(str(data['header']))
-        refs = _slice_refs(data)
-        stored = {int(n[len('leaf_'):]): data[n] for n in data.files
-                  if n.startswith('leaf_')}
-    except Exception as e:  # pylint: disable=broad-except
-      raise RunRecordError(f'{path} is damaged ({type(e).__name__}).'
-                           ) from None
-    if header.get('round') != round_num:
-      raise RunRecordError(f'{path} holds round {header.get("round")}, not '
-                           f'{round_num}.')
-    for i, ref in refs.items():
-      written = {at: self._vectors_of(path, i, at)
-                 for at in {a for a, _ in ref}}
-      try:
-        stored[i] = np.stack([written[at][row] for at, row in ref])
-      except IndexError:
-        raise RunRecordError(f'{path} refers to vectors its slices files do '
-                             'not hold (damaged).') from None
-    leaves = [stored.get(i) for i in range(len(stored))]
-    if any(leaf is None for leaf in leaves):
-      raise RunRecordError(f'{path} is damaged (leaves missing).')
-    self._last = [
-        [(_digest(v), refs[i][j] if i in refs else None)
-         for j, v in enumerate(leaf)] if _vectors(leaf) else []
-        for i, leaf in enumerate(leaves)]
-    return leaves, header
-
-  def _vectors_of(self, path: str, leaf: int, at: int) -> np.ndarray:
-    """The vectors of leaf `leaf` that round `at` wrote, for `path`."""
-    source = self.slices_path(at)
-    try:
-      with np.load(source, allow_pickle=False) as data:
-        return data[f'leaf_{leaf:05d}']
-    except Exception as e:  # pylint: disable=broad-except
-      raise RunRecordError(f'{path} refers to {source}, which is missing or '
-                           f'damaged ({type(e).__name__}).') from None
-
-  def load_latest(self, warn=print):
-    """(round, leaves, header) of the newest readable checkpoint, or None."""
-    if os.path.isdir(self.directory):
-      self._make_private()  # Checkpoints written by an older version.
-      for name in os.listdir(self.directory):
-        if name.startswith('.') and name.endswith('.tmp'):
-          os.remove(os.path.join(self.directory, name))  # A killed save.
-    for version in reversed(self.versions()):
-      try:
-        leaves, header = self.load(version)
-      except RunRecordError as e:
-        warn(f'{e} Trying an older checkpoint.')
-        continue
-      if version == self.versions()[-1]:
-        self._remove_old()  # What a save killed before its removals left.
-      return version, leaves, header
-    return None
-
-
-# ----------------------------------------------------------------------------
-# What a run directory proves was released.
-
-# Files a run writes only once a round was released.
-RELEASED_FILES = ('metrics.csv', 'summary.json', 'ledger.json', 'plot.png',
-                  'tensorboard')
-# What a run directory may hand over: what its rounds released and the
-# configuration they were released under. Never `checkpoints/` (the noise
-# key) or the lock.
-SHAREABLE = ('config.json', RELEASES) + RELEASED_FILES
-
-
-MODEL = 'model.npz'
-
-
-def _write_released_model(run_dir: str, path: str) -> bool:
-  """Writes the last released round's model weights alone to `path`.
-
-  From the checkpoint of the round `releases.jsonl` ends with (a newer,
-  pending one holds a model not yet released): its first leaves, as the
-  checkpoint's header lays them out, saved as `trainable_NNNNN` and
-  `non_trainable_NNNNN` arrays (the order of
-  `tff.learning.models.ModelWeights`). False when no such checkpoint loads.
-  """
-  try:
-    released = ReleaseLog(run_dir).last_round
-  except RunRecordError:
-    return False
-  checkpoints = Checkpoints(os.path.join(run_dir, 'checkpoints'))
-  if not released or released not in checkpoints.versions():
-    return False
-  try:
-    leaves, header = checkpoints.load(released)
-  except RunRecordError:
-    return False
-  layout = header.get('model')
-  if not isinstance(layout, Mapping):
-    return False
-  n, m = layout.get('trainable', 0), layout.get('non_trainable', 0)
-  arrays = {f'trainable_{i:05d}': leaves[i] for i in range(n)}
-  arrays.update({f'non_trainable_{i:05d}': leaves[n + i] for i in range(m)})
-  atomic_write_with(path, lambda f: np.savez(f, **arrays))
-  return True
-
-
-def share(run_dir: str, destination: str) -> list[str]:
-  """Copies a run's released outputs, and nothing secret, to `destination`.
-
-  `destination` must not exist (nothing is overwritten); it appears whole or
-  not at all (the copy is made beside it and renamed). The last released
-  round's model weights, alone, go to `model.npz`. Returns the names
-  written. `checkpoints/` (the DP noise key, and the row of a round not yet
-  released) and anything `SHAREABLE` does not name stay behind.
-  """
-  if not os.path.isfile(os.path.join(run_dir, 'config.json')):
-    raise RunRecordError(f'{run_dir!r} holds no tff_clip run (no '
-                         'config.json); nothing was copied.')
-  if os.path.lexists(destination):
-    raise RunRecordError(f'{destination!r} exists; nothing was copied or '
-                         'overwritten. Name a new directory.')
-  parent = os.path.dirname(os.path.abspath(destination))
-  tmp = os.path.join(parent, f'.{os.path.basename(destination)}.tmp')
-  try:
-    if os.path.lexists(tmp):
-      shutil.rmtree(tmp)
-    os.makedirs(tmp)
-    copied = []
-    for name in SHAREABLE:
-      source = os.path.join(run_dir, name)
-      if os.path.islink(source) or not os.path.exists(source):
-        continue
-      if os.path.isdir(source):
-        shutil.copytree(source, os.path.join(tmp, name), symlinks=False,
-                        ignore=shutil.ignore_patterns('.*'))
-      else:
-        shutil.copy2(source, os.path.join(tmp, name))
-      copied.append(name)
-    if _write_released_model(run_dir, os.path.join(tmp, MODEL)):
-      copied.append(MODEL)
-    os.rename(tmp, destination)
-  except OSError as e:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise _write_error(destination, e) from None
-  _fsync_dir(parent)
-  return copied
