@@ -112,7 +112,7 @@ SPECIAL_TOKENS = 4
 # its server momentum (--server_optimizer=sgdm).
 MODEL_VECTORS = 2
 # Peak memory of a DP round, in bytes per byte of noise state, is the
-# library's `assembly.STATE_COPIES_AT_PEAK` (what `scripts.train` refuses
+# library's `preflight.STATE_COPIES_AT_PEAK` (what `scripts.train` refuses
 # with): the peak RSS of banded noise over independent noise's, per byte of
 # its state, measured 5.5-5.9 (server round) and 6.1-6.6 (`training.run`) at
 # b = 20 on the published LSTM (two runs), 5.7-5.9 at b = 32 and 64 on the
@@ -165,8 +165,8 @@ def lstm_parameters(vocab_size: int) -> int:
 
 def available_memory() -> int:
   """Bytes this machine can give a process now (MemAvailable)."""
-  from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
-  memory = assembly.available_memory()
+  from tff_clip.program import preflight  # pylint: disable=g-import-not-at-top
+  memory = preflight.available_memory()
   if memory is None:
     raise RuntimeError('/proc/meminfo has no MemAvailable.')
   return memory
@@ -187,8 +187,8 @@ def noise_vectors(mechanism: str, shape: Shape) -> int:
 
 def state_copies_at_peak() -> int:
   """Bytes a DP round holds at peak per byte of noise state."""
-  from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
-  return assembly.STATE_COPIES_AT_PEAK
+  from tff_clip.program import preflight  # pylint: disable=g-import-not-at-top
+  return preflight.STATE_COPIES_AT_PEAK
 
 
 def memory_need(vectors: int, parameters: int) -> int:

@@ -85,8 +85,8 @@ def _check_population(config):
       raise config_lib.flag_error(e) from None
   if config.target_epsilon is not None and (
       population is not None or config.sampling == sampling.MIN_SEPARATION):
-    from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
-    noise_multiplier = assembly.resolve_noise_multiplier(
+    from tff_clip.program import preflight as checks_before_build  # pylint: disable=g-import-not-at-top
+    noise_multiplier = checks_before_build.resolve_noise_multiplier(
         config, population or config.clients_per_round)
     # The calibrated z, checked as a given one would be (z C, z C / n).
     config_lib.validate(dataclasses.replace(

@@ -36,6 +36,7 @@ from tff_clip.privacy import accounting
 from tff_clip.program import assembly
 from tff_clip.program import config as config_lib
 from tff_clip.program import plotting
+from tff_clip.program import preflight
 from tff_clip.program import release_managers
 from tff_clip.program import run_directory
 from tff_clip.program import run_records
@@ -125,18 +126,18 @@ def test_published_banded_noise_on_the_lstm_is_refused_with_its_need():
       noise_mechanism='banded', bands=342, sampling='min_separation',
       rounds=2052, noise_multiplier=1.0)
   state = 341 * LSTM_PARAMETERS * 4
-  need = assembly.STATE_COPIES_AT_PEAK * state
+  need = preflight.STATE_COPIES_AT_PEAK * state
   assert 35 < need / 2**30 < 40
   with pytest.raises(config_lib.ConfigError) as refusal:
-    assembly.check_noise_memory(config, LSTM_PARAMETERS, available=23 * 2**30)
+    preflight.check_noise_memory(config, LSTM_PARAMETERS, available=23 * 2**30)
   assert str(refusal.value) == (
       '--noise_mechanism=banded: its state holds 341 noise vectors of '
       f'4,050,748 parameters ({state / 2**30:.1f} GiB); a DP round holds '
-      f'about {assembly.STATE_COPIES_AT_PEAK} copies of it, so it needs '
+      f'about {preflight.STATE_COPIES_AT_PEAK} copies of it, so it needs '
       f'about {need / 2**30:.1f} GiB, and this machine has 23.0 GiB '
       'available. Use fewer --bands, --noise_mechanism=blt or a smaller '
       'model.')
-  assembly.check_noise_memory(config, LSTM_PARAMETERS, available=need)
+  preflight.check_noise_memory(config, LSTM_PARAMETERS, available=need)
 
 
 def test_a_noise_state_beyond_memory_is_refused_before_the_process_is_built(
@@ -150,8 +151,8 @@ def test_a_noise_state_beyond_memory_is_refused_before_the_process_is_built(
       progress=False)
   task = program.build_task(config)
   parameters = sum(np.size(v) for v in task.model_fn().trainable_variables)
-  need = assembly.STATE_COPIES_AT_PEAK * 3 * parameters * 4
-  monkeypatch.setattr(assembly, 'available_memory', lambda: need - 1)
+  need = preflight.STATE_COPIES_AT_PEAK * 3 * parameters * 4
+  monkeypatch.setattr(preflight, 'available_memory', lambda: need - 1)
   monkeypatch.setattr(assembly, 'build_process', lambda *args: pytest.fail(
       'the process was built'))
   with pytest.raises(config_lib.ConfigError,

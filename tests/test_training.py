@@ -15,6 +15,7 @@ import pytest
 
 from scripts import program
 from tff_clip.program import assembly
+from tff_clip.program import preflight
 from tff_clip.program import program_logic
 from tff_clip.program import run_directory
 from tff_clip.program import training
@@ -289,7 +290,7 @@ def test_target_epsilon_calibrates_the_noise_multiplier():
   from tff_clip.privacy import accounting  # pylint: disable=g-import-not-at-top
   config = training.TrainConfig(noise_multiplier=None, target_epsilon=8.0,
                                 rounds=20, clients_per_round=10)
-  z = assembly.resolve_noise_multiplier(config, population=50)
+  z = preflight.resolve_noise_multiplier(config, population=50)
   achieved = accounting.compute_training_epsilon(
       z, clients_per_round=10, population_size=50, rounds=20,
       delta=config.delta, sampling=accounting.POISSON).epsilon

@@ -2,6 +2,7 @@
 
   config           -- `TrainConfig`: a run's configuration, checked (no TF import).
   assembly         -- building a run's parts from its configuration (`Session`).
+  preflight        -- the noise multiplier (given or calibrated) and its memory, checked before building.
   program_logic    -- the round loop (`train_model`), which reads no configuration.
   run_directory    -- a run directory's lifecycle: lock, records, refusals (no TF import).
   run_records      -- a run directory as a checked record (atomic, hash-chained).

@@ -3,7 +3,7 @@
 Everything a `TrainConfig` decides about what runs is read here, once:
 
 * the noise multiplier, given or calibrated from `target_epsilon`
-  (`resolve_noise_multiplier`, by `tff_clip.privacy.accounting`);
+  (`tff_clip.program.preflight.resolve_noise_multiplier`);
 * the model aggregator (`build_aggregator`: bounding, then noise, then
   mean) and the learning process with its optimizers (`build_process`);
 * the execution: in-process, or split with TFF's workers
@@ -35,95 +35,14 @@ from tff_clip.names import MIN_SEPARATION
 from tff_clip.privacy import accounting
 from tff_clip.privacy import sampling as sampling_lib
 from tff_clip.program import config as config_lib
+from tff_clip.program import preflight
 from tff_clip.program import program_logic
 from tff_clip.program.config import ConfigError, TrainConfig
 
 __all__ = [
-    'Session', 'available_memory', 'build_aggregator', 'build_process',
-    'check_noise_memory', 'initial_model_weights', 'resolve_noise_multiplier',
+    'Session', 'build_aggregator', 'build_process', 'initial_model_weights',
     'runners', 'session', 'set_execution_context',
 ]
-
-# Peak memory of a DP round in bytes per byte of the noise mechanism's state:
-# the state (numpy), its copy fed to the server update, the update's
-# temporaries, the new state and its numpy copy, the checkpoint's writes
-# (measured 5.5-6.6 on the Stack Overflow LSTM with banded noise:
-# `scripts.benchmark_stackoverflow`).
-STATE_COPIES_AT_PEAK = 7
-
-
-def resolve_noise_multiplier(config: TrainConfig, population: int):
-  """z from the flags: given, calibrated from `target_epsilon`, or None."""
-  try:
-    hash(config)
-  except TypeError:  # An unhashable field value: calibrate afresh.
-    return _resolve_noise_multiplier.__wrapped__(config, population)
-  return _resolve_noise_multiplier(config, population)
-
-
-# Calibration takes seconds: the program's early check and the session
-# share one (a pure function of the configuration and the population).
-@functools.lru_cache(maxsize=16)
-def _resolve_noise_multiplier(config: TrainConfig, population: int):
-  if config.clients_per_round > population:
-    raise ConfigError(
-        f'--clients_per_round ({config.clients_per_round}) exceeds the '
-        f'number of training clients ({population}).')
-  if config.target_epsilon is None:
-    return config.noise_multiplier
-  try:
-    if config.sampling == MIN_SEPARATION:
-      # The total z; with adaptive clipping the ledger's event (value noise
-      # / its sensitivity, plus the count noise) is then at most as large.
-      return accounting.calibrate_mechanism_noise_multiplier(
-          config.target_epsilon, config.noise, config.delta)
-    return accounting.calibrate_noise_multiplier(
-        config.target_epsilon, clients_per_round=config.clients_per_round,
-        population_size=population, rounds=config.rounds, delta=config.delta,
-        sampling=config.sampling)
-  except ValueError as e:
-    raise ConfigError(f'--target_epsilon: {e}') from e
-
-
-def available_memory() -> Optional[int]:
-  """Bytes this machine can give a process now (MemAvailable of
-  /proc/meminfo), or None where that is not known."""
-  try:
-    with open('/proc/meminfo') as f:
-      for line in f:
-        if line.startswith('MemAvailable:'):
-          return int(line.split()[1]) * 1024
-  except OSError:
-    pass
-  return None
-
-
-def check_noise_memory(config: TrainConfig, parameters: int,
-                       available=None) -> None:
-  """Refuses (`ConfigError`, one line) a noise mechanism whose state of
-  model-sized vectors cannot fit in memory, before anything allocates it.
-
-  `parameters`: the model's trainable parameters (one noise vector);
-  `available`: bytes free, `available_memory()` when None (not checked
-  where that is not known).
-  """
-  vectors = config.noise.state_vectors
-  if not vectors:
-    return
-  available = available_memory() if available is None else available
-  state = vectors * parameters * 4  # float32 noise.
-  need = STATE_COPIES_AT_PEAK * state
-  if available is None or need <= available:
-    return
-  gib = lambda value: f'{value / 2**30:.1f} GiB'
-  fewer = config.noise.smaller_state_flags
-  raise ConfigError(
-      f'--noise_mechanism={config.noise_mechanism}: its state holds '
-      f'{vectors} noise vectors of {parameters:,} parameters '
-      f'({gib(state)}); a DP round holds about {STATE_COPIES_AT_PEAK} '
-      f'copies of it, so it needs about {gib(need)}, and this machine has '
-      f'{gib(available)} available. Use fewer {fewer} or a smaller model.')
-
 
 # ----------------------------------------------------------------------------
 # Execution: in-process, on local TFF workers, or on remote ones.
@@ -465,7 +384,7 @@ class Session:
           'validation data; hold some out with --validation_fraction.')
     self.client_ids = list(self.task.datasets.train_data.client_ids)
     self.population = len(self.client_ids)
-    self.noise_multiplier = resolve_noise_multiplier(config,
+    self.noise_multiplier = preflight.resolve_noise_multiplier(config,
                                                      self.population)
     self.private = self.noise_multiplier is not None
     try:  # E.g. a minimum-separation group smaller than the cohort.
@@ -477,7 +396,7 @@ class Session:
     if self.private and config.noise.state_vectors:
       # Before tracing and `initialize`: refused in seconds, not an
       # out-of-memory crash halfway.
-      check_noise_memory(config, _trainable_parameters(self.task))
+      preflight.check_noise_memory(config, _trainable_parameters(self.task))
     self.auditor = None
     cache_key = _graph_cache_key(config, task_builder, self.noise_multiplier)
     cached = _cached_runners(config, cache_key)  # None: trace and build.
