@@ -327,3 +327,9 @@ def test_every_library_module_sits_in_a_subsystem_folder():
            p.count('/') == 1 and p not in ROOT_MODULES and
            '_sys.modules[__name__] = ' not in (ROOT / p).read_text()]
   assert not loose, loose
+
+
+def test_no_library_file_is_above_600_lines():
+  long = {p: n for p in _project_files() if p.startswith('tff_clip/')
+          for n in [len((ROOT / p).read_text().splitlines())] if n > 600}
+  assert not long, long
