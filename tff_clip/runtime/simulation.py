@@ -43,6 +43,7 @@ import concurrent.futures
 import json
 import os
 import queue
+import weakref
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -72,16 +73,29 @@ def default_client_threads() -> int:
   return max(1, min(cores, MAX_DEFAULT_CLIENT_THREADS))
 
 
+# Each process's form, compiled once (the split runner needs it too).
+_FORMS = weakref.WeakKeyDictionary()
+
+
 def map_reduce_form(process) -> Any:
   """`process.next` as a `MapReduceForm`, or a ValueError naming the fix."""
   try:
-    return tff.backends.mapreduce.get_map_reduce_form_for_computation(
+    return _FORMS[process]
+  except (KeyError, TypeError):
+    pass
+  try:
+    form = tff.backends.mapreduce.get_map_reduce_form_for_computation(
         process.next)
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(
         'This process does not compile to TFF\'s MapReduceForm, so it cannot '
         'run in-process (`executor=inprocess`); run it with '
         f'`--executor=local` (TFF\'s C++ runtime). TFF said: {e}') from e
+  try:
+    _FORMS[process] = form
+  except TypeError:  # Not weakly referable: compiled again next time.
+    pass
+  return form
 
 
 # The parts of a `MapReduceForm` the runner calls.

@@ -208,6 +208,7 @@ class SplitRunner(simulation.InProcessRunner):
                worker_targets: Callable[[], Sequence[str]] | None = None,
                worker_timeout_s: float = 30.0):
     super().__init__(process)
+    self._form = simulation.map_reduce_form(process)
     self._clients_round = clients_computation(self._form)
     if secret_paths(self._clients_round.type_signature.parameter):
       raise SecretLeakError(
