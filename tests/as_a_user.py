@@ -9,6 +9,7 @@ output is unbuffered, so a test can read a running program's lines as they
 are printed.
 """
 
+import contextlib
 import os
 import pathlib
 import re
@@ -78,21 +79,33 @@ def start(args, **popen_kwargs):
   `process_group=0` starts it in a process group of its own, as a shell
   starts a job (`interrupt_at` needs it).
   """
-  return subprocess.Popen([sys.executable, *map(str, args)], cwd=REPO,
-                          env=env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True,
-                          preexec_fn=foreground_job, **popen_kwargs)
+  with foreground_job():
+    return subprocess.Popen([sys.executable, *map(str, args)], cwd=REPO,
+                            env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            **popen_kwargs)
 
 
+@contextlib.contextmanager
 def foreground_job():
-  """`Popen(preexec_fn=foreground_job)`: Ctrl-C's default action restored.
+  """Programs started inside take Ctrl-C as a terminal's foreground job does.
 
-  A terminal's foreground job takes Ctrl-C. A test suite started in the
-  background (`make test &`, nohup, some CI runners) ignores SIGINT, and an
-  ignored signal stays ignored across exec: the program would never see the
-  test's Ctrl-C.
+  A test suite started in the background (`make test &`, nohup, some CI
+  runners) ignores SIGINT, and an ignored signal stays ignored across exec:
+  the program would never see the test's Ctrl-C. A handled one is reset to
+  the default action by exec, so SIGINT is handled here while the program
+  starts. Not `preexec_fn`: that makes Python fork rather than spawn, and
+  in a process where TFF's gRPC threads run, gRPC's fork handlers then
+  write log lines into the program's stderr.
   """
-  signal.signal(signal.SIGINT, signal.SIG_DFL)
+  if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+    yield
+    return
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def read_until(proc, line_prefix, timeout=None):

@@ -319,10 +319,10 @@ def _run_as_written(command, checkout, must_finish):
   """Runs `command` in `checkout` as a user's shell would: what it printed,
   after checking that it finished (exit 0) or, stopped with Ctrl-C after
   `STOP_AFTER_S`, ended with one `interrupted:` line."""
-  proc = subprocess.Popen(shlex.split(command), cwd=checkout,
-                          env=as_a_user.env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, process_group=0,
-                          preexec_fn=as_a_user.foreground_job)
+  with as_a_user.foreground_job():
+    proc = subprocess.Popen(shlex.split(command), cwd=checkout,
+                            env=as_a_user.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, process_group=0)
   try:
     try:
       out, err = proc.communicate(
