@@ -155,9 +155,11 @@ class Checkpoints:
     # The vectors first: a checkpoint never refers to a file not written.
     if new:
       run_records.atomic_write_with(self.slices_path(round_num),
-                        lambda f: np.savez(f, **new), mode=SECRET_FILE_MODE)
-    run_records.atomic_write_with(self.path(round_num), lambda f: np.savez(f, **inline),
-                      mode=SECRET_FILE_MODE)
+                                    lambda f: np.savez(f, **new),
+                                    mode=SECRET_FILE_MODE)
+    run_records.atomic_write_with(self.path(round_num),
+                                  lambda f: np.savez(f, **inline),
+                                  mode=SECRET_FILE_MODE)
     self._last = last
     self._remove_old()
 
