@@ -38,6 +38,7 @@ import numpy as np
 from scripts import benchmark_settings
 from scripts import cli
 from scripts import outputs
+from scripts import probes
 from scripts import program
 from tff_clip.aggregation import mechanisms
 from tff_clip.program import config as config_lib
@@ -53,18 +54,6 @@ _BOUNDINGS = flags.DEFINE_list('boundings', ['clip', 'per_layer_clip'],
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of both runs.')
 _OUTPUT = flags.DEFINE_string('output_dir', 'runs/diagnose_per_layer',
                               'Where layers.csv and layers.png go.')
-
-
-def _find(tree, name):
-  """The value under the first key `name` in a nested mapping, or None."""
-  if isinstance(tree, collections.abc.Mapping):
-    if name in tree:
-      return tree[name]
-    for value in tree.values():
-      found = _find(value, name)
-      if found is not None:
-        return found
-  return None
 
 
 def layer_rows(bounding, round_num, sizes, mean_layer_norms, budgets, stddev):
@@ -116,14 +105,14 @@ def diagnose(base, bounding):
     metrics = session.process.next(
         state, session.client_datasets.datasets(cohort, round_num))
     state = metrics.state
-    query_metrics = _find(metrics.metrics, 'dp_query_metrics')
-    budgets = _find(query_metrics, 'layer_budgets')
+    query_metrics = probes.find(metrics.metrics, 'dp_query_metrics')
+    budgets = probes.find(query_metrics, 'layer_budgets')
     if budgets is None:
-      budgets = _find(query_metrics, 'clip_norm')
+      budgets = probes.find(query_metrics, 'clip_norm')
     rows += layer_rows(bounding, round_num, sizes,
-                       _find(probe_output.metrics, 'mean_layer_norms'),
+                       probes.find(probe_output.metrics, 'mean_layer_norms'),
                        budgets,
-                       float(_find(query_metrics, 'noise_stddev')) /
+                       float(probes.find(query_metrics, 'noise_stddev')) /
                        config.clients_per_round)
   accuracy = session.evaluate(state)['eval_accuracy']
   return rows, accuracy
@@ -177,20 +166,13 @@ def main(argv):
   fields = dict(benchmark_settings.SETTINGS[_SETTING.value],
                 partition_alpha=0.5, target_quantile=_QUANTILE.value,
                 seed=_SEED.value, progress=False)
-  if _ROUNDS.value is not None:
-    fields['rounds'] = _ROUNDS.value
   if _Z.value is not None:
     fields['noise_multiplier'] = _Z.value
   try:
-    base = config_lib.TrainConfig(**fields)
-    program.validate(base)
+    base, rows, accuracies = probes.compare(fields, _ROUNDS.value, _BOUNDINGS.value,
+                                            diagnose, _OUTPUT.value)
   except config_lib.ConfigError as e:
     return cli.fail(e)
-  os.makedirs(_OUTPUT.value, exist_ok=True)
-  rows, accuracies = [], collections.OrderedDict()
-  for bounding in _BOUNDINGS.value:
-    mine, accuracies[bounding] = diagnose(base, bounding)
-    rows += mine
   outputs.write_csv(os.path.join(_OUTPUT.value, 'layers.csv'), rows)
   plot(rows, os.path.join(_OUTPUT.value, 'layers.png'),
        f'{_SETTING.value}: z = {base.noise_multiplier}, target quantile '
