@@ -4,6 +4,7 @@
   sparsification -- LUS, Local Update Sparsification: scores, masks, keep counts.
   optimizers  -- per-step clipped optimizer, LAMB, LARS, schedules.
   algorithms  -- `build_fedavg`: one call composing client work, aggregation and server optimizer.
+  evaluation  -- `ServerEvaluation`: loss and accuracy on server-held data, in plain TensorFlow.
 
 Imports from `tff_clip.aggregation`, never from above.
 """

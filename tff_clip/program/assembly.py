@@ -320,8 +320,15 @@ def _graph_cache_key(config: TrainConfig, task_builder,
   return graph_cache.entry_key(description)
 
 
+# The entry's graphs are named `process/<graph>`. Entries written when the
+# evaluation was a traced TFF process also hold `evaluation/<graph>`: their
+# keys differ (the key hashes this library's source), and such graphs are
+# never read as the process's.
+_PROCESS_PART = 'process'
+
+
 def _cached_runners(config: TrainConfig, key: Optional[str]):
-  """(process, evaluation) runners from the cache entry `key`, or None."""
+  """The process's runner from the cache entry `key`, or None."""
   if key is None:
     return None
   from tff_clip.runtime import graph_cache  # pylint: disable=g-import-not-at-top
@@ -329,30 +336,29 @@ def _cached_runners(config: TrainConfig, key: Optional[str]):
   entry = graph_cache.load(key)
   if entry is None:
     return None
-  graphs = ({}, {})
+  graphs = {}
   for name, data in entry.items():
     part, _, graph = name.partition('/')
-    graphs[part == 'evaluation'][graph] = data
+    if part == _PROCESS_PART:
+      graphs[graph] = data
   try:
-    return tuple(simulation.InProcessRunner.from_graphs(
-        g, client_threads=config.max_concurrent_clients) for g in graphs)
+    return simulation.InProcessRunner.from_graphs(
+        graphs, client_threads=config.max_concurrent_clients)
   except Exception as e:  # pylint: disable=broad-except
     logging.warning('Graph cache: entry %s unusable (%s); rebuilding.', key, e)
     return None
 
 
-def _store_runners(key: Optional[str], process, evaluation) -> None:
+def _store_runners(key: Optional[str], process) -> None:
   from tff_clip.runtime import graph_cache  # pylint: disable=g-import-not-at-top
   from tff_clip.runtime import simulation  # pylint: disable=g-import-not-at-top
-  if key is None or not all(isinstance(r, simulation.InProcessRunner) and
-                            r.cacheable for r in (process, evaluation)):
+  if key is None or not (isinstance(process, simulation.InProcessRunner) and
+                         process.cacheable):
     return
-  entry = {f'{part}/{name}': data
-           for part, runner in (('process', process), ('evaluation', evaluation))
-           for name, data in runner.graphs.items()}
+  entry = {f'{_PROCESS_PART}/{name}': data
+           for name, data in process.graphs.items()}
   if not graph_cache.has_baked_seed(
-      c for runner in (process, evaluation)
-      for c in simulation.parse_graphs(runner.graphs).values()):
+      simulation.parse_graphs(process.graphs).values()):
     graph_cache.store(key, entry)
 
 
@@ -364,14 +370,14 @@ class Session:
   """Everything built from a configuration before the first file is written.
 
   The task, its clients and their data (`client_datasets`), the cohort
-  sampler, the noise multiplier, the learning process and the evaluation
-  (wrapped by `runners`), the model's initial weights and the canary
-  auditor. It holds no run's state: `initial_state` draws one (with a
+  sampler, the noise multiplier, the learning process (wrapped by
+  `runners`), the evaluation of the server's data (`ServerEvaluation`,
+  built on the first `evaluate`), the model's initial weights and the
+  canary auditor. It holds no run's state: `initial_state` draws one (with a
   fresh noise key), or a run restores its checkpoint.
   """
 
   def __init__(self, config: TrainConfig, task_builder):
-    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     self.config = config
     try:
       self.task = task_builder(config)
@@ -418,14 +424,10 @@ class Session:
         raise ConfigError(str(e).splitlines()[0]) from e
     self.initial_weights = initial_model_weights(self.task, config.seed)
     if cached is None:
-      from tff_clip.learning import client  # pylint: disable=g-import-not-at-top
-      self.evaluation = tff.learning.algorithms.build_fed_eval(
-          self.task.model_fn, loop_implementation=client.DEFAULT_LOOP)
-      self.process, self.evaluation = runners(config, self.process,
-                                              self.evaluation)
-      _store_runners(cache_key, self.process, self.evaluation)
+      (self.process,) = runners(config, self.process)
+      _store_runners(cache_key, self.process)
     else:
-      self.process, self.evaluation = cached
+      self.process = cached
     self.test_data = _eval_dataset(self.task, config.eval_split)
     from tff_clip.runtime import client_data  # pylint: disable=g-import-not-at-top
     self.client_datasets = client_data.ClientDatasets(
@@ -496,19 +498,14 @@ class Session:
                               self.config.delta, self.config.audit_confidence)
 
   def evaluate(self, state):
-    """Loss and accuracy on the server-held test data."""
-    eval_state = self.evaluation.set_model_weights(
-        self.evaluation.initialize(), self.process.get_model_weights(state))
-    metrics = program_logic.flatten_metrics(
-        self.evaluation.next(eval_state, [self.test_data]).metrics)
-    return collections.OrderedDict(
-        eval_loss=metrics.get('client_work/eval/current_round_metrics/loss',
-                              math.nan),
-        eval_accuracy=metrics.get(
-            'client_work/eval/current_round_metrics/'
-            'sparse_categorical_accuracy',
-            metrics.get('client_work/eval/current_round_metrics/accuracy',
-                        math.nan)))
+    """Loss and accuracy on the server-held test data: plain TensorFlow,
+    whichever runtime trains (the data never leaves the server)."""
+    return self._evaluation(self.process.get_model_weights(state))
+
+  @functools.cached_property
+  def _evaluation(self):
+    from tff_clip.learning import evaluation  # pylint: disable=g-import-not-at-top
+    return evaluation.ServerEvaluation(self.task.model_fn, self.test_data)
 
 
 # What a session is not built from: a later run in this process that differs

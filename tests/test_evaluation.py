@@ -1,0 +1,87 @@
+"""Evaluation of server-held data (`tff_clip.learning.evaluation`): plain
+TensorFlow, with the numbers of TFF's own federated evaluation."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clip.learning import evaluation
+
+_INPUT_SPEC = collections.OrderedDict(
+    x=tf.TensorSpec([None, 4], tf.float32), y=tf.TensorSpec([None], tf.int32))
+
+
+def _model_fn():
+  """4 features -> 3 classes, with loss and accuracy metrics."""
+  keras_model = tf.keras.Sequential([
+      tf.keras.layers.Dense(5, activation='relu', input_shape=(4,)),
+      tf.keras.layers.Dense(3)])
+  return tff.learning.models.from_keras_model(
+      keras_model,
+      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      input_spec=_INPUT_SPEC,
+      metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+
+
+def _test_data():
+  """23 examples in batches of 5: the last batch is short."""
+  rng = np.random.default_rng(7)
+  return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+      x=rng.normal(size=[23, 4]).astype(np.float32),
+      y=rng.integers(0, 3, size=23).astype(np.int32))).batch(5)
+
+
+def _weights(seed):
+  model = _model_fn()
+  weights = tff.learning.models.ModelWeights.from_model(model)
+  rng = np.random.default_rng(seed)
+  return tff.learning.models.ModelWeights(
+      trainable=[rng.normal(size=v.shape).astype(np.float32)
+                 for v in weights.trainable],
+      non_trainable=[])
+
+
+@pytest.fixture(scope='module')
+def tff_eval():
+  """TFF's own federated evaluation: the oracle."""
+  return tff.learning.algorithms.build_fed_eval(_model_fn)
+
+
+def _tff_metrics(tff_eval, weights):
+  state = tff_eval.set_model_weights(tff_eval.initialize(), weights)
+  metrics = tff_eval.next(state, [_test_data()]).metrics
+  current = metrics['client_work']['eval']['current_round_metrics']
+  return float(current['loss']), float(current['sparse_categorical_accuracy'])
+
+
+def test_server_evaluation_gives_tffs_fed_eval_numbers(tff_eval):
+  server_eval = evaluation.ServerEvaluation(_model_fn, _test_data())
+  for seed in (1, 2, 1):  # Each call counts afresh: none adds to the last.
+    weights = _weights(seed)
+    loss, accuracy = _tff_metrics(tff_eval, weights)
+    metrics = server_eval(weights)
+    np.testing.assert_allclose(metrics['eval_loss'], loss, rtol=1e-6)
+    np.testing.assert_allclose(metrics['eval_accuracy'], accuracy, rtol=1e-6)
+
+
+def test_server_evaluation_traces_once():
+  server_eval = evaluation.ServerEvaluation(_model_fn, _test_data())
+  for seed in (1, 2, 3):
+    server_eval(_weights(seed))
+  traced = server_eval._unfinalized_metrics  # pylint: disable=protected-access
+  assert traced.experimental_get_tracing_count() == 1
+
+
+def test_a_model_without_accuracy_reports_nan_accuracy():
+  def model_fn():
+    return tff.learning.models.from_keras_model(
+        tf.keras.Sequential([tf.keras.layers.Dense(3, input_shape=(4,))]),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=_INPUT_SPEC)
+  metrics = evaluation.ServerEvaluation(model_fn, _test_data())(
+      tff.learning.models.ModelWeights.from_model(model_fn()))
+  assert np.isfinite(metrics['eval_loss'])
+  assert np.isnan(metrics['eval_accuracy'])
