@@ -21,6 +21,8 @@ collection runs them anywhere, TensorFlow's often), where Python prints
 still ends the script.
 """
 
+import atexit
+import gc
 import os
 import signal
 import subprocess
@@ -102,7 +104,31 @@ def _send_ctrl_c():
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def run(main, argv=None, interrupted=None) -> None:
+def _exit_now(code: int) -> None:
+  """Exits with `code` without the interpreter's teardown.
+
+  What an ordinary exit does that writes anything is done first: garbage
+  in reference cycles is collected (a writer caught in one, such as
+  TensorBoard's, flushes as it is freed), the `atexit` hooks run
+  (TensorFlow's and TFF's, the TFF context and workers closed by
+  `tff_clip`, tqdm's, multiprocessing's joining of children), and the
+  streams are flushed. What is skipped is freeing every module and object
+  one by one: for a process that imported TensorFlow, seconds of work
+  that write nothing.
+  """
+  try:
+    gc.collect()
+    atexit._run_exitfuncs()  # pylint: disable=protected-access
+  finally:
+    for stream in (sys.stdout, sys.stderr):
+      try:
+        stream.flush()
+      except (OSError, ValueError):  # Closed, or a reader that went away.
+        pass
+    os._exit(code)  # pylint: disable=protected-access
+
+
+def run(main, argv=None, interrupted=None, fast_exit=False) -> None:
   """Parses flags, calls `main(argv)` and exits with its code.
 
   Args:
@@ -111,6 +137,9 @@ def run(main, argv=None, interrupted=None) -> None:
     interrupted: what a Ctrl-C prints after 'interrupted: ' (how to
       resume), or a function returning it, called once `main` was
       interrupted. Default: 'rerun the same command to run it again'.
+    fast_exit: once `main` returned (its files closed) or was interrupted,
+      exit without the interpreter's teardown (`_exit_now`); for scripts
+      whose `main` closes what it writes. A traceback exits as usual.
   """
   argv = list(sys.argv if argv is None else argv)
   module = sys.modules['__main__']
@@ -132,6 +161,8 @@ def run(main, argv=None, interrupted=None) -> None:
           code = fail(e)
   except KeyboardInterrupt as e:
     code = _interrupted(e, interrupted)
+  if fast_exit:
+    _exit_now(code or 0)
   sys.exit(code or 0)
 
 

@@ -264,4 +264,4 @@ __doc__ = '\n\n'.join(  # pylint: disable=redefined-builtin
         aliases=', '.join(f'--{alias}' for alias in ALIASES)).split('\n\n'))
 
 if __name__ == '__main__':
-  cli.run(main, interrupted=interrupted)
+  cli.run(main, interrupted=interrupted, fast_exit=True)

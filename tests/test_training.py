@@ -17,6 +17,7 @@ from scripts import program
 from tff_clip.program import assembly
 from tff_clip.program import preflight
 from tff_clip.program import program_logic
+from tff_clip.program import release_managers
 from tff_clip.program import run_directory
 from tff_clip.program import training
 from tff_clip.runtime import execution
@@ -181,6 +182,19 @@ def test_default_outputs_are_written(uninterrupted):
   assert [r for r, _ in ledger['epsilon_per_round']] == [1, 2, 3, 4]
   epsilons = [e for _, e in ledger['epsilon_per_round']]
   assert epsilons == sorted(epsilons) and epsilons[0] > 0
+
+
+def test_a_run_exits_at_once_with_every_file_whole(uninterrupted):
+  # `scripts.train` exits without the interpreter's teardown
+  # (`cli.run(..., fast_exit=True)`): nothing it wrote may be cut short.
+  run_dir, output = uninterrupted
+  rounds = [1, 2, 3, 4]
+  assert [int(r['round']) for r in _rows(run_dir / 'metrics.csv')] == rounds
+  assert release_managers.tensorboard_steps(
+      str(run_dir / 'tensorboard')) == set(rounds)
+  assert (run_dir / 'plot.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+  assert json.loads((run_dir / 'summary.json').read_text())['rounds'] == 4
+  assert output.endswith('checkpoints/)\n'), output[-300:]  # Last line whole.
 
 
 @pytest.mark.slow

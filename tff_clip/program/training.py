@@ -146,6 +146,8 @@ def _train(config, session, log, resuming, extra_release_managers):
   released = program_logic.released_metric(session.private,
                                             config.release_uncovered_metrics)
   progress = _Progress(config, restored[1], released)
+  from tff_clip.program import plotting  # pylint: disable=g-import-not-at-top
+  plotting.import_in_background()  # Ready for the plot when the rounds end.
   state = program_logic.train_model(
       process=session.process, sampler=session.sampler,
       client_data=session.client_datasets, evaluate=session.evaluate,
