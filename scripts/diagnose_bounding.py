@@ -27,12 +27,13 @@ model's scalars), each round reports:
     it, sigma sqrt(d) / n: their ratio and the noise share noise /
     (signal + noise);
   * the cosine between the bounded and the raw sum (how far bounding turns
-    the update's direction).
+    the update's direction);
+  * the norm of the model's trainable weights.
 
 Its output is NOT differentially private: the probe reads the clients' raw
 updates, which no DP run releases. A diagnostic for data you may inspect.
 
-Prints each configuration's table (averages over the early, middle and late
+Prints each configuration's table (medians over the early, middle and late
 thirds of the rounds) and final test accuracy, and writes `bounding.csv`
 (every round) and `bounding.png` under `--output_dir`.
 """
@@ -61,6 +62,12 @@ CONFIGS = collections.OrderedDict([
     ('clip_q05', dict(clip_norm='adaptive', bounding='clip',
                       target_quantile=0.5)),
     ('normalize_q05', dict(clip_norm='adaptive', target_quantile=0.5)),
+    # The cells scripts.benchmark_frontier's tuning chose on mnist1000 for
+    # TFF adaptive clipping (`tff_adaptive`) and adaptive normalization.
+    ('tff_q01_lr05', dict(bounding='tff_gaussian', clip_norm='adaptive',
+                          target_quantile=0.1, server_learning_rate=0.5)),
+    ('normalize_q01_lr05', dict(clip_norm='adaptive', target_quantile=0.1,
+                                server_learning_rate=0.5)),
 ])
 NORMALIZING = ('normalize',)
 
@@ -135,6 +142,10 @@ def diagnose(base, name):
     weights = session.process.get_model_weights(state)
     clip_norm, stddev = _norm_and_stddev(state, config)
     row = collections.OrderedDict(config=name, round=round_num)
+    # How far the model has moved (noise included): large weights saturate
+    # the softmax, and the clients it fits send vanishing updates.
+    row['weight_norm'] = math.sqrt(sum(
+        float(np.sum(np.square(v))) for v in weights.trainable))
     row.update(round_row(probe(weights, datasets), clip_norm,
                          config.bounding, stddev, config.clients_per_round))
     rows.append(row)
@@ -150,7 +161,7 @@ COLUMNS = (('norm_to_median', 'C / median norm', '.2f'),
 
 
 def summary_table(rows, accuracies):
-  """Each config's columns averaged over the early/middle/late rounds."""
+  """Each config's columns: medians over its early, middle and late rounds."""
   lines = ['| config | rounds | ' + ' | '.join(c[1] for c in COLUMNS) + ' |',
            '|---|---|' + '---:|' * len(COLUMNS)]
   for name in accuracies:
@@ -160,7 +171,7 @@ def summary_table(rows, accuracies):
       if not len(chunk):
         continue
       span = f'{part} {mine[chunk[0]]["round"]}-{mine[chunk[-1]]["round"]}'
-      cells = [format(np.mean([mine[i][key] for i in chunk]), spec)
+      cells = [format(np.median([mine[i][key] for i in chunk]), spec)
                for key, _, spec in COLUMNS]
       lines.append(f'| {name} | {span} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n\nfinal test accuracy: ' + ', '.join(
