@@ -23,6 +23,9 @@ default and TFF's adaptive clipping):
   restarted every b rounds, under the same participation: the baseline.
 * `banded_{b/4}` (b >= 8 only): banded noise with b/4 bands under the same
   separation b.
+A variant named with another b (`--variants=blt_20` on a setting whose b is
+5) runs with that b: a command that names its variants means the same
+with or without `--bands`.
 
 The minimum-separation variants train one of b seeded groups a round, and a
 group may hold fewer clients than the setting's cohort (the sampler refuses
@@ -102,6 +105,21 @@ def variants(bands: int) -> dict:
     table[f'banded_{bands // 4}'] = dict(separated, noise_mechanism='banded',
                                         bands=bands // 4, min_separation=bands)
   return table
+
+
+def named_variants(names, table) -> dict:
+  """The variants of `names` that `table` lacks, b read from the name.
+
+  `blt_20` is BLT noise with b = 20 whatever `--bands` says, so a command
+  that names its variants runs the same b with or without `--bands`.
+  """
+  out = {}
+  for name in names:
+    kind, _, b = name.rpartition('_')
+    if name not in table and b.isdigit() and int(b) > 0:
+      out.update((n, fields) for n, fields in variants(int(b)).items()
+                 if n == name and n.rpartition('_')[0] == kind)
+  return out
 
 
 def configs(setting, names, table, epsilons, seeds, rounds, root):
@@ -206,10 +224,12 @@ def main(argv):
     return cli.fail('--bands must be positive.')
   table = variants(bands)
   names = list(_VARIANTS.value) or list(table)
+  table.update(named_variants(names, table))
   unknown = [v for v in names if v not in table]
   if unknown:
     return cli.fail(f'--variants: unknown {unknown}; choose from '
-                    f'{", ".join(table)}.')
+                    f'{", ".join(table)} (or another b: banded_<b>, '
+                    'tree_<b>, blt_<b>, tff_tree_<b>).')
   seeds, rounds = list(range(_SEEDS.value)), None
   if _QUICK.value:
     seeds, rounds, epsilons = seeds[:1], 2 * bands, epsilons[-1:]

@@ -85,8 +85,29 @@ def test_quick_run_prints_the_table(tmp_path):
       capture_output=True, text=True, timeout=900, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   assert '| tff_tree_2 |' in result.stdout
-  # Seed 0's 2 groups hold 48 and 52 of the 100 clients: 20 fit.
-  assert result.stdout.count(' | 20 |') == 4, result.stdout
+  # Seed 0's 2 groups hold 48 and 52 of the 100 clients: 20 fit, in each
+  # of the 5 variants (independent, banded, tree, BLT, TFF's tree).
+  assert result.stdout.count(' | 20 |') == 5, result.stdout
   # One line per training, not the trainings' own per-round lines.
   assert 'round 1/' not in result.stdout
   assert (tmp_path / 'digits' / 'correlated.png').exists()
+
+
+def test_a_variant_named_with_its_own_b_runs_that_b_whatever_bands_says(
+    tmp_path):
+  result = _python(f'''
+from scripts import benchmark_correlated as b
+table = b.variants(2)
+named = b.named_variants(['blt_20', 'banded_2', 'tff_tree_7', 'blt_x',
+                          'nonsense_3'], table)
+assert sorted(named) == ['blt_20', 'tff_tree_7'], named
+assert named['blt_20']['bands'] == 20, named
+assert named['blt_20']['noise_mechanism'] == 'blt', named
+assert named['tff_tree_7']['bands'] == 7, named
+table.update(named)
+plan = b.configs('digits', ['blt_20'], table, [8.0], [0], None,
+                 {str(tmp_path)!r})
+(name, _, _, config), = plan
+assert name == 'blt_20' and config.separation == 20, config
+''', REPO)
+  assert result.returncode == 0, result.stderr[-3000:]
