@@ -62,6 +62,7 @@ SMOKE_OVERRIDES = {
     'scripts.benchmark_correlated': ['--quick', '--bands=2'],
     'scripts.benchmark_frontier': ['--quick', '--jobs=1'],
     'scripts.diagnose_per_layer': ['--setting=digits', '--rounds=2'],
+    'scripts.diagnose_bounding': ['--setting=digits1000', '--rounds=2'],
     'scripts.audit_table': ['--noise_multipliers=1'],
     'scripts.reproduce': ['--quick'],
     'scripts.share_run': [],  # --run_dir, --output_dir: a run made here.
@@ -250,7 +251,8 @@ def test_every_readme_command_runs_at_smoke_size(command, tmp_path):
                 'scripts.benchmark_utility', 'scripts.benchmark_correlated',
                 'scripts.benchmark_frontier'):
     overrides.append(f'--root_output_dir={tmp_path}')
-  if module in ('scripts.reproduce', 'scripts.diagnose_per_layer'):
+  if module in ('scripts.reproduce', 'scripts.diagnose_per_layer',
+                'scripts.diagnose_bounding'):
     overrides.append(f'--output_dir={tmp_path}')
   if module == 'scripts.share_run':  # Shares a run trained here first.
     trained = as_a_user.run(
