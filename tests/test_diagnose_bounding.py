@@ -85,7 +85,7 @@ def test_two_rounds_of_both_defaults_write_the_table_csv_and_plot(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'NOT differentially private' in result.stdout
   assert '| default | early 1-1 |' in result.stdout
-  assert '| tff_default | late 2-2 |' in result.stdout
+  assert '| tff_default | middle 2-2 |' in result.stdout  # 2 rounds: no late.
   csv_lines = (tmp_path / 'bounding.csv').read_text().splitlines()
   assert len(csv_lines) == 1 + 2 * 2  # Header, 2 configs x 2 rounds.
   assert (tmp_path / 'bounding.png').stat().st_size > 0
