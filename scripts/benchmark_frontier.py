@@ -33,7 +33,10 @@ tuning each with the same budget):
    `dp_aggregator` (`tff_adaptive`); the default against TFF's default,
    against the best tuned tff_clip method and against the best tuned TFF
    method (both picked by validation accuracy, so the test seeds do not
-   pick them). Each verdict says how many seeds it paired and how many of
+   pick them); each correlated-noise tff_clip method against TFF's
+   correlated counterpart under the same participation (`tree_adaptive`
+   for an adaptive norm), and each BLT method against banded noise with
+   the same bounding (the same seed: the same groups and cohorts). Each verdict says how many seeds it paired and how many of
    them drew fresh noise keys (read from the runs' config.json).
 
 The correlated-noise methods train one of b = population / clients_per_round
@@ -184,6 +187,10 @@ TUNED_BASELINE = f'{BASELINE} (tuned)'  # Its name in the verdicts.
 # tree_adaptive`): what the correlated methods are compared with cell by cell.
 CORRELATED_BASELINE = 'tff_tree_adaptive'
 CEILING = 'no_dp'
+# Each BLT method and the banded method with its bounding: the mechanism it
+# replaces, compared seed by seed.
+BLT_AGAINST_BANDED = {'blt_normalize_adaptive': 'banded_normalize_adaptive',
+                      'blt_normalize_fixed': 'banded_normalize_fixed'}
 
 # The same grid for every method: server learning rates x the method's knob.
 SERVER_LEARNING_RATES = (0.25, 0.5, 2.0)
@@ -420,8 +427,12 @@ def comparisons(runs, methods, epsilons, chosen, tune_epsilons) -> list:
   against tuned TFF `dp_aggregator` (`BASELINE`); then the default against
   TFF's default, against the best tuned tff_clip method and against the best
   tuned TFF method, each best picked by validation accuracy at the tuned
-  epsilon nearest (`best_tuned`), so the test seeds do not pick it. A
-  comparison of which one side did not run is left out.
+  epsilon nearest (`best_tuned`), so the test seeds do not pick it; then
+  every correlated-noise tff_clip method against its TFF counterpart under
+  the same participation (`counterpart`: TFF's `tree_adaptive` for an
+  adaptive norm); then every BLT method against the banded method with the
+  same bounding (`BLT_AGAINST_BANDED`). A comparison of which one side did
+  not run is left out.
   """
   out = []
 
@@ -442,6 +453,19 @@ def comparisons(runs, methods, epsilons, chosen, tune_epsilons) -> list:
       best = best_tuned(methods, chosen, tuned_at, tff)
       if best is not None:
         add(DEFAULT, best, f'{best} (best tuned {family})', epsilon)
+  # The correlated methods under their own participation (the same seed: the
+  # same groups and cohorts): against TFF's correlated factory, and BLT
+  # against banded noise.
+  for method in methods:
+    if correlated(method) and not tff_method(method):
+      for epsilon in epsilons:
+        add(method, counterpart(method), f'{counterpart(method)} (tuned)',
+            epsilon)
+  for method in methods:
+    if method in BLT_AGAINST_BANDED:
+      for epsilon in epsilons:
+        add(method, BLT_AGAINST_BANDED[method],
+            f'{BLT_AGAINST_BANDED[method]} (tuned)', epsilon)
   return out
 
 
