@@ -36,8 +36,9 @@ tuning each with the same budget):
    pick them); each correlated-noise tff_clip method against TFF's
    correlated counterpart under the same participation (`tree_adaptive`
    for an adaptive norm), and each BLT method against banded noise with
-   the same bounding (the same seed: the same groups and cohorts). Each verdict says how many seeds it paired and how many of
-   them drew fresh noise keys (read from the runs' config.json).
+   the same bounding (the same seed: the same groups and cohorts). Each
+   verdict says how many seeds it paired and how many of them drew fresh
+   noise keys (read from the runs' config.json).
 
 The correlated-noise methods train one of b = population / clients_per_round
 seeded groups a round, and a group may hold fewer clients than

@@ -417,14 +417,15 @@ def test_bad_flag_is_one_line_exit_2(tmp_path, flag, message):
   assert not os.listdir(tmp_path)
 
 
-def test_correlated_methods_are_judged_against_tffs_tree_and_blt_against_banded():
+def test_correlated_methods_judged_against_tffs_tree_and_blt_against_banded():
   out = _python('''
 from scripts import benchmark_frontier as b
 from scripts import verdicts
 methods = ['blt_normalize_adaptive', 'banded_normalize_adaptive',
            'tff_tree_adaptive', 'blt_normalize_fixed']
+# TFF's tree ran seeds 1-3, the others 0-2: only seeds 1 and 2 pair with it.
 runs = {(m, 4.0): {s: verdicts.Run(0.5 + 0.01 * i + 0.001 * s * (i + 1), True)
-                   for s in range(3)}
+                   for s in (range(1, 4) if i == 2 else range(3))}
         for i, m in enumerate(methods)}
 for method, against, epsilon, d in b.comparisons(runs, methods, [4.0], {},
                                                  [4.0]):
@@ -434,10 +435,11 @@ for method, against, epsilon, d in b.comparisons(runs, methods, [4.0], {},
   # The differences, seed by seed: (0.01 (i - j) + 0.001 s (i - j)) x 100
   # points, averaged over the paired seeds s.
   assert out.splitlines() == [
-      # tff_clip's correlated methods against TFF's tree, same participation
-      # (TFF's own method is not compared with itself) ...
-      'blt_normalize_adaptive tff_tree_adaptive_(tuned) 4.0 -2.2 3',
-      'banded_normalize_adaptive tff_tree_adaptive_(tuned) 4.0 -1.1 3',
+      # tff_clip's correlated methods against TFF's tree, same participation,
+      # on the seeds both ran (TFF's own method is not compared with
+      # itself) ...
+      'blt_normalize_adaptive tff_tree_adaptive_(tuned) 4.0 -2.3 2',
+      'banded_normalize_adaptive tff_tree_adaptive_(tuned) 4.0 -1.15 2',
       # ... (a fixed norm's counterpart, TFF's fixed clipping, did not run:
       # no row), and BLT against banded noise with the same bounding; the
       # fixed BLT's banded twin did not run: no row.
