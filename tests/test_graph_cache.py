@@ -99,6 +99,87 @@ def test_a_fixed_noise_seed_is_never_cached(cache_dir):
       TrainConfig(noise_seed=7), program.build_task, 1.0) is None
 
 
+# ----------------------------------------------------------------------------
+# One entry per graph shape: the key holds what shapes the graphs, and no
+# field that only chooses data, cohorts or initial weights.
+
+# Each data-only field (`assembly._DATA_ONLY`): two configurations that differ
+# only in it (the first's fields, then the second's).
+_DATA_ONLY_PAIRS = {
+    'seed': ({}, dict(seed=1)),
+    'num_clients': ({}, dict(num_clients=30)),
+    'partition': ({}, dict(partition='shards')),
+    'partition_alpha': (dict(partition='dirichlet', partition_alpha=0.5),
+                        dict(partition='dirichlet', partition_alpha=5.0)),
+    'validation_fraction': ({}, dict(validation_fraction=0.1)),
+    'eval_split': (dict(validation_fraction=0.1),
+                   dict(validation_fraction=0.1, eval_split='validation')),
+    'cache_dir': ({}, dict(cache_dir='/tmp/elsewhere')),
+    'max_concurrent_clients': ({}, dict(max_concurrent_clients=1)),
+}
+# The tiny run the graph checks trace: the digits task, 20 clients.
+_SMALL = dict(clients_per_round=4, num_clients=20)
+
+
+def _config(**overrides):
+  from tff_clip.program.config import TrainConfig
+  return TrainConfig(**{**_SMALL, **overrides})
+
+
+def _cache_key(config, noise_multiplier=0.5, task=None):
+  from scripts import program
+  from tff_clip.program import assembly
+  return assembly._graph_cache_key(config, program.build_task,
+                                   noise_multiplier, task)
+
+
+def test_every_data_only_field_has_its_graph_check():
+  from tff_clip.program import assembly
+  assert set(_DATA_ONLY_PAIRS) == set(assembly._DATA_ONLY)
+
+
+def test_the_key_of_a_default_run_is_unchanged_by_seed(cache_dir):
+  from tff_clip.program.config import TrainConfig
+  assert _cache_key(TrainConfig(seed=1)) == _cache_key(TrainConfig())
+
+
+def test_the_key_of_a_default_run_changes_with_the_noise_multiplier(
+    cache_dir):
+  from tff_clip.program.config import TrainConfig
+  assert (_cache_key(TrainConfig(noise_multiplier=1.0), 1.0) !=
+          _cache_key(TrainConfig(), 0.5))
+  # As resolved (e.g. calibrated from --target_epsilon): a constant of the
+  # graph, so never served at another noise level.
+  assert _cache_key(TrainConfig(), 0.6) != _cache_key(TrainConfig(), 0.5)
+
+
+@pytest.mark.parametrize('field', sorted(_DATA_ONLY_PAIRS))
+def test_a_data_only_field_leaves_the_key_alone(cache_dir, field):
+  first, second = _DATA_ONLY_PAIRS[field]
+  assert _cache_key(_config(**first)) == _cache_key(_config(**second))
+
+
+@pytest.mark.parametrize('overrides', [
+    dict(bounding='clip'), dict(clip_norm=0.3), dict(target_quantile=0.7),
+    dict(noise_multiplier=1.0), dict(noise_mechanism='banded'),
+    dict(clients_per_round=5), dict(client_learning_rate=0.05),
+    dict(server_learning_rate=0.5), dict(server_optimizer='adam'),
+    dict(local_steps=2), dict(batch_size=8), dict(task='emnist_logreg'),
+], ids=lambda overrides: next(iter(overrides)))
+def test_a_field_that_shapes_the_graph_changes_the_key(cache_dir, overrides):
+  assert _cache_key(_config(**overrides)) != _cache_key(_config())
+
+
+def test_the_key_changes_with_the_clients_element_spec(cache_dir):
+  import types
+  import tensorflow as tf
+  def task(shape):
+    return types.SimpleNamespace(datasets=types.SimpleNamespace(
+        element_type_structure=tf.TensorSpec(shape, tf.float32)))
+  assert (_cache_key(_config(), task=task([None, 8])) !=
+          _cache_key(_config(), task=task([None, 9])))
+
+
 def test_a_graph_with_a_seed_fixed_at_tracing_is_never_cached():
   import tensorflow as tf
   import tensorflow_federated as tff
@@ -138,6 +219,19 @@ def _rounds(session, state, rounds=2):
   return _leaves(session, state), metrics, session.evaluate(state), state
 
 
+def _assert_same_rounds(oracle, session):
+  """Two rounds of each from `oracle`'s initial state (one noise key for
+  both) end bit for bit alike: weights, metrics, evaluation. Their states."""
+  state = oracle.initial_state()
+  expected = _rounds(oracle, state)
+  actual = _rounds(session, state)
+  for a, b in zip(expected[0], actual[0], strict=True):
+    np.testing.assert_array_equal(a, b)
+  assert repr(expected[1]) == repr(actual[1])
+  assert repr(expected[2]) == repr(actual[2])
+  return expected[3], actual[3]
+
+
 @pytest.fixture(scope='module')
 def built(tmp_path_factory):
   """A cold session (which fills the cache), then one from the cache."""
@@ -169,13 +263,7 @@ def test_a_cold_session_fills_the_cache_and_a_warm_one_traces_nothing(built):
 @pytest.mark.slow
 def test_a_session_from_the_cache_runs_bit_for_bit_as_a_traced_one(built):
   cold, warm = built['cold'], built['warm']
-  state = cold.initial_state()  # One noise key for both.
-  cold_leaves, cold_metrics, cold_eval, cold_state = _rounds(cold, state)
-  warm_leaves, warm_metrics, warm_eval, warm_state = _rounds(warm, state)
-  for a, b in zip(cold_leaves, warm_leaves, strict=True):
-    np.testing.assert_array_equal(a, b)
-  assert repr(cold_metrics) == repr(warm_metrics)
-  assert repr(cold_eval) == repr(warm_eval)
+  cold_state, warm_state = _assert_same_rounds(cold, warm)
   assert cold.round_event(cold_state, 2) == warm.round_event(warm_state, 2)
 
 
@@ -260,3 +348,93 @@ def test_a_fresh_process_runs_from_the_entry_another_wrote(tmp_path):
   warm = train('warm')
   assert 'Graph cache' not in warm.stderr
   assert os.stat(entry).st_ino == written.st_ino  # Not rewritten.
+
+
+_TRACE = r"""
+import pickle, re, sys
+import tensorflow as tf
+from scripts import program
+from tff_clip.program import assembly
+from tff_clip.program.config import TrainConfig
+from tff_clip.runtime import simulation
+tf.keras.utils.set_random_seed(0)
+session = assembly.Session(TrainConfig(**eval(sys.argv[1])), program.build_task)
+graphs = dict(session.process.graphs)
+for name, computation in simulation.parse_graphs(graphs).items():
+  if computation.WhichOneof('computation') != 'tensorflow':
+    continue
+  graph_def = tf.compat.v1.GraphDef()
+  computation.tensorflow.graph_def.Unpack(graph_def)
+  computation.tensorflow.ClearField('graph_def')
+  text = str(computation) + str(graph_def)
+  names = {}
+  graphs[name] = re.sub(
+      r'\b[A-Za-z_]\w*?_\d+\b',
+      lambda m: names.setdefault(m.group(0), f'name{len(names)}'), text)
+with open(sys.argv[2], 'wb') as f:
+  pickle.dump(graphs, f)
+"""
+_traced = {}
+
+
+def _traced_graphs(tmp_path_factory, **overrides):
+  """{name: graph} of TFF's process for `_config(**overrides)`, traced afresh
+  (cache off) in a fresh interpreter: the serialized bytes, a TensorFlow
+  graph as its `GraphDef`'s text with its numbered names (`while_body_12`,
+  `__inference_client_update_910`) renamed in order of appearance.
+
+  TensorFlow names a traced function with a process-wide counter (which,
+  e.g., building a validation set moves on), and TFF draws the variables'
+  initial values (replaced by `initial_model_weights`) when it traces: one
+  fresh interpreter per trace, TensorFlow's global seed fixed, and the
+  numbered names renamed make two traces of one configuration equal.
+  """
+  import pathlib
+  import pickle
+  import subprocess
+  import sys
+  fields = {**_SMALL, **overrides}
+  key = repr(sorted(fields.items()))
+  if key not in _traced:
+    path = tmp_path_factory.mktemp('traced') / 'graphs.pickle'
+    subprocess.run(
+        [sys.executable, '-c', _TRACE, repr(fields), str(path)],
+        cwd=pathlib.Path(__file__).parent.parent, check=True,
+        env=dict(os.environ, **{graph_cache.ENV: 'off'}))
+    _traced[key] = pickle.loads(path.read_bytes())
+  return _traced[key]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('field', sorted(_DATA_ONLY_PAIRS))
+def test_configs_differing_only_in_a_data_only_field_trace_the_same_graphs(
+    tmp_path_factory, field):
+  first, second = _DATA_ONLY_PAIRS[field]
+  first = _traced_graphs(tmp_path_factory, **first)
+  second = _traced_graphs(tmp_path_factory, **second)
+  assert sorted(first) == sorted(second)
+  for name in first:
+    assert first[name] == second[name], name
+
+
+@pytest.mark.slow
+def test_a_graph_shaping_field_traces_other_graphs(tmp_path_factory):
+  # The check above can tell graphs apart: a noise level is in them.
+  assert (_traced_graphs(tmp_path_factory) !=
+          _traced_graphs(tmp_path_factory, noise_multiplier=0.7))
+
+
+@pytest.mark.slow
+def test_a_seed_1_run_from_a_seed_0_entry_runs_as_a_traced_seed_1_run(
+    built, monkeypatch):
+  import dataclasses
+  from scripts import program
+  from tff_clip.program import assembly
+  config = dataclasses.replace(built['config'], seed=1)
+  before = len(built['traced'])
+  served = assembly.Session(config, program.build_task)
+  assert len(built['traced']) == before  # From the seed-0 run's entry.
+  monkeypatch.setenv(graph_cache.ENV, 'off')
+  traced = assembly.Session(config, program.build_task)
+  assert len(built['traced']) == before + 1
+  _assert_same_rounds(traced, served)

@@ -292,12 +292,14 @@ def _model_layout(runner) -> Optional[dict[str, int]]:
 # The traced graphs, cached on disk across runs (`tff_clip.runtime.graph_cache`).
 
 
-def _graph_cache_key(config: TrainConfig, task_builder,
-                     noise_multiplier) -> Optional[str]:
+def _graph_cache_key(config: TrainConfig, task_builder, noise_multiplier,
+                     task=None) -> Optional[str]:
   """The cache key of the session's graphs, or None where they are not
   cached: runs on TFF's workers, audited runs, a fixed `--noise_seed` (a
   constant of the graph: it must never reach a file), a task builder without
-  a stable name (a lambda, a local function)."""
+  a stable name (a lambda, a local function). `task`: the built task, whose
+  clients' element spec the key also holds (the data-only fields choose
+  data, never its shape)."""
   import inspect  # pylint: disable=g-import-not-at-top
   from tff_clip.runtime import graph_cache  # pylint: disable=g-import-not-at-top
   name = (f'{getattr(task_builder, "__module__", "")}.'
@@ -312,11 +314,15 @@ def _graph_cache_key(config: TrainConfig, task_builder,
   except (TypeError, OSError):
     return None
   # Every field but those that shape no graph (where and how long a run
-  # writes); the noise multiplier as resolved (a constant of the graph).
+  # writes, which data and initial weights it trains from); the noise
+  # multiplier as resolved (a constant of the graph). One entry per graph
+  # shape: a sweep's seeds share it.
   defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)
-              if f.name in _NOT_BUILT_FROM}
+              if f.name in _NOT_BUILT_FROM + _DATA_ONLY}
+  element_spec = (None if task is None else
+                  task.datasets.element_type_structure)
   description = repr((dataclasses.replace(config, **defaults),
-                      noise_multiplier, name, builder_source))
+                      noise_multiplier, name, builder_source, element_spec))
   return graph_cache.entry_key(description)
 
 
@@ -404,7 +410,8 @@ class Session:
       # out-of-memory crash halfway.
       preflight.check_noise_memory(config, _trainable_parameters(self.task))
     self.auditor = None
-    cache_key = _graph_cache_key(config, task_builder, self.noise_multiplier)
+    cache_key = _graph_cache_key(config, task_builder, self.noise_multiplier,
+                                 self.task)
     cached = _cached_runners(config, cache_key)  # None: trace and build.
     if cached is None:
       try:
@@ -513,6 +520,33 @@ class Session:
 _NOT_BUILT_FROM = ('root_output_dir', 'experiment_name', 'rounds', 'eval_every',
                    'progress', 'checkpoint_every', 'checkpoint_interval_s',
                    'release_uncovered_metrics')
+# What the traced graphs are not built from either, though a session is:
+# which data, cohorts and initial weights a run trains from. Out of the disk
+# key (`_graph_cache_key`), so runs that differ only in these share one entry.
+# Each reaches the session outside the traced process (read in `Session`):
+_DATA_ONLY = (
+    # The task's data split, client subset and partition, the cohorts
+    # (`ClientSampler`), each client's data order (`ClientDatasets`) and the
+    # initial weights (`initial_model_weights`, numpy set over
+    # `initialize`'s by `Session.initial_state`: so are a synthetic
+    # problem's, which its model's initializer holds). The DP noise key is
+    # drawn from OS entropy in the graph (a fixed --noise_seed is never
+    # cached).
+    'seed',
+    # The population: the sampler's, and the accountant's (the noise
+    # multiplier it calibrates is in the key as resolved).
+    'num_clients',
+    # How the examples are dealt to the clients (the task's ClientData).
+    'partition', 'partition_alpha',
+    # Examples held out of training (the task's validation data).
+    'validation_fraction',
+    # What the server-side evaluation (plain TensorFlow, not cached) reads.
+    'eval_split',
+    # Where online data is read from.
+    'cache_dir',
+    # The in-process runner's threads, given to it when it is loaded.
+    'max_concurrent_clients',
+)
 _SESSIONS_KEPT = 3
 _sessions = collections.OrderedDict()
 # Dropped before the interpreter tears its modules down: a traced function

@@ -5,8 +5,10 @@ Tracing a learning process with TFF and compiling it to its
 computations (`tff_clip.runtime.simulation.process_graphs`), is a pure
 function of what built it. An entry is stored under a key that hashes
 everything that shapes the graphs: the caller's description of what it built
-(the configuration, the noise multiplier), the source of every tff_clip
-module, and the versions of TensorFlow, TFF and Python.
+(the configuration's fields that shape the graphs, the noise multiplier; not
+the seed or other fields that only choose data, so a sweep's seeds share one
+entry), the source of every tff_clip module, and the versions of TensorFlow,
+TFF and Python.
 
 An entry is trusted only when its header names the key asked for and its
 payload matches the SHA-256 checksum stored with it; anything else (a
