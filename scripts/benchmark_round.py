@@ -26,12 +26,17 @@ after the first. The first build (TFF tracing, MapReduceForm
 compilation, graph import, first round) is reported separately.
 `--train` adds `scripts.train` end to end (checkpoints, metrics files,
 evaluation included): the wall-time difference of a long and a short run
-divided by the extra rounds.
+divided by the extra rounds, the default command's first round (seconds
+from the command to its `round 1/` line), and trainings of one
+`scripts.benchmark_frontier` cell run one after another in one fresh
+process, as one of its workers runs them (the first, which traces, and the
+later ones); each beside the plain-TF floor of the same rounds.
 
   .venv/bin/python -m scripts.benchmark_round --tasks=digits,emnist_cnn \
       --rounds=8 --train
 """
 
+import json
 import os
 import statistics
 import subprocess
@@ -83,7 +88,20 @@ _COHORTS = flags.DEFINE_list(
 _POPULATION = flags.DEFINE_integer('population', 10_000, 'Population of '
                                    '--cohort_sizes.')
 _TRAIN = flags.DEFINE_bool('train', False, 'Also time scripts.train end to '
-                           'end (digits, DP on) for inprocess and local.')
+                           'end (digits, DP on) for inprocess and local, and '
+                           'trainings of one frontier cell in one process.')
+# The frontier cell --train times (scripts.benchmark_frontier.make_config):
+# setting, method, epsilon.
+FRONTIER_CELL = ('mnist1000', 'default', 4.0)
+_FRONTIER_SEEDS = flags.DEFINE_integer(
+    'frontier_seeds', 3, 'With --train: trainings of one frontier cell '
+    '(setting {}, method {}, epsilon {:g}; seeds 0 to N-1) run one after '
+    'another in one fresh process with an empty graph cache, as one of '
+    'scripts.benchmark_frontier\'s workers runs them (0: skip).'.format(
+        *FRONTIER_CELL))
+_FRONTIER_ROUNDS = flags.DEFINE_integer(
+    'frontier_rounds', None, 'Rounds of each frontier training (default: '
+    "the setting's).")
 
 
 def _correlated(mechanism: str) -> bool:
@@ -367,6 +385,78 @@ def _wall(args) -> float:
   return time.perf_counter() - started
 
 
+def _first_round(args) -> tuple[float, float]:
+  """(wall s, s to its first `round 1/` line) of `python args...` run in the
+  repository, its stderr discarded."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  first = None
+  started = time.perf_counter()
+  with subprocess.Popen([sys.executable] + list(args), cwd=repo,
+                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                        text=True) as proc:
+    for line in proc.stdout:
+      if first is None and line.startswith('round 1/'):
+        first = time.perf_counter() - started
+  if proc.returncode != 0 or first is None:
+    raise subprocess.CalledProcessError(proc.returncode, args)
+  return time.perf_counter() - started, first
+
+
+def frontier_trainings(seeds: int, rounds, root: str) -> list[float]:
+  """Wall seconds of each training of the frontier cell (`FRONTIER_CELL`,
+  seeds 0 to `seeds` - 1, `rounds` each or the setting's), one after
+  another in this process, as a `scripts.benchmark_frontier` worker runs
+  them (`_train`)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from scripts import benchmark_frontier  # pylint: disable=g-import-not-at-top
+  setting, method, epsilon = FRONTIER_CELL
+  walls = []
+  for seed in range(seeds):
+    config = benchmark_frontier.make_config(setting, method, {}, epsilon,
+                                            seed, 'final', root, False)
+    if rounds is not None:
+      config = dataclasses.replace(config, rounds=rounds)
+    started = time.perf_counter()
+    benchmark_frontier._train(config)  # pylint: disable=protected-access
+    walls.append(time.perf_counter() - started)
+  return walls
+
+
+def _frontier_walls(seeds, rounds) -> list[float]:
+  """`frontier_trainings` in a fresh process with an empty graph cache."""
+  from tff_clip.runtime import graph_cache  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with tempfile.TemporaryDirectory() as out:
+    code = ('import json; from scripts import benchmark_round; '
+            'print(json.dumps(benchmark_round.frontier_trainings('
+            f'{seeds}, {rounds!r}, {os.path.join(out, "runs")!r})))')
+    result = subprocess.run(
+        [sys.executable, '-c', code], cwd=repo, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True, check=True,
+        env=dict(os.environ, **{graph_cache.ENV: os.path.join(out, 'graphs')}))
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _floor_round_seconds(config, rounds) -> float:
+  """Median seconds of a plain-TF floor round (`_Floor`) of `config`'s task
+  and cohort size, over `rounds` rounds after the first."""
+  from tff_clip.runtime import client_data  # pylint: disable=g-import-not-at-top
+  task = program.build_task(config)
+  clients = client_data.ClientDatasets(task, config.seed, config.local_steps)
+  client_ids = list(task.datasets.train_data.client_ids)
+  rng = np.random.default_rng(0)
+  floor = _Floor(task, config.client_learning_rate)
+  times = []
+  for round_num in range(1, rounds + 2):
+    cohort = list(rng.choice(client_ids, min(config.clients_per_round,
+                                             len(client_ids)), replace=False))
+    floor.prepare(cohort, clients.datasets(cohort, round_num))
+    started = time.perf_counter()
+    floor.next(cohort)
+    times.append(time.perf_counter() - started)
+  return statistics.median(times[1:])
+
+
 def _train_wall(rounds=None, executor='inprocess') -> float:
   with tempfile.TemporaryDirectory() as out:
     args = ['-m', 'scripts.train', f'--executor={executor}',
@@ -444,17 +534,53 @@ def main(argv):
     print(f'| ledger + epsilon, checkpoint, releases.jsonl, metrics.csv | '
           f'{first:.2f} | {last:.2f} |', flush=True)
   if _TRAIN.value:
-    print()
-    print('| scripts.train, digits, DP on | s/round, all included | fixed '
-          's (start-up and end) | default command (30 rounds) s | import '
-          'TF + TFF s |')
-    print('|---|---|---|---|---|')
-    imports = _wall(['-c', 'import tensorflow_federated'])
-    for executor in ('inprocess', 'local'):
-      per_round, fixed = _train_seconds(executor)
-      default = _train_wall(executor=executor)
-      print(f'| --executor={executor} | {per_round:.3f} | {fixed:.1f} | '
-            f'{default:.1f} | {imports:.1f} |', flush=True)
+    _print_train_tables()
+
+
+def _print_train_tables():
+  """scripts.train end to end, and the frontier's trainings, each beside
+  the plain-TF floor of the same rounds."""
+  from scripts import benchmark_frontier  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import training  # pylint: disable=g-import-not-at-top
+  default = training.TrainConfig()
+  floor = _floor_round_seconds(default, 5)
+  print()
+  print('| scripts.train, digits, DP on | s/round, all included | floor '
+        's/round | / floor | fixed s (start-up and end) | default command '
+        f'({default.rounds} rounds) s | its first round after s | floor: '
+        f'{default.rounds} rounds s | import TF + TFF s |')
+  print('|---|---|---|---|---|---|---|---|---|')
+  imports = _wall(['-c', 'import tensorflow_federated'])
+  for executor in ('inprocess', 'local'):
+    per_round, fixed = _train_seconds(executor)
+    with tempfile.TemporaryDirectory() as out:
+      wall, first = _first_round(
+          ['-m', 'scripts.train', f'--executor={executor}',
+           '--progress=false', f'--root_output_dir={out}'])
+    print(f'| --executor={executor} | {per_round:.3f} | {floor:.3f} | '
+          f'{per_round / floor:.1f}x | {fixed:.1f} | {wall:.1f} | '
+          f'{first:.1f} | {default.rounds * floor:.1f} | {imports:.1f} |',
+          flush=True)
+  seeds = _FRONTIER_SEEDS.value
+  if seeds < 1:
+    return
+  setting, method, epsilon = FRONTIER_CELL
+  with tempfile.TemporaryDirectory() as out:
+    cell = benchmark_frontier.make_config(setting, method, {}, epsilon, 0,
+                                          'final', out, False)
+  rounds = _FRONTIER_ROUNDS.value or cell.rounds
+  walls = _frontier_walls(seeds, _FRONTIER_ROUNDS.value)
+  cell_floor = _floor_round_seconds(cell, 5)
+  later = statistics.median(walls[1:]) if len(walls) > 1 else float('nan')
+  print()
+  print(f'| frontier training ({setting}, {method}, eps {epsilon:g}, '
+        f'{rounds} rounds of {cell.clients_per_round} clients), one process '
+        f'| first s | later s (median of {len(walls) - 1}) | floor: {rounds} '
+        'rounds s | later / floor |')
+  print('|---|---|---|---|---|')
+  print(f'| seeds 0-{seeds - 1}, empty graph cache | {walls[0]:.1f} | '
+        f'{later:.1f} | {rounds * cell_floor:.1f} | '
+        f'{later / (rounds * cell_floor):.1f}x |', flush=True)
 
 
 if __name__ == '__main__':

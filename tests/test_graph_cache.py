@@ -5,6 +5,8 @@ a damaged or stale one is rebuilt, and a run from the cache is the run
 without it, bit for bit. No secret reaches a cache file.
 """
 
+import collections
+import dataclasses
 import os
 import stat
 
@@ -232,6 +234,12 @@ def _assert_same_rounds(oracle, session):
   return expected[3], actual[3]
 
 
+def _forget_loaded_runners():
+  """No runner loaded in this process: the next session reads the disk."""
+  from tff_clip.runtime import runner_cache
+  runner_cache.forget()
+
+
 @pytest.fixture(scope='module')
 def built(tmp_path_factory):
   """A cold session (which fills the cache), then one from the cache."""
@@ -246,8 +254,10 @@ def built(tmp_path_factory):
   original = assembly.build_process
   monkeypatch.setattr(assembly, 'build_process',
                       lambda *a, **k: traced.append(1) or original(*a, **k))
+  _forget_loaded_runners()
   cold = assembly.Session(config, program.build_task)
   entries = sorted(directory.iterdir())
+  _forget_loaded_runners()  # The warm one from the disk entry.
   warm = assembly.Session(config, program.build_task)
   yield dict(cold=cold, warm=warm, traced=traced, directory=directory,
              entries=entries, config=config, monkeypatch=monkeypatch)
@@ -302,6 +312,7 @@ def test_a_damaged_entry_is_rebuilt_and_replaced(built):
   data[len(data) // 2] ^= 0x40
   path.write_bytes(bytes(data))
   before = len(built['traced'])
+  _forget_loaded_runners()
   rebuilt = assembly.Session(built['config'], program.build_task)
   assert len(built['traced']) == before + 1
   assert path.read_bytes() != bytes(data)
@@ -309,6 +320,7 @@ def test_a_damaged_entry_is_rebuilt_and_replaced(built):
   for a, b in zip(_rounds(built['cold'], state, 1)[0],
                   _rounds(rebuilt, state, 1)[0], strict=True):
     np.testing.assert_array_equal(a, b)
+  _forget_loaded_runners()
   assembly.Session(built['config'], program.build_task)
   assert len(built['traced']) == before + 1  # The new entry is used.
 
@@ -424,17 +436,208 @@ def test_a_graph_shaping_field_traces_other_graphs(tmp_path_factory):
           _traced_graphs(tmp_path_factory, noise_multiplier=0.7))
 
 
+@pytest.fixture(scope='module')
+def traced_seed_1(built):
+  """The seed-1 session traced afresh, the cache off: the oracle of a run
+  that takes its graphs from elsewhere."""
+  from scripts import program
+  from tff_clip.program import assembly
+  before = len(built['traced'])
+  built['monkeypatch'].setenv(graph_cache.ENV, 'off')
+  try:
+    traced = assembly.Session(dataclasses.replace(built['config'], seed=1),
+                              program.build_task)
+  finally:
+    built['monkeypatch'].setenv(graph_cache.ENV, str(built['directory']))
+  assert len(built['traced']) == before + 1
+  return traced
+
+
 @pytest.mark.slow
 def test_a_seed_1_run_from_a_seed_0_entry_runs_as_a_traced_seed_1_run(
-    built, monkeypatch):
-  import dataclasses
+    built, traced_seed_1):
   from scripts import program
   from tff_clip.program import assembly
   config = dataclasses.replace(built['config'], seed=1)
   before = len(built['traced'])
+  _forget_loaded_runners()
   served = assembly.Session(config, program.build_task)
   assert len(built['traced']) == before  # From the seed-0 run's entry.
-  monkeypatch.setenv(graph_cache.ENV, 'off')
-  traced = assembly.Session(config, program.build_task)
+  _assert_same_rounds(traced_seed_1, served)
+
+
+# ----------------------------------------------------------------------------
+# One loaded runner per graph shape in a process: a sweep's or the frontier's
+# next seed in the same worker imports nothing.
+
+
+@pytest.fixture
+def loads(monkeypatch):
+  """The disk's loads (`runner_cache._load`) stubbed and counted, with no
+  runner loaded yet: each load gives a new runner."""
+  from tff_clip.runtime import runner_cache
+  monkeypatch.setattr(runner_cache, '_loaded', collections.OrderedDict())
+  calls = []
+  monkeypatch.setattr(runner_cache, '_load',
+                      lambda key, threads: calls.append(key) or object())
+  return calls
+
+
+def _runner(key, client_threads=None):
+  from tff_clip.runtime import runner_cache
+  return runner_cache.runner(key, client_threads)
+
+
+def test_a_runner_loaded_in_this_process_serves_its_key_again(loads):
+  first = _runner('a')
+  assert _runner('a') is first
+  assert loads == ['a']
+
+
+def test_another_key_or_thread_count_loads_its_own_runner(loads):
+  runners = [_runner('a'), _runner('b'), _runner('a', client_threads=1)]
+  assert len({id(r) for r in runners}) == 3
+  assert loads == ['a', 'b', 'a']
+
+
+def test_no_runner_is_kept_where_the_disk_cache_is_not_used(loads):
+  # The key is None for a fixed --noise_seed, an audited run, TFF's
+  # workers, or the cache switched off (`assembly._graph_cache_key`).
+  from tff_clip.runtime import runner_cache
+  assert _runner(None) is None
+  assert loads == [] and not runner_cache._loaded
+
+
+def test_the_least_recently_used_runner_is_dropped_past_the_bound(loads):
+  from tff_clip.runtime import runner_cache
+  keys = [f'k{i}' for i in range(runner_cache._KEPT)]
+  runners = {key: _runner(key) for key in keys}
+  assert _runner(keys[0]) is runners[keys[0]]  # Now the most recent.
+  _runner('new')
+  assert len(runner_cache._loaded) == runner_cache._KEPT
+  assert _runner(keys[0]) is runners[keys[0]]
+  assert _runner(keys[1]) is not runners[keys[1]]  # Dropped: loaded again.
+  assert loads == keys + ['new', keys[1]]
+
+
+def test_a_missing_entry_keeps_nothing(monkeypatch):
+  from tff_clip.runtime import runner_cache
+  monkeypatch.setattr(runner_cache, '_loaded', collections.OrderedDict())
+  monkeypatch.setattr(runner_cache, '_load', lambda key, threads: None)
+  assert _runner('a') is None and not runner_cache._loaded
+
+
+def test_seeds_of_one_calibrated_configuration_share_one_calibration(
+    monkeypatch):
+  from tff_clip.privacy import accounting
+  from tff_clip.program import preflight
+  from tff_clip.program.config import TrainConfig
+  calls = []
+  monkeypatch.setattr(accounting, 'calibrate_noise_multiplier',
+                      lambda *args, **kwargs: calls.append(kwargs) or 1.25)
+  config = TrainConfig(noise_multiplier=None, target_epsilon=4.0)
+  preflight._resolve_noise_multiplier.cache_clear()
+  try:
+    for seed in range(3):
+      assert preflight.resolve_noise_multiplier(dataclasses.replace(
+          config, seed=seed, experiment_name=f'seed{seed}',
+          root_output_dir=f'/tmp/{seed}'), 1000) == 1.25
+    assert len(calls) == 1
+    preflight.resolve_noise_multiplier(
+        dataclasses.replace(config, rounds=60), 1000)
+    assert len(calls) == 2 and calls[-1]['rounds'] == 60
+  finally:  # No stubbed value left in the cache.
+    preflight._resolve_noise_multiplier.cache_clear()
+
+
+def test_what_calibration_ignores_is_configuration_fields():
+  from tff_clip.program import preflight
+  from tff_clip.program.config import TrainConfig
+  fields = {field.name for field in dataclasses.fields(TrainConfig)}
+  assert set(preflight._NOT_CALIBRATED_FROM) <= fields
+
+
+def test_a_traced_runner_is_kept_only_where_a_disk_entry_may_hold_it(
+    cache_dir, monkeypatch):
+  from tff_clip.runtime import runner_cache, simulation
+  monkeypatch.setattr(runner_cache, '_loaded', collections.OrderedDict())
+  runner = simulation.InProcessRunner.__new__(simulation.InProcessRunner)
+  runner.graphs = {'containers': b'{}'}
+  monkeypatch.setattr(simulation, 'parse_graphs', lambda graphs: {})
+  monkeypatch.setattr(graph_cache, 'has_baked_seed', lambda graphs: True)
+  runner_cache.store('a', None, runner)
+  assert not runner_cache._loaded and not list(cache_dir.glob('*'))
+  monkeypatch.setattr(graph_cache, 'has_baked_seed', lambda graphs: False)
+  runner_cache.store('a', None, runner)
+  assert runner_cache.runner('a', None) is runner
+
+
+def _model(session, state) -> list:
+  return [np.asarray(x) for x in
+          session.process.get_model_weights(state).trainable]
+
+
+@pytest.mark.slow
+def test_a_later_seed_reuses_the_loaded_runner_and_runs_as_a_fresh_trace(
+    built, traced_seed_1, monkeypatch):
+  from scripts import program
+  from tff_clip.program import assembly
+  loads = []  # Disk reads.
+  load = graph_cache.load
+  monkeypatch.setattr(graph_cache, 'load',
+                      lambda key: loads.append(key) or load(key))
+  _forget_loaded_runners()
+  before = len(built['traced'])
+  first = assembly.Session(built['config'], program.build_task)
+  _rounds(first, first.initial_state())  # The seed-0 run goes first.
+  second = assembly.Session(dataclasses.replace(built['config'], seed=1),
+                            program.build_task)
+  assert len(loads) == 1 and len(built['traced']) == before
+  assert second.process is first.process
+  # Its own initial model, then its rounds, as the fresh trace's (one noise
+  # key for both: the oracle's).
+  for a, b in zip(_model(traced_seed_1, traced_seed_1.initial_state()),
+                  _model(second, second.initial_state()), strict=True):
+    np.testing.assert_array_equal(a, b)
+  _assert_same_rounds(traced_seed_1, second)
+
+
+@pytest.mark.slow
+def test_runs_on_one_loaded_runner_draw_fresh_noise_keys(built):
+  from scripts import program
+  from tff_clip.program import assembly
+  _forget_loaded_runners()
+  one = assembly.Session(built['config'], program.build_task)
+  other = assembly.Session(built['config'], program.build_task)
+  assert other.process is one.process
+  states = [one.initial_state(), other.initial_state(), one.initial_state()]
+  keys = [tuple(_noise_key(state.aggregator)) for state in states]
+  assert len(set(keys)) == 3
+  # Same model, same cohort, same data: only the noise tells them apart.
+  for a, b in zip(_model(one, states[0]), _model(other, states[1]),
+                  strict=True):
+    np.testing.assert_array_equal(a, b)
+  after = [_rounds(session, state, 1)[3] for session, state in
+           ((one, states[0]), (other, states[1]))]
+  assert any(not np.array_equal(a, b) for a, b in
+             zip(_model(one, after[0]), _model(other, after[1])))
+
+
+@pytest.mark.slow
+def test_a_stale_entry_is_rebuilt_while_another_keys_runner_is_loaded(built):
+  from scripts import program
+  from tff_clip.program import assembly
+  _forget_loaded_runners()
+  loaded = assembly.Session(built['config'], program.build_task)
+  config = dataclasses.replace(built['config'], noise_multiplier=0.7)
+  key = assembly._graph_cache_key(config, program.build_task, 0.7,
+                                  program.build_task(config))
+  (entry,) = built['entries']  # The loaded runner's.
+  stale = built['directory'] / f'{key}.graphs'
+  stale.write_bytes(entry.read_bytes())  # Another key's graphs.
+  before = len(built['traced'])
+  rebuilt = assembly.Session(config, program.build_task)
   assert len(built['traced']) == before + 1
-  _assert_same_rounds(traced, served)
+  assert rebuilt.process is not loaded.process
+  assert graph_cache.load(key) is not None  # Replaced by its own graphs.
+

@@ -23,6 +23,14 @@ def test_mnist_arrays_are_5000_real_28x28_digits_500_per_class():
   assert abs(images.mean() - 0.1307) < 0.01
 
 
+def test_mnist_arrays_are_parsed_once_per_process_and_read_only():
+  # A sweep's seeds in one process split the same arrays: none may change
+  # them for the next.
+  first, second = sources.load_mnist_arrays(), sources.load_mnist_arrays()
+  assert all(a is b for a, b in zip(first, second, strict=True))
+  assert not any(array.flags.writeable for array in first)
+
+
 @pytest.mark.parametrize('name', [
     pytest.param('emnist_cnn', marks=pytest.mark.slow), 'emnist_logreg'])
 def test_emnist_tasks_train_on_mnist_in_emnist_format(name):

@@ -326,48 +326,6 @@ def _graph_cache_key(config: TrainConfig, task_builder, noise_multiplier,
   return graph_cache.entry_key(description)
 
 
-# The entry's graphs are named `process/<graph>`. Entries written when the
-# evaluation was a traced TFF process also hold `evaluation/<graph>`: their
-# keys differ (the key hashes this library's source), and such graphs are
-# never read as the process's.
-_PROCESS_PART = 'process'
-
-
-def _cached_runners(config: TrainConfig, key: Optional[str]):
-  """The process's runner from the cache entry `key`, or None."""
-  if key is None:
-    return None
-  from tff_clip.runtime import graph_cache  # pylint: disable=g-import-not-at-top
-  from tff_clip.runtime import simulation  # pylint: disable=g-import-not-at-top
-  entry = graph_cache.load(key)
-  if entry is None:
-    return None
-  graphs = {}
-  for name, data in entry.items():
-    part, _, graph = name.partition('/')
-    if part == _PROCESS_PART:
-      graphs[graph] = data
-  try:
-    return simulation.InProcessRunner.from_graphs(
-        graphs, client_threads=config.max_concurrent_clients)
-  except Exception as e:  # pylint: disable=broad-except
-    logging.warning('Graph cache: entry %s unusable (%s); rebuilding.', key, e)
-    return None
-
-
-def _store_runners(key: Optional[str], process) -> None:
-  from tff_clip.runtime import graph_cache  # pylint: disable=g-import-not-at-top
-  from tff_clip.runtime import simulation  # pylint: disable=g-import-not-at-top
-  if key is None or not (isinstance(process, simulation.InProcessRunner) and
-                         process.cacheable):
-    return
-  entry = {f'{_PROCESS_PART}/{name}': data
-           for name, data in process.graphs.items()}
-  if not graph_cache.has_baked_seed(
-      simulation.parse_graphs(process.graphs).values()):
-    graph_cache.store(key, entry)
-
-
 # ----------------------------------------------------------------------------
 # The session: everything built before the first file is written.
 
@@ -412,7 +370,9 @@ class Session:
     self.auditor = None
     cache_key = _graph_cache_key(config, task_builder, self.noise_multiplier,
                                  self.task)
-    cached = _cached_runners(config, cache_key)  # None: trace and build.
+    from tff_clip.runtime import runner_cache  # pylint: disable=g-import-not-at-top
+    # Loaded in this process already, or from disk; None: trace and build.
+    cached = runner_cache.runner(cache_key, config.max_concurrent_clients)
     if cached is None:
       try:
         if config.audit_canaries:  # Canaries inside the DP query.
@@ -432,7 +392,8 @@ class Session:
     self.initial_weights = initial_model_weights(self.task, config.seed)
     if cached is None:
       (self.process,) = runners(config, self.process)
-      _store_runners(cache_key, self.process)
+      runner_cache.store(cache_key, config.max_concurrent_clients,
+                         self.process)
     else:
       self.process = cached
     self.test_data = _eval_dataset(self.task, config.eval_split)

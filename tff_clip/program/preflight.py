@@ -9,6 +9,7 @@ one line, before anything allocates it. No TensorFlow is imported.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -29,8 +30,21 @@ __all__ = [
 STATE_COPIES_AT_PEAK = 7
 
 
+# What calibration never reads: where and how often a run writes, which data
+# and initial weights it trains from (the population is an argument). Runs
+# that differ only in these (a sweep's or the frontier's seeds) share one.
+_NOT_CALIBRATED_FROM = (
+    'seed', 'experiment_name', 'root_output_dir', 'eval_every', 'eval_split',
+    'progress', 'checkpoint_every', 'checkpoint_interval_s',
+    'release_uncovered_metrics', 'partition', 'partition_alpha',
+    'validation_fraction', 'cache_dir', 'max_concurrent_clients')
+
+
 def resolve_noise_multiplier(config: TrainConfig, population: int):
   """z from the flags: given, calibrated from `target_epsilon`, or None."""
+  config = dataclasses.replace(config, **{
+      field.name: field.default for field in dataclasses.fields(TrainConfig)
+      if field.name in _NOT_CALIBRATED_FROM})
   try:
     hash(config)
   except TypeError:  # An unhashable field value: calibrate afresh.

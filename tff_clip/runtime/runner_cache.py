@@ -1,0 +1,106 @@
+"""The in-process runners of cached graphs: loaded once per process.
+
+`runner(key, client_threads)` is the `InProcessRunner` of the graph cache
+entry `key` (`tff_clip.runtime.graph_cache`): the one this process already
+loaded for that key and thread count, else one loaded from disk, else None.
+`store(key, client_threads, runner)` writes a freshly traced runner's graphs
+under `key` and keeps it loaded, where an entry may hold them: no graph with
+a random op seeded at tracing (`graph_cache.has_baked_seed`). The callers
+give no key where nothing may be cached (a fixed noise seed, an audited run,
+TFF's workers, the cache switched off).
+
+Runs that differ only in their seed (a sweep's, the frontier's) share one
+key, one graph shape: in one worker process every training after the first
+takes the loaded runner, with no disk read, no graph import and no new
+client threads. A few runners are kept, the least recently used dropped
+first, and all of them before the interpreter tears its modules down (a
+traced function freed after that prints a TypeError traceback).
+
+A runner holds no run's state. The state, the noise key included, is the
+run's, passed to every call; the graphs' variables are reset before every
+call (`tff_clip.runtime.tf_graphs`, assumption 3); nothing is kept per
+client, cohort or seed. The noise key is drawn by `initialize` from a kernel
+that seeds itself from OS entropy (`dp_queries.secret_key`): a runner used
+again draws a fresh key, never the last run's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+from typing import Optional
+
+from absl import logging
+
+from tff_clip.runtime import graph_cache
+from tff_clip.runtime import simulation
+
+__all__ = ['runner', 'store']
+
+# The entry's graphs are named `process/<graph>`. Entries written when the
+# evaluation was a traced TFF process also hold `evaluation/<graph>`: their
+# keys differ (the key hashes this library's source), and such graphs are
+# never read as the process's.
+_PROCESS_PART = 'process'
+
+_KEPT = 3
+# (key, client threads) -> runner, the most recently used last.
+_loaded = collections.OrderedDict()
+atexit.register(_loaded.clear)
+
+
+def runner(key: Optional[str], client_threads: Optional[int] = None):
+  """The runner of the entry `key` with `client_threads` threads: loaded in
+  this process already, else from disk; None where there is none."""
+  if key is None:
+    return None
+  found = _loaded.pop((key, client_threads), None)
+  if found is None:
+    found = _load(key, client_threads)
+  if found is not None:
+    _keep((key, client_threads), found)
+  return found
+
+
+def _load(key: str, client_threads: Optional[int]):
+  """The runner of the disk entry `key`, or None."""
+  entry = graph_cache.load(key)
+  if entry is None:
+    return None
+  graphs = {}
+  for name, data in entry.items():
+    part, _, graph = name.partition('/')
+    if part == _PROCESS_PART:
+      graphs[graph] = data
+  try:
+    return simulation.InProcessRunner.from_graphs(
+        graphs, client_threads=client_threads)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning('Graph cache: entry %s unusable (%s); rebuilding.', key, e)
+    return None
+
+
+def store(key: Optional[str], client_threads: Optional[int], traced) -> None:
+  """Writes `traced`'s graphs under `key` and keeps it loaded, where an
+  entry may hold them (an in-process runner, no seed fixed at tracing)."""
+  if key is None or not (isinstance(traced, simulation.InProcessRunner) and
+                         traced.cacheable):
+    return
+  if graph_cache.has_baked_seed(
+      simulation.parse_graphs(traced.graphs).values()):
+    return
+  graph_cache.store(key, {f'{_PROCESS_PART}/{name}': data
+                          for name, data in traced.graphs.items()})
+  _keep((key, client_threads), traced)
+
+
+def _keep(loaded_key, loaded) -> None:
+  _loaded.pop(loaded_key, None)
+  _loaded[loaded_key] = loaded
+  while len(_loaded) > _KEPT:
+    _loaded.popitem(last=False)
+
+
+def forget() -> None:
+  """Drops every loaded runner: the next `runner` reads the disk."""
+  _loaded.clear()
