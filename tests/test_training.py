@@ -3,6 +3,7 @@
 import collections
 import csv
 import dataclasses
+import functools
 import json
 import re
 import subprocess
@@ -117,7 +118,6 @@ def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
     (['--clip_norm=1e39'], '--clip_norm'),
     (['--noise_multiplier=1e39'], '--noise_multiplier'),
     (['--noise_seed=1180591620717411303424'], '--noise_seed'),
-    (['--eval_split=validation'], '--validation_fraction'),
 ])
 def test_cli_bad_flag_is_one_line_exit_2_and_writes_nothing(tmp_path, args,
                                                             flag):
@@ -126,6 +126,17 @@ def test_cli_bad_flag_is_one_line_exit_2_and_writes_nothing(tmp_path, args,
   assert proc.returncode == 2, output
   assert output.count('\n') == 1 and output.startswith('error: '), output
   assert flag in output
+  assert not (tmp_path / 'runs').exists()
+
+
+def test_evaluating_on_validation_data_nobody_held_out_is_refused(tmp_path):
+  # Known once the task is built (in this process: a fresh interpreter for
+  # the command line's one-line exit 2 is what the cases above cost).
+  config = training.TrainConfig(eval_split='validation',
+                                root_output_dir=str(tmp_path / 'runs'))
+  with pytest.raises(training.ConfigError,
+                     match='^--eval_split=validation: .*--validation_fraction'):
+    program.run(config)
   assert not (tmp_path / 'runs').exists()
 
 
@@ -316,6 +327,35 @@ def test_target_epsilon_calibrates_the_noise_multiplier():
 # What a DP run releases: secret noise, nothing data-dependent unaccounted.
 
 
+def _first_seed_with_an_empty_round(rounds, population, clients_per_round):
+  from tff_clip.privacy import sampling  # pylint: disable=g-import-not-at-top
+  ids = [str(i) for i in range(population)]
+  for seed in range(100):
+    sampler = sampling.ClientSampler(ids, clients_per_round, 'poisson', seed)
+    empty = [r for r in range(2, rounds + 1) if not sampler.sample(r)]
+    if empty:
+      return seed, empty[0]
+  raise AssertionError('no seed with an empty round')
+
+
+@functools.cache
+def _sparse_seed():
+  return _first_seed_with_an_empty_round(4, 50, 1)
+
+
+def _shared(**changes):
+  """The configuration of every in-process DP run below but the slow ones.
+
+  They differ only in what a session is not built from (where they write,
+  how long they run, what they release): one build serves them all (a build
+  costs seconds, a round a fraction of one). 1 expected client of 50 under
+  Poisson sampling, with a seed that leaves one of rounds 2-4 empty.
+  """
+  seed, _ = _sparse_seed()
+  return dict(clients_per_round=1, eval_every=1, seed=seed,
+              noise_multiplier=1.0, **changes)
+
+
 def _run(tmp_path, name, **changes):
   config = training.TrainConfig(root_output_dir=str(tmp_path),
                                 experiment_name=name, progress=False,
@@ -339,7 +379,7 @@ def test_dp_round_is_checkpointed_before_release_and_never_computed_twice(
   # the release raising): the resumed run releases round 2's saved row and
   # trains rounds 3-4 only. Re-running round 2 would release a second
   # aggregate under the same noise (a function of the key and the round).
-  base = dict(rounds=4, clients_per_round=6, eval_every=1, seed=3)
+  base = _shared(rounds=4)
   record = run_directory.RunState.record
   attempted = {}
 
@@ -406,7 +446,7 @@ def test_runs_in_one_process_share_their_build_never_their_noise(
   # releases: it reuses a's traced process, and draws its own noise keys
   # (value and count noise). Compared as keys, not as released values: two
   # fresh keys coincide with chance 2^-128, a clip norm with ~1e-6.
-  base = dict(clients_per_round=6, eval_every=1, seed=3)
+  base = _shared()
   a = _rows(_run(tmp_path, 'a', rounds=1, **base)[1] / 'metrics.csv')
   b = _rows(_run(tmp_path, 'b', rounds=2, release_uncovered_metrics=True,
                  **base)[1] / 'metrics.csv')
@@ -425,8 +465,7 @@ def test_a_release_destination_is_one_release_manager_behind_the_filter(
   memory = tff.program.MemoryReleaseManager()
   config = training.TrainConfig(root_output_dir=str(tmp_path),
                                 experiment_name='run', progress=False,
-                                rounds=2, clients_per_round=6, eval_every=1,
-                                seed=3)
+                                rounds=2, **_shared())
   training.run(config, program.build_task, release_managers=[memory])
   released = memory.values()
   assert list(released) == [1, 2]
@@ -444,8 +483,7 @@ def test_a_run_another_process_is_training_is_refused_untouched(tmp_path):
   # one line naming it and writes nothing; once it is gone the run trains.
   config = training.TrainConfig(root_output_dir=str(tmp_path),
                                 experiment_name='run', progress=False,
-                                clients_per_round=6, eval_every=1, seed=3,
-                                rounds=1)
+                                rounds=1, **_shared())
   run_directory.prepare_output_dir(config)
   holder = subprocess.Popen(
       [sys.executable, '-c',
@@ -508,27 +546,12 @@ def test_same_seed_runs_draw_different_noise_unless_noise_seed(
       (tmp_path / 'a' / 'summary.json').read_text())['noise']
 
 
-def _first_seed_with_an_empty_round(rounds, population, clients_per_round):
-  from tff_clip.privacy import sampling  # pylint: disable=g-import-not-at-top
-  ids = [str(i) for i in range(population)]
-  for seed in range(100):
-    sampler = sampling.ClientSampler(ids, clients_per_round, 'poisson', seed)
-    empty = [r for r in range(2, rounds + 1) if not sampler.sample(r)]
-    if empty:
-      return seed, empty[0]
-  raise AssertionError('no seed with an empty round')
-
-
 @pytest.fixture(scope='module')
 def sparse_poisson_run(tmp_path_factory):
   # 1 expected client of 50: many rounds draw nobody.
-  seed, empty_round = _first_seed_with_an_empty_round(4, 50, 1)
+  _, empty_round = _sparse_seed()
   root = tmp_path_factory.mktemp('poisson')
-  # A seeded noise key: the empty round's noise is a fixed draw, so that
-  # it moves the model is decided once, not by chance on every run.
-  summary, run_dir = _run(root, 'run', rounds=4, clients_per_round=1,
-                          eval_every=1, seed=seed, clip_norm=1.0,
-                          noise_multiplier=1.0, noise_seed=11)
+  summary, run_dir = _run(root, 'run', rounds=4, **_shared())
   return summary, run_dir, empty_round
 
 
@@ -571,8 +594,8 @@ def test_empty_poisson_rounds_run_and_are_accounted(sparse_poisson_run):
 
 def test_uncovered_metrics_are_released_only_on_request_and_labelled(
     tmp_path):
-  summary, run_dir = _run(tmp_path, 'run', rounds=1, clients_per_round=6,
-                          eval_every=1, seed=3, release_uncovered_metrics=True)
+  summary, run_dir = _run(tmp_path, 'run', rounds=1,
+                          **_shared(release_uncovered_metrics=True))
   assert {'clients', 'train_loss', 'seconds'} <= set(
       _rows(run_dir / 'metrics.csv')[0])
   assert {'clients', 'train_loss', 'seconds'} <= set(
@@ -582,10 +605,7 @@ def test_uncovered_metrics_are_released_only_on_request_and_labelled(
 def test_rerunning_a_finished_run_changes_nothing(sparse_poisson_run):
   summary, run_dir, _ = sparse_poisson_run
   before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
-  seed, _ = _first_seed_with_an_empty_round(4, 50, 1)
-  again, _ = _run(run_dir.parent, 'run', rounds=4, clients_per_round=1,
-                  eval_every=1, seed=seed, clip_norm=1.0, noise_multiplier=1.0,
-                  noise_seed=11)
+  again, _ = _run(run_dir.parent, 'run', rounds=4, **_shared())
   assert again == json.loads(before['summary.json'])
   assert {p.name: p.read_bytes() for p in run_dir.iterdir()
           if p.is_file()} == before
