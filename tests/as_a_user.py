@@ -10,6 +10,7 @@ are printed.
 """
 
 import contextlib
+import json
 import os
 import pathlib
 import re
@@ -66,6 +67,45 @@ def refusal(proc, unwritten) -> str:
   assert len(lines) == 1 and lines[0].startswith('error: '), proc.stderr
   assert not os.path.lexists(unwritten)
   return lines[0]
+
+
+# `scripts.train`'s command line (`cli.run(train.main)`, the entry point's
+# own code) for each command line read from stdin, in turn.
+_TRAIN_EACH = """
+import contextlib, io, json, sys
+from scripts import cli, train
+not_imported, commands = json.load(sys.stdin)
+results = []
+for argv in commands:
+  train.FLAGS.unparse_flags()
+  stdout, stderr = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    try:
+      cli.run(train.main, ['scripts.train', *argv])
+      code = 0
+    except SystemExit as e:
+      code = e.code
+  results.append([code, stdout.getvalue(), stderr.getvalue(),
+                  [name for name in not_imported if name in sys.modules]])
+print(json.dumps(results))
+"""
+
+
+def train_each(commands, not_imported=(), timeout=300):
+  """`scripts.train` given each of `commands` in turn, in ONE fresh interpreter.
+
+  For command lines refused before any training: a start-up each would cost
+  a second a command. absl's flags are reset to their defaults between
+  commands. Returns one (exit code, stdout, stderr, imported) per command,
+  `imported` the modules of `not_imported` imported by the time it ended
+  (once imported, a module stays: the first command to import it is the
+  first to show it).
+  """
+  proc = run(['-c', _TRAIN_EACH], timeout=timeout,
+             stdin_text=json.dumps([list(not_imported),
+                                    [list(c) for c in commands]]))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return [tuple(r) for r in json.loads(proc.stdout.splitlines()[-1])]
 
 
 def python(code, *args, timeout=300, **overrides):

@@ -71,11 +71,36 @@ def _refusal(tmp_path, *args, not_imported=('tensorflow',)):
   return lines[0]
 
 
+@pytest.fixture(scope='module')
+def early_refusals(tmp_path_factory):
+  """`early_refusals(*args)`: `_refusal`'s line for each command line of
+  CHANGES_THE_RUN, BAD_FLAGS and FEASIBLE_COHORT, all refused in turn in
+  one interpreter (`as_a_user.train_each`)."""
+  commands = [tuple(args) for args, _ in CHANGES_THE_RUN + BAD_FLAGS]
+  commands.append(FEASIBLE_COHORT)
+  roots = [tmp_path_factory.mktemp('refused') / 'runs' for _ in commands]
+  results = dict(zip(commands, zip(as_a_user.train_each(
+      [[f'--root_output_dir={root}', *args]
+       for args, root in zip(commands, roots)],
+      not_imported=['tensorflow']), roots, strict=True)))
+
+  def line(*args):
+    (code, stdout, stderr, imported), root = results[args]
+    assert not imported, f'imported: {imported}'
+    assert code == 2, stderr[-3000:]
+    assert stdout == ''
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: '), stderr
+    assert not root.exists()
+    return lines[0]
+  return line
+
+
 # ----------------------------------------------------------------------------
 # Values that would change what a run is, silently.
 
 
-@pytest.mark.parametrize('args, message', [
+CHANGES_THE_RUN = [
     # An unset `$Z` must not turn DP off ...
     (['--noise_multiplier='], r"--noise_multiplier .*empty.*'none'"),
     (['--lus_sparsity='], r"--lus_sparsity is empty.*'none'"),
@@ -97,19 +122,24 @@ def _refusal(tmp_path, *args, not_imported=('tensorflow',)):
     (['--clients_per_round=1000'],
      r'--clients_per_round \(1000\) exceeds the number of training clients '
      r'\(50\)'),
-])
+]
+
+
+@pytest.mark.parametrize('args, message', CHANGES_THE_RUN)
 def test_a_value_that_changes_the_run_is_refused_before_tensorflow(
-    tmp_path, args, message):
-  line = _refusal(tmp_path, *args)
+    early_refusals, args, message):
+  line = early_refusals(*args)
   assert re.search(message, line), line
 
 
+FEASIBLE_COHORT = ('--sampling=min_separation', '--noise_mechanism=banded',
+                   '--bands=4', '--clients_per_round=9', '--rounds=0')
+
+
 def test_a_feasible_minimum_separation_cohort_passes_the_early_checks(
-    tmp_path):
+    early_refusals):
   # Refused only for --rounds: the groups (9 to 17 clients) hold 9.
-  line = _refusal(tmp_path, '--sampling=min_separation',
-                  '--noise_mechanism=banded', '--bands=4',
-                  '--clients_per_round=9', '--rounds=0')
+  line = early_refusals(*FEASIBLE_COHORT)
   assert '--rounds' in line
 
 
@@ -165,7 +195,7 @@ def test_a_noise_state_beyond_memory_is_refused_before_the_process_is_built(
 # Flags checked early and strictly.
 
 
-@pytest.mark.parametrize('args, flag', [
+BAD_FLAGS = [
     (['--seed=-1'], '--seed must be an integer in [0, 4294967295]'),
     ([f'--seed={2**70}'], '--seed must be an integer in [0, 4294967295]'),
     (['--root_output_dir='], '--root_output_dir must name a directory'),
@@ -175,9 +205,12 @@ def test_a_noise_state_beyond_memory_is_refused_before_the_process_is_built(
      '--experiment_name is too long for a file system'),
     (['--task_option=depth=3'],
      "--task_option 'depth' is not an option of task 'digits'"),
-])
-def test_a_bad_flag_is_refused_before_tensorflow(tmp_path, args, flag):
-  assert flag in _refusal(tmp_path, *args)
+]
+
+
+@pytest.mark.parametrize('args, flag', BAD_FLAGS)
+def test_a_bad_flag_is_refused_before_tensorflow(early_refusals, args, flag):
+  assert flag in early_refusals(*args)
 
 
 # A bad output directory is refused at once: before TensorFlow and before

@@ -101,7 +101,7 @@ def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
     program.validate(config)
 
 
-@pytest.mark.parametrize('args, flag', [
+BAD_FLAGS = [
     (['--bounding=none', '--noise_multiplier=1.0'], '--bounding'),
     (['--bounding=squash'], '--bounding'),
     (['--task=mnist'], '--task'),
@@ -118,20 +118,35 @@ def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
     (['--clip_norm=1e39'], '--clip_norm'),
     (['--noise_multiplier=1e39'], '--noise_multiplier'),
     (['--noise_seed=1180591620717411303424'], '--noise_seed'),
-])
-def test_cli_bad_flag_is_one_line_exit_2_and_writes_nothing(tmp_path, args,
-                                                            flag):
-  proc = _train([*args, f'--root_output_dir={tmp_path / "runs"}'])
-  output, _ = proc.communicate(timeout=60)
-  assert proc.returncode == 2, output
+]
+
+@pytest.fixture(scope='module')
+def cli_refusals(tmp_path_factory):
+  """[(exit code, output, root_output_dir)] of each of BAD_FLAGS, refused
+  in turn in one interpreter (`as_a_user.train_each`; the `python -m
+  scripts.train` entry point's own refusals: tests/test_train_flags.py)."""
+  roots = [tmp_path_factory.mktemp('refused') / 'runs' for _ in BAD_FLAGS]
+  results = as_a_user.train_each([*args, f'--root_output_dir={root}']
+                                 for (args, _), root in zip(BAD_FLAGS, roots))
+  return [(code, stdout + stderr, root)
+          for (code, stdout, stderr, _), root in zip(results, roots,
+                                                     strict=True)]
+
+
+@pytest.mark.parametrize('case', range(len(BAD_FLAGS)),
+                         ids=[flag for _, flag in BAD_FLAGS])
+def test_cli_bad_flag_is_one_line_exit_2_and_writes_nothing(cli_refusals,
+                                                            case):
+  code, output, root = cli_refusals[case]
+  assert code == 2, output
   assert output.count('\n') == 1 and output.startswith('error: '), output
-  assert flag in output
-  assert not (tmp_path / 'runs').exists()
+  assert BAD_FLAGS[case][1] in output
+  assert not root.exists()
 
 
 def test_evaluating_on_validation_data_nobody_held_out_is_refused(tmp_path):
-  # Known once the task is built (in this process: a fresh interpreter for
-  # the command line's one-line exit 2 is what the cases above cost).
+  # Known once the task is built: checked in this process (the command
+  # line's one-line exit 2 is the cases' above).
   config = training.TrainConfig(eval_split='validation',
                                 root_output_dir=str(tmp_path / 'runs'))
   with pytest.raises(training.ConfigError,
