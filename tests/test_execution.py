@@ -1,14 +1,9 @@
 """Specification of the execution contexts (`tff_clip.runtime.execution`)."""
 
-import fcntl
-import glob
-import ipaddress
 import os
 import select
 import shutil
-import socket
 import stat
-import struct
 import subprocess
 import sys
 
@@ -16,14 +11,10 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow_federated as tff
-from tensorflow_federated.proto.v0 import executor_pb2
-from tensorflow_federated.proto.v0 import executor_pb2_grpc
-from tensorflow_federated.python.core.impl.executors import value_serialization
 
-from scripts import program
-from tff_clip.program import training
 from tff_clip.runtime import execution
 import as_a_user  # pylint: disable=g-bad-import-order
+import worker_network  # pylint: disable=g-bad-import-order
 
 
 def test_replacing_the_local_context_stops_its_worker():
@@ -34,7 +25,7 @@ def test_replacing_the_local_context_stops_its_worker():
   for _ in range(3):  # E.g. three training runs in one process.
     execution.set_local_cpp_context()
     assert one() == 1.0
-  assert len(_worker_binaries()) == 1
+  assert len(worker_network.worker_binaries()) == 1
 
 
 def test_a_worker_dies_with_the_process_that_started_it_even_on_sigkill():
@@ -84,144 +75,21 @@ def test_a_private_worker_is_a_socket_only_its_user_opens_removed_at_stop():
 
 
 # ----------------------------------------------------------------------------
-# Who can reach the worker that `--executor=local` starts.
-
-
-def _descendants(pid: int) -> list[int]:
-  found = []
-  for children in glob.glob(f'/proc/{pid}/task/*/children'):
-    try:
-      with open(children) as f:
-        pids = [int(p) for p in f.read().split()]
-    except OSError:
-      continue  # It exited meanwhile.
-    for child in pids:
-      found += [child, *_descendants(child)]
-  return found
-
-
-def _cmdline(pid: int) -> list[str]:
-  try:
-    with open(f'/proc/{pid}/cmdline', 'rb') as f:
-      return [a.decode() for a in f.read().split(b'\0') if a]
-  except OSError:
-    return []
-
-
-def _worker_binaries() -> dict[int, int]:
-  """{pid: --port} of every TFF worker_binary this process started."""
-  workers = {}
-  for pid in _descendants(os.getpid()):
-    args = _cmdline(pid)
-    if args and os.path.basename(args[0]) == 'worker_binary':
-      ports = [a.split('=', 1)[1] for a in args if a.startswith('--port=')]
-      workers[pid] = int(ports[0]) if ports else 10000  # Its default.
-  return workers
-
-
-def _non_loopback_addresses() -> set[str]:
-  """This host's own addresses, loopback and link-local left out."""
-  found = set()
-  for _, name in socket.if_nameindex():  # IPv4: each interface's address.
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-      try:
-        ifreq = fcntl.ioctl(s, 0x8915, struct.pack('256s', name.encode()))
-      except OSError:
-        continue  # SIOCGIFADDR: no IPv4 address on it.
-      found.add(socket.inet_ntoa(ifreq[20:24]))
-  try:
-    with open('/proc/net/if_inet6') as f:  # IPv6: one line per address.
-      found |= {str(ipaddress.IPv6Address(bytes.fromhex(line.split()[0])))
-                for line in f}
-  except OSError:
-    pass
-  try:
-    found |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(),
-                                                        None)}
-  except OSError:
-    pass
-  return {a for a in found if not ipaddress.ip_address(a).is_loopback
-          and not ipaddress.ip_address(a).is_link_local}
-
-
-def _tcp_listening_inodes() -> set[str]:
-  """Inodes of the TCP sockets listening in this process's network."""
-  inodes = set()
-  for table in ('/proc/self/net/tcp', '/proc/self/net/tcp6'):
-    with open(table) as f:
-      for row in list(f)[1:]:
-        fields = row.split()
-        if fields[3] == '0A':  # TCP_LISTEN
-          inodes.add(fields[9])
-  return inodes
-
-
-def _socket_inodes(pid: int) -> set[str]:
-  inodes = set()
-  for fd in glob.glob(f'/proc/{pid}/fd/*'):
-    try:
-      link = os.readlink(fd)
-    except OSError:
-      continue
-    if link.startswith('socket:['):
-      inodes.add(link[len('socket:['):-1])
-  return inodes
-
-
-def _grpc_answers(host: str, port: int) -> bool:
-  """Whether a plain gRPC client at host:port gets TFF's executor service."""
-  if ':' in host:
-    host = f'[{host}]'
-  with grpc.insecure_channel(f'{host}:{port}') as channel:
-    try:
-      grpc.channel_ready_future(channel).result(timeout=3)
-    except grpc.FutureTimeoutError:
-      return False
-    try:
-      executor_pb2_grpc.ExecutorGroupStub(channel).GetExecutor(
-          executor_pb2.GetExecutorRequest(
-              cardinalities=value_serialization.serialize_cardinalities(
-                  {tff.CLIENTS: 1})), timeout=10)
-    except grpc.RpcError:
-      return False
-    return True
-
-
-@pytest.fixture
-def restore_local_context():
-  yield
-  execution.set_local_cpp_context()
-
-
-def test_the_local_worker_is_unreachable_from_the_network_and_the_run_works(
-    tmp_path, restore_local_context):
-  del restore_local_context
-  summary = program.run(training.TrainConfig(
-      rounds=2, clients_per_round=3, eval_every=2, progress=False,
-      root_output_dir=str(tmp_path), executor='local'), quiet=True)
-  assert summary['rounds'] == 2
-  workers = _worker_binaries()  # The run's worker, still up after it.
-  assert workers and execution.local_worker_targets()
-  listening_here = _tcp_listening_inodes()
-  for pid, port in workers.items():
-    # No TCP port of it in this host's network at all (meaningful even on a
-    # host whose only address is loopback)...
-    assert not _socket_inodes(pid) & listening_here, (
-        f'worker {pid} listens on a TCP port of this host')
-    # ...so a gRPC client on the host's network address gets nothing.
-    reached = [a for a in sorted(_non_loopback_addresses())
-               if _grpc_answers(a, port)]
-    assert not reached, f'worker {pid} answered gRPC at {reached}:{port}'
+# Who can reach a worker. The one `--executor=local` starts:
+# tests/test_split_execution.py::
+# test_the_local_worker_is_unreachable_from_the_network_and_the_run_works
+# (on the run an attacker watches there).
 
 
 @pytest.mark.slow  # A test helper's worker, not one the program starts.
 def test_a_worker_started_for_remote_use_answers_on_127_0_0_1_only():
   proc, port = execution.start_worker()
   try:
-    assert _grpc_answers('127.0.0.1', port)
-    assert not _socket_inodes(proc.worker_pid) & _tcp_listening_inodes()
-    reached = [a for a in sorted(_non_loopback_addresses())
-               if _grpc_answers(a, port)]
+    assert worker_network.grpc_answers('127.0.0.1', port)
+    assert not (worker_network.socket_inodes(proc.worker_pid) &
+                worker_network.tcp_listening_inodes())
+    reached = [a for a in sorted(worker_network.non_loopback_addresses())
+               if worker_network.grpc_answers(a, port)]
     assert not reached, f'the worker answered gRPC at {reached}:{port}'
   finally:
     proc.kill()

@@ -27,6 +27,7 @@ from tff_clip.program import training
 from tff_clip.runtime import execution
 from tff_clip.runtime import split_execution
 import tiny_model  # pylint: disable=g-bad-import-order
+import worker_network  # pylint: disable=g-bad-import-order
 
 _STUB_METHODS = ('create_value', 'create_call', 'create_struct',
                  'create_selection', 'get_executor')
@@ -281,9 +282,9 @@ class Attacker:
     return requests
 
 
-@pytest.fixture
-def keys_of_split_rounds(monkeypatch):
-  """The noise key of every state a `SplitRunner` runs a round from."""
+def _record_keys_of_split_rounds(monkeypatch):
+  """The noise key of every state a `SplitRunner` runs a round from, from
+  now on (a list that grows)."""
   keys = []
   original = split_execution.SplitRunner.next
 
@@ -294,6 +295,11 @@ def keys_of_split_rounds(monkeypatch):
 
   monkeypatch.setattr(split_execution.SplitRunner, 'next', recording)
   return keys
+
+
+@pytest.fixture
+def keys_of_split_rounds(monkeypatch):
+  return _record_keys_of_split_rounds(monkeypatch)
 
 
 @pytest.fixture
@@ -330,15 +336,59 @@ def test_attacker_on_the_worker_port_finds_the_key_of_process_next(
   assert sent_key(attacker.responses, key)
 
 
+LocalRun = collections.namedtuple('LocalRun', [
+    'summary', 'keys', 'responses', 'workers', 'tcp_listening', 'answered'])
+
+
+@pytest.fixture(scope='module')
+def local_run(tmp_path_factory):
+  """One `--executor=local` run, watched (one run, two tests below).
+
+  An attacker probes its worker's port all along; the noise key of every
+  split round is recorded. After the run, its worker still up: the workers
+  this process started, with their TCP sockets listening in this host's
+  network and the host addresses at which they answered gRPC.
+  """
+  with pytest.MonkeyPatch.context() as patch:
+    keys = _record_keys_of_split_rounds(patch)
+    try:
+      with Attacker(execution.local_worker_targets) as attacker:
+        summary = program.run(small_run(tmp_path_factory.mktemp('local'),
+                                        'local', executor='local'))
+      workers = worker_network.worker_binaries()
+      assert workers and execution.local_worker_targets()
+      listening_here = worker_network.tcp_listening_inodes()
+      tcp_listening = {pid: worker_network.socket_inodes(pid) & listening_here
+                       for pid in workers}
+      answered = {pid: [a for a in sorted(
+          worker_network.non_loopback_addresses())
+                        if worker_network.grpc_answers(a, port)]
+                  for pid, port in workers.items()}
+    finally:
+      execution.set_local_cpp_context()
+  return LocalRun(summary, keys, attacker.responses, workers, tcp_listening,
+                  answered)
+
+
 def test_attacker_on_the_local_worker_port_gets_values_but_not_the_key(
-    tmp_path, keys_of_split_rounds, restore_local_context):
-  del restore_local_context
-  with Attacker(execution.local_worker_targets) as attacker:
-    program.run(small_run(tmp_path, 'local', executor='local'))
-  assert len(keys_of_split_rounds) >= 2 and keys_of_split_rounds[0].any()
-  assert attacker.responses  # It did read values off the worker...
-  for key in keys_of_split_rounds:  # ...none of them the key.
-    assert not sent_key(attacker.responses, key)
+    local_run):
+  assert len(local_run.keys) >= 2 and local_run.keys[0].any()
+  assert local_run.responses  # It did read values off the worker...
+  for key in local_run.keys:  # ...none of them the key.
+    assert not sent_key(local_run.responses, key)
+
+
+def test_the_local_worker_is_unreachable_from_the_network_and_the_run_works(
+    local_run):
+  assert local_run.summary['rounds'] == 2
+  for pid, port in local_run.workers.items():
+    # No TCP port of it in this host's network at all (meaningful even on a
+    # host whose only address is loopback)...
+    assert not local_run.tcp_listening[pid], (
+        f'worker {pid} listens on a TCP port of this host')
+    # ...so a gRPC client on the host's network address gets nothing.
+    assert not local_run.answered[pid], (
+        f'worker {pid} answered gRPC at {local_run.answered[pid]}:{port}')
 
 
 def test_attacker_on_a_remote_worker_port_reads_split_rounds_but_not_the_key(
