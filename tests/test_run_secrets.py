@@ -79,13 +79,15 @@ def test_tff_tree_run_is_labelled_secret(tree_runs):
 # ----------------------------------------------------------------------------
 # The console under DP.
 
-DIGITS = training.TrainConfig(rounds=3, clients_per_round=6, eval_every=1,
-                              seed=3, experiment_name='console')
+# The tree runs' configuration, but for how long they run and how often they
+# evaluate: these runs reuse their build (`assembly.session`).
+CONSOLE = dataclasses.replace(TREE, rounds=2, eval_every=1,
+                             experiment_name='console')
 
 
 @pytest.mark.parametrize('progress', [True, False])
 def test_dp_console_shows_only_released_values(tmp_path, capsys, progress):
-  program.run(dataclasses.replace(DIGITS, root_output_dir=str(tmp_path),
+  program.run(dataclasses.replace(CONSOLE, root_output_dir=str(tmp_path),
                                   progress=progress))
   console = capsys.readouterr()
   shown = console.out + console.err
@@ -96,7 +98,7 @@ def test_dp_console_shows_only_released_values(tmp_path, capsys, progress):
 
 
 def test_uncovered_metrics_on_the_console_when_released(tmp_path, capsys):
-  program.run(dataclasses.replace(DIGITS, root_output_dir=str(tmp_path),
+  program.run(dataclasses.replace(CONSOLE, root_output_dir=str(tmp_path),
                                   progress=False,
                                   release_uncovered_metrics=True))
   assert 'loss=' in capsys.readouterr().out
