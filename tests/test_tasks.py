@@ -92,11 +92,13 @@ def test_get_task_returns_a_baseline_task_named_after_itself(built, name):
 # The recurrent tasks' round takes seconds: in the slow suite (their models
 # and data are checked in the default suite by the tests below); so are the
 # EMNIST models and the CIFAR CNN (their data and models are checked below;
-# the EMNIST logistic regression trains in tests/test_tasks_mnist.py).
+# the EMNIST logistic regression trains in tests/test_tasks_mnist.py), and
+# digits, the default task, whose federated rounds on offline data every
+# in-process training run of the default suite runs (tests/test_training.py).
 @pytest.mark.parametrize('name', [
     pytest.param(n, marks=pytest.mark.slow) if n in (
         'shakespeare', 'stackoverflow_next_word', 'emnist_mlp',
-        'emnist_logreg', 'emnist_cnn', 'cifar10_cnn') else n
+        'emnist_logreg', 'emnist_cnn', 'cifar10_cnn', 'digits') else n
     for n in _LEARNING_TASKS])
 def test_one_federated_round_runs_on_offline_data(built, name):
   metrics = _one_round(built(name))['client_work']['train']
