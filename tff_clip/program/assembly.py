@@ -525,7 +525,9 @@ def session(config: TrainConfig, task_builder) -> Session:
   (its noise multiplier depends on them). A session holds no run's state
   (the state, with its noise key, is drawn by `initial_state` or restored
   from the run's checkpoint). Runs on TFF's workers and audited runs always
-  build their own.
+  build their own. Runs that differ in their seed (or another `_DATA_ONLY`
+  field) build their own session but share its in-process runner, where the
+  graph cache is on (`tff_clip.runtime.runner_cache`).
   """
   if config.executor != 'inprocess' or config.audit_canaries:
     return Session(config, task_builder)
