@@ -1,4 +1,4 @@
-"""Who can reach a TFF worker: the processes, sockets and addresses a test looks at.
+"""Who can reach a TFF worker: its processes, sockets and addresses.
 
 `worker_binaries()` finds the TFF workers this process started (its
 descendants running `worker_binary`); a worker is reachable from the network
