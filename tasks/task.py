@@ -29,6 +29,7 @@ from tasks import partitions
 from tff_clip.runtime import client_data
 
 __all__ = [
+    'ArrayClientData',
     'BuildArgs',
     'DATA_SOURCES',
     'Task',
@@ -175,15 +176,39 @@ def centralized_dataset(arrays: Mapping[str, np.ndarray]) -> tf.data.Dataset:
   return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(arrays))
 
 
-def client_data_from_arrays(
-    arrays: Mapping[str, np.ndarray],
-    client_indices) -> tff.simulation.datasets.ClientData:
+class ArrayClientData(tff.simulation.datasets.TestClientData):
+  """TFF's in-memory `ClientData` that also hands out a client's arrays.
+
+  `client_arrays(client_id)` is the structure of numpy arrays that
+  `create_tf_dataset_for_client(client_id)` slices, so a consumer that wants
+  all of a client's examples as tensors (`tff_clip.runtime.client_data`) can
+  convert them directly instead of running them through `tf.data`.
+  """
+
+  def client_arrays(self, client_id):
+    """Client `client_id`'s examples: read-only views of its numpy arrays."""
+    def read_only(value):
+      view = np.asarray(value).view()
+      view.flags.writeable = False
+      return view
+    # TFF keeps its (deep) copy of the dictionary it was given here.
+    return tf.nest.map_structure(read_only,
+                                 self._tensor_slices_dict[client_id])
+
+  def select(self, client_ids) -> ArrayClientData:
+    """The same data restricted to `client_ids` (in the given order)."""
+    return ArrayClientData({client_id: self._tensor_slices_dict[client_id]
+                            for client_id in client_ids})
+
+
+def client_data_from_arrays(arrays: Mapping[str, np.ndarray],
+                            client_indices) -> ArrayClientData:
   """In-memory `ClientData`: client k holds `arrays[key][client_indices[k]]`.
 
   Client ids are zero-padded numbers, so their sorted order is client order.
   """
   width = len(str(max(len(client_indices) - 1, 0)))
-  return tff.simulation.datasets.TestClientData({
+  return ArrayClientData({
       str(k).zfill(width): collections.OrderedDict(
           (key, value[ix]) for key, value in arrays.items())
       for k, ix in enumerate(client_indices)
@@ -217,8 +242,11 @@ def select_clients(client_data: tff.simulation.datasets.ClientData,
         'of this data set.')
   chosen = np.random.default_rng(seed).choice(len(ids), num_clients,
                                               replace=False)
+  chosen_ids = sorted(ids[i] for i in chosen)
+  if isinstance(client_data, ArrayClientData):  # Keeps `client_arrays`.
+    return client_data.select(chosen_ids)
   return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
-      sorted(ids[i] for i in chosen), client_data.serializable_dataset_fn)
+      chosen_ids, client_data.serializable_dataset_fn)
 
 
 def hold_out_validation(arrays: Mapping[str, np.ndarray], label_key: str,

@@ -14,6 +14,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import tasks
+from tasks import task as task_lib
 from tff_clip.runtime import client_data
 
 # Tasks whose data pipeline repeats another's (the same preprocessing of
@@ -25,6 +26,11 @@ _ALL_TASKS = [pytest.param(name, marks=pytest.mark.slow)
               if name in _SAME_PIPELINE else name for name in tasks.TASK_NAMES]
 _TINY = {'shakespeare': {'sequence_length': 8},
          'stackoverflow_next_word': {'sequence_length': 8}}
+# Tasks whose offline clients are numpy arrays in memory
+# (`tasks.task.client_data_from_arrays`): their examples become tensors
+# without a `tf.data` pipeline.
+_IN_MEMORY = ('digits', 'emnist_cnn', 'emnist_mlp', 'emnist_logreg',
+              'cifar10_cnn', 'cifar10_resnet18')
 
 
 def _plain(task, client_id, seed, local_steps=None):
@@ -50,18 +56,26 @@ def _assert_same(a, b):
 
 
 @pytest.mark.parametrize('name', _ALL_TASKS)
-def test_batches_equal_the_plain_pipeline_for_every_task(name):
+def test_batches_equal_the_plain_pipeline_for_every_task(name, monkeypatch):
   # As scripts.program builds tasks: the run's seeded shuffle is the only one.
   task = tasks.get_task(name, train_batch_size=3, max_elements_per_client=7,
                         shuffle_buffer_size=1,
                         **_TINY.get(name, {}))
   tf.keras.utils.set_random_seed(0)  # As the program does with --seed=0.
   clients = client_data.ClientDatasets(task, seed=5)
-  for client_id in task.datasets.train_data.client_ids[:2]:
+  train = task.datasets.train_data
+  reads = []
+  original = train.create_tf_dataset_for_client
+  for client_id in train.client_ids[:2]:
     for round_num in (1, 2):
       seed = client_data.round_seed(5, round_num, client_id)
-      _assert_same(_elements(clients.dataset(client_id, round_num)),
-                   _elements(_plain(task, client_id, seed)))
+      monkeypatch.setattr(train, 'create_tf_dataset_for_client',
+                          lambda cid: reads.append(cid) or original(cid))
+      got = _elements(clients.dataset(client_id, round_num))
+      monkeypatch.undo()
+      _assert_same(got, _elements(_plain(task, client_id, seed)))
+  if name in _IN_MEMORY:  # Read from the arrays, never through tf.data.
+    assert not reads
 
 
 @pytest.fixture(scope='module')
@@ -151,9 +165,17 @@ def test_rounds_and_clients_get_their_own_order_and_a_rerun_the_same(digits):
   assert sorted(labels(first, 1)) == sorted(labels(first, 2))
 
 
-def test_a_client_with_no_examples_has_no_batches():
+# TFF's in-memory ClientData read through tf.data, and the one whose arrays
+# become tensors directly.
+_IN_MEMORY_CLIENT_DATA = pytest.mark.parametrize(
+    'client_data_type',
+    [tff.simulation.datasets.TestClientData, task_lib.ArrayClientData])
+
+
+@_IN_MEMORY_CLIENT_DATA
+def test_a_client_with_no_examples_has_no_batches(client_data_type):
   arrays = collections.OrderedDict(x=np.ones((4, 2), np.float32))
-  train = tff.simulation.datasets.TestClientData({
+  train = client_data_type({
       'full': arrays,
       'empty': collections.OrderedDict(x=np.zeros((0, 2), np.float32))})
   # What ClientDatasets reads of a BaselineTask.
@@ -164,10 +186,12 @@ def test_a_client_with_no_examples_has_no_batches():
          ] == [0, 2]
 
 
-def test_examplewise_preprocessing_maps_each_client_once_and_keeps_empty_ones():
+@_IN_MEMORY_CLIENT_DATA
+def test_examplewise_preprocessing_maps_each_client_once_and_keeps_empty_ones(
+    client_data_type):
   arrays = collections.OrderedDict(x=np.arange(10, dtype=np.float32).reshape(
       5, 2))
-  train = tff.simulation.datasets.TestClientData({
+  train = client_data_type({
       'full': arrays,
       'empty': collections.OrderedDict(x=np.zeros((0, 2), np.float32))})
   calls = []

@@ -24,6 +24,7 @@ import tasks
 from tasks import emnist
 from tasks import shakespeare
 from tasks import sources
+from tasks import task as task_lib
 
 
 def _write_sql(path, clients_by_split):
@@ -344,3 +345,41 @@ def test_digits_hold_out_a_fifth_of_each_class_for_testing():
   assert task.num_clients == 50
   assert num_train + num_test == 1797
   assert num_test == pytest.approx(0.2 * 1797, abs=10)
+
+
+def _made_up_client_data():
+  arrays = collections.OrderedDict(
+      pixels=np.arange(12, dtype=np.float32).reshape(6, 2),
+      label=np.array([5, 4, 3, 2, 1, 0], np.int64),
+      name=np.array([b'a', b'b', b'c', b'd', b'e', b'f'], dtype=object))
+  return task_lib.client_data_from_arrays(arrays, [[4, 0, 2], [1], [5, 3]])
+
+
+def test_client_arrays_are_what_the_clients_dataset_slices():
+  client_data = _made_up_client_data()
+  for client_id in client_data.client_ids:
+    arrays = client_data.client_arrays(client_id)
+    # Oracle: TFF's own dataset of the client, batched whole.
+    dataset = client_data.create_tf_dataset_for_client(client_id)
+    expected = next(iter(dataset.batch(100)))
+    assert list(arrays) == list(expected)
+    for key, value in expected.items():
+      assert tf.convert_to_tensor(arrays[key]).dtype == value.dtype
+      np.testing.assert_array_equal(arrays[key], value.numpy())
+    assert not arrays['pixels'].flags.writeable
+
+
+def test_selecting_in_memory_clients_keeps_their_arrays():
+  client_data = _made_up_client_data()
+  selected = task_lib.select_clients(client_data, 2, seed=3)
+  # Oracle: TFF's generic selection of the same clients.
+  plain = tff.simulation.datasets.TestClientData(
+      {cid: client_data.client_arrays(cid) for cid in client_data.client_ids})
+  generic = task_lib.select_clients(plain, 2, seed=3)
+  assert selected.client_ids == generic.client_ids
+  for client_id in generic.client_ids:
+    expected = next(iter(
+        generic.create_tf_dataset_for_client(client_id).batch(100)))
+    tf.nest.map_structure(np.testing.assert_array_equal,
+                          selected.client_arrays(client_id),
+                          tf.nest.map_structure(lambda t: t.numpy(), expected))

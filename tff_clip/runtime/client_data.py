@@ -14,6 +14,9 @@ the pipeline pays tf.data's static graph rewrites once per iterator. Here:
   sampled in; at most `max_cached_bytes` of them are kept, the least
   recently sampled dropped first), unless the task draws them afresh every
   round (`task.round_train_data`, Yang et al. 2022's fat-tailed noise);
+  where the training data holds them as numpy arrays (a `client_arrays(
+  client_id)` method, as `tasks.task.client_data_from_arrays` gives) they
+  are converted directly, without a `tf.data` pipeline per client;
 * the pipeline (slices, shuffle, preprocessing, local steps) is one
   `tf.function` with the tensors and the seed as arguments, traced once for
   the run, so building a client's dataset runs a graph and traces nothing;
@@ -203,7 +206,10 @@ class ClientDatasets:
 
   def _stack_mapped(self, dataset) -> Any:
     """`_stack`, then the examplewise map (if any) on every example."""
-    examples = self._stack(dataset)
+    return self._map_examples(self._stack(dataset))
+
+  def _map_examples(self, examples) -> Any:
+    """The examplewise map (if any) on every one of the stacked `examples`."""
     if not self._examplewise:
       return examples
     if int(tf.shape(tf.nest.flatten(examples)[0])[0]) == 0:
@@ -247,8 +253,16 @@ class ClientDatasets:
     if client_id in self._examples:
       self._examples.move_to_end(client_id)
       return self._examples[client_id]
-    examples = self._stack_mapped(
-        self._train_data.create_tf_dataset_for_client(client_id))
+    client_arrays = getattr(self._train_data, 'client_arrays', None)
+    if client_arrays is not None:  # In memory: no `tf.data` to stack them.
+      # In the structure `tf.data` gives (it makes lists tuples).
+      examples = self._map_examples(tf.nest.pack_sequence_as(
+          self._train_data.element_type_structure,
+          [tf.convert_to_tensor(a)
+           for a in tf.nest.flatten(client_arrays(client_id))]))
+    else:
+      examples = self._stack_mapped(
+          self._train_data.create_tf_dataset_for_client(client_id))
     self._examples[client_id] = examples
     self._cached_bytes += _nbytes(examples)
     while self._cached_bytes > self._max_cached_bytes and self._examples:
