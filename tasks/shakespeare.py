@@ -122,7 +122,7 @@ def load_offline(path: Optional[str] = None,
   if not train:
     raise ValueError(
         f'No role in {path} has {min_speeches} or more speeches.')
-  return (tff.simulation.datasets.TestClientData(train),
+  return (task_lib.ArrayClientData(train),
           tff.simulation.datasets.TestClientData(test))
 
 

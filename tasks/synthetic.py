@@ -212,7 +212,7 @@ def _least_squares_task(args: task_lib.BuildArgs, problem: LeastSquaresProblem,
       for a, b in zip(problem.features, problem.targets)
   ]
   width = len(str(len(per_client) - 1))
-  train = tff.simulation.datasets.TestClientData(
+  train = task_lib.ArrayClientData(
       {str(k).zfill(width): data for k, data in enumerate(per_client)})
   everything = collections.OrderedDict(
       (key, np.concatenate([d[key] for d in per_client]))

@@ -27,10 +27,12 @@ _ALL_TASKS = [pytest.param(name, marks=pytest.mark.slow)
 _TINY = {'shakespeare': {'sequence_length': 8},
          'stackoverflow_next_word': {'sequence_length': 8}}
 # Tasks whose offline clients are numpy arrays in memory
-# (`tasks.task.client_data_from_arrays`): their examples become tensors
+# (`tasks.task.ArrayClientData`): their examples become tensors
 # without a `tf.data` pipeline.
 _IN_MEMORY = ('digits', 'emnist_cnn', 'emnist_mlp', 'emnist_logreg',
-              'cifar10_cnn', 'cifar10_resnet18')
+              'cifar10_cnn', 'cifar10_resnet18', 'shakespeare',
+              'heterogeneous_quadratic', 'claim21_quadratic',
+              'eq24_quadratic')
 
 
 def _plain(task, client_id, seed, local_steps=None):
