@@ -107,6 +107,24 @@ def _check_workers(config):
                         f'({e}).') from None
 
 
+def _check_worker_isolation(config):
+  """Refuses at once a local C++ worker this machine cannot isolate.
+
+  `--executor=local` and `gpu` start TFF's worker, which serves every host
+  that reaches it; it runs only in a network namespace of its own
+  (`tff_clip.runtime.worker_isolation`). Asked here, before TensorFlow
+  loads, not when the first computation would start the worker.
+  """
+  if config.executor not in ('local', 'gpu'):
+    return
+  from tff_clip.runtime import worker_isolation  # pylint: disable=g-import-not-at-top
+  reason = worker_isolation.network_isolation_error()
+  if reason is not None:
+    raise ConfigError(f'--executor={config.executor}: '
+                      f'{worker_isolation.refusal(reason)} Use the default '
+                      '--executor=inprocess, which starts no worker.')
+
+
 def _check_run_directory(config):
   """Refuses a run directory that cannot take this run (cheap: first)."""
   from tff_clip.program import run_directory  # pylint: disable=g-import-not-at-top
@@ -124,13 +142,14 @@ def preflight(config: TrainConfig) -> None:
 
   After `validate`: the run directory (writable, free or this run's), the
   population where the task fixes it (`--clients_per_round`,
-  minimum-separation groups, `--target_epsilon`) and the remote workers'
-  addresses. Whatever depends on data a task reads (natural clients) is
+  minimum-separation groups, `--target_epsilon`), the remote workers'
+  addresses and whether a local worker can be isolated. Whatever depends on data a task reads (natural clients) is
   checked once the task is built.
   """
   _check_run_directory(config)
   _check_population(config)
   _check_workers(config)
+  _check_worker_isolation(config)
 
 
 def build_task(config: TrainConfig):

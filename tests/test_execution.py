@@ -119,9 +119,12 @@ def _where_no_network_namespace_can_be_made(command):
 
 def test_a_local_dp_run_is_refused_in_one_line_without_network_namespaces(
     tmp_path):
+  # -X importtime: Python logs every module it imports to stderr (the oracle
+  # that the refusal comes before TensorFlow loads).
   result = subprocess.run(
       _where_no_network_namespace_can_be_made(
-          [sys.executable, '-m', 'scripts.train', '--executor=local',
+          [sys.executable, '-X', 'importtime', '-m', 'scripts.train',
+           '--executor=local',
            '--noise_multiplier=0.5', '--rounds=1', '--progress=false',
            f'--root_output_dir={tmp_path}']),
       cwd=as_a_user.REPO, env=as_a_user.env(), capture_output=True,
@@ -136,3 +139,7 @@ def test_a_local_dp_run_is_refused_in_one_line_without_network_namespaces(
   assert errors[0].endswith('Use the default --executor=inprocess, which '
                             'starts no worker.')
   assert not any(tmp_path.iterdir())  # Refused before anything is written.
+  imported = {line.split('|')[-1].strip() for line in
+              result.stderr.splitlines() if line.startswith('import time:')}
+  assert 'tensorflow' not in imported  # Refused before TensorFlow loads,
+  assert 'tff_clip.runtime.worker_isolation' in imported  # by the probe.
