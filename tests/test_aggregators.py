@@ -328,12 +328,14 @@ def emnist_client_data():
           for cid in client_data.client_ids[:1]] * 3
 
 
-# clip_factory's run is slow: in the default suite the same run (FedAvg with
-# clip_factory as model_aggregator, server SGD) is checked exactly against
-# Algorithm 2 by tests/test_algorithms.py::
-# test_per_round_clipping_is_algorithm_2_with_the_server_rate.
+# clip_factory's and per_layer_clip_factory's runs are slow: in the default
+# suite the same kind of run (FedAvg with the factory as model_aggregator) is
+# checked exactly against Algorithm 2 by tests/test_algorithms.py::
+# test_per_round_clipping_is_algorithm_2_with_the_server_rate (clip), and
+# trains in test_algorithms.py's `lus` learning process (per-layer clip).
 @pytest.mark.parametrize('method', [
-    pytest.param(m, marks=pytest.mark.slow) if m == 'clip' else m
+    pytest.param(m, marks=pytest.mark.slow)
+    if m in ('clip', 'per_layer_clip') else m
     for m in FACTORIES])
 def test_fedavg_trains_three_rounds_with_each_factory(method,
                                                       emnist_client_data):
