@@ -87,6 +87,13 @@ class ClientUpdates:
                          data)
       return output.result
 
+    # Raw updates are evaluated by TFF's C++ runtime: on tff_clip's worker,
+    # in a network namespace of its own and stopped with this process
+    # (`tff_clip.runtime.execution`), never on TFF's default worker, which
+    # listens on a TCP port of every interface and, started by a process
+    # that ignores SIGINT (nohup, a background job), blocks its exit.
+    from tff_clip.runtime import execution  # pylint: disable=g-import-not-at-top
+    execution.set_local_cpp_context()
     self._updates = updates
     self._flatten = lambda s: np.concatenate(
         [np.ravel(np.asarray(v, np.float64)) for v in tf.nest.flatten(s)])

@@ -2,6 +2,8 @@
 
 import json
 import math
+import subprocess
+import sys
 
 import as_a_user  # pylint: disable=g-bad-import-order
 import pytest
@@ -89,3 +91,20 @@ def test_two_rounds_of_both_defaults_write_the_table_csv_and_plot(tmp_path):
   csv_lines = (tmp_path / 'bounding.csv').read_text().splitlines()
   assert len(csv_lines) == 1 + 2 * 2  # Header, 2 configs x 2 rounds.
   assert (tmp_path / 'bounding.png').stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_ends_when_started_ignoring_ctrl_c_as_nohup_does(tmp_path):
+  # nohup and background jobs start a program with SIGINT ignored, which its
+  # children inherit; TFF's own local worker is stopped with SIGINT and
+  # waited for at exit, so a probe on that worker never ended (the process
+  # waited on it forever). The probe runs on tff_clip's worker, stopped with
+  # the process however it was started.
+  result = subprocess.run(
+      ['sh', '-c', 'trap "" INT; exec "$@"', 'sh', sys.executable, '-m',
+       MODULE, '--setting=digits1000', '--noise_multiplier=1', '--rounds=1',
+       f'--output_dir={tmp_path}'],
+      cwd=as_a_user.REPO, env=as_a_user.env(), capture_output=True, text=True,
+      timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (tmp_path / 'bounding.csv').exists()
