@@ -7,6 +7,9 @@ Each program runs as a user would run it (`as_a_user`: a fresh interpreter,
 no TF_CPP_MIN_LOG_LEVEL in the environment).
 """
 
+import subprocess
+import sys
+
 import pytest
 
 import as_a_user  # pylint: disable=g-bad-import-order
@@ -46,3 +49,22 @@ def test_tasks_table_prints_without_a_log_line_or_traceback():
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.startswith('| task |'), result.stdout[:200]
   assert not as_a_user.noise(result.stderr), result.stderr[-3000:]
+
+
+@pytest.mark.slow  # A TFF computation on TFF's own worker (about 8 s).
+def test_a_program_on_tffs_default_worker_ends_when_it_ignores_ctrl_c():
+  # nohup and background jobs start a program with SIGINT ignored, and its
+  # children inherit that. TFF stops its default worker with SIGINT and waits
+  # for it; tff_clip's exit hook, which drops that context, terminates the
+  # worker first, so the wait ends (before, the program never exited).
+  program = ('import tensorflow as tf, tensorflow_federated as tff, tff_clip\n'
+             '@tff.tensorflow.computation(tf.int32)\n'
+             'def add_one(x):\n'
+             '  return x + 1\n'
+             'print(add_one(1))\n')
+  result = subprocess.run(
+      ['sh', '-c', 'trap "" INT; exec "$@"', 'sh', sys.executable, '-c',
+       program], cwd=as_a_user.REPO, env=as_a_user.env(),
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.split() == ['2']

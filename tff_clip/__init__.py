@@ -63,10 +63,39 @@ def _close_tff_context():
     def invoke(self, comp, arg):
       raise RuntimeError('The TFF context was closed at interpreter exit.')
 
+  _terminate_tff_default_workers()
   try:
     tff.framework.set_default_context(_ClosedContext())
   except Exception:  # pylint: disable=broad-except
     pass  # Never let exit clean-up raise.
+
+
+def _terminate_tff_default_workers():
+  """SIGTERM to this process's own `worker_binary` children.
+
+  TFF stops its default worker with SIGINT and waits for it. A process
+  started with SIGINT ignored (nohup, a background job) passes that on to
+  the worker, which then never stops, and the wait blocks the exit forever.
+  Terminated first, the worker is reaped by that wait at once. tff_clip's
+  own workers are children of their launcher, not of this process, and are
+  stopped by `tff_clip.runtime.execution`.
+  """
+  import signal  # pylint: disable=g-import-not-at-top
+  children = []
+  try:  # Each thread's children (TFF starts its worker from its own thread).
+    for task in _os.listdir('/proc/self/task'):
+      with open(f'/proc/self/task/{task}/children') as f:
+        children += [int(pid) for pid in f.read().split()]
+  except (OSError, ValueError):
+    return  # Not Linux, or no children file: nothing to do here.
+  for pid in children:
+    try:
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        program = f.read().split(b'\0', 1)[0]
+      if _os.path.basename(program) == b'worker_binary':
+        _os.kill(pid, signal.SIGTERM)
+    except OSError:
+      pass  # Gone already.
 
 
 _atexit.register(_close_tff_context)
