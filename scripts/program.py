@@ -120,9 +120,8 @@ def _check_worker_isolation(config):
   from tff_clip.runtime import worker_isolation  # pylint: disable=g-import-not-at-top
   reason = worker_isolation.network_isolation_error()
   if reason is not None:
-    raise ConfigError(f'--executor={config.executor}: '
-                      f'{worker_isolation.refusal(reason)} Use the default '
-                      '--executor=inprocess, which starts no worker.')
+    raise ConfigError(worker_isolation.executor_refusal(
+        config.executor, worker_isolation.refusal(reason)))
 
 
 def _check_run_directory(config):

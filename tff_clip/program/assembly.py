@@ -69,9 +69,9 @@ def set_execution_context(config: TrainConfig) -> None:
       execution.set_local_cpp_context(
           max_concurrent_clients=config.max_concurrent_clients)
     except execution.WorkerIsolationError as e:
-      raise ConfigError(f'--executor={config.executor}: {e} Use the default '
-                        '--executor=inprocess, which starts no worker.'
-                        ) from e
+      from tff_clip.runtime import worker_isolation  # pylint: disable=g-import-not-at-top
+      raise ConfigError(worker_isolation.executor_refusal(
+          config.executor, e)) from e
   else:
     try:
       contexts = [

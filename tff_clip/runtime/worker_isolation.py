@@ -16,8 +16,8 @@ import functools
 import subprocess
 import sys
 
-__all__ = ['LAUNCHER', 'WorkerIsolationError', 'network_isolation_error',
-           'refusal']
+__all__ = ['LAUNCHER', 'WorkerIsolationError', 'executor_refusal',
+           'network_isolation_error', 'refusal']
 
 
 class WorkerIsolationError(RuntimeError):
@@ -240,3 +240,9 @@ def refusal(reason: str) -> WorkerIsolationError:
       'namespaces (sysctl user.max_user_namespaces, '
       'kernel.unprivileged_userns_clone, '
       'kernel.apparmor_restrict_unprivileged_userns) lifts this.')
+
+
+def executor_refusal(executor: str, error: WorkerIsolationError) -> str:
+  """The one line that refuses `--executor=executor` for `error`."""
+  return (f'--executor={executor}: {error} Use the default '
+          '--executor=inprocess, which starts no worker.')
