@@ -7,7 +7,8 @@ r"""Normalization against clipping, round by round: update norms, noise, directi
 
 Trains a frontier setting (`scripts.benchmark_settings.FRONTIER`) with the
 same seed under each `--configs`: `default` is tff_clip's default
-aggregation (adaptive normalization, target quantile 0.3) and `tff_default`
+aggregation (adaptive normalization, its target quantile following the
+noise; `normalize_q03` fixes the earlier default, 0.3) and `tff_default`
 TFF's `gaussian_adaptive` at its own defaults (adaptive clipping, target
 quantile 0.5, initial norm 0.1, norm learning rate 0.2), as in
 `scripts.benchmark_frontier`. Both run at the noise multiplier z of
@@ -62,6 +63,8 @@ CONFIGS = collections.OrderedDict([
     ('clip_q05', dict(clip_norm='adaptive', bounding='clip',
                       target_quantile=0.5)),
     ('normalize_q05', dict(clip_norm='adaptive', target_quantile=0.5)),
+    # The default before it followed the noise.
+    ('normalize_q03', dict(clip_norm='adaptive', target_quantile=0.3)),
     # The cells scripts.benchmark_frontier's tuning chose on mnist1000 for
     # TFF adaptive clipping (`tff_adaptive`) and adaptive normalization.
     ('tff_q01_lr05', dict(bounding='tff_gaussian', clip_norm='adaptive',

@@ -102,3 +102,40 @@ def test_adaptive_clip_norm_follows_tff_gaussian_adaptive(adaptive_runs):
   # exp(eta * gamma) = exp(0.1) each round (Andrew et al. 2021, Eq. (2)).
   np.testing.assert_allclose(our_norms, 0.1 * np.exp(0.1 * np.arange(1, 4)),
                              rtol=_NORM_RTOL)
+
+
+@pytest.fixture(scope='module')
+def default_quantile_runs():
+  # No target_quantile: the noise-following default, 0.7 without noise.
+  ours = dp.dp_factory('clip', noise_multiplier=0.0,
+                       clients_per_round=CLIENTS_PER_ROUND,
+                       clip_norm='adaptive', initial_clip_norm=0.1,
+                       clip_learning_rate=0.2)
+  tffs = tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
+      noise_multiplier=0.0, clients_per_round=CLIENTS_PER_ROUND,
+      initial_l2_norm_clip=0.1, target_unclipped_quantile=0.7,
+      learning_rate=0.2, clipped_count_stddev=0.0)
+  return _run(ours.create(VALUE_TYPE)), _run(tffs.create(VALUE_TYPE))
+
+
+def test_default_quantile_without_noise_is_tff_gaussian_adaptive_at_0_7(
+    default_quantile_runs):
+  ours, tffs = default_quantile_runs
+  _assert_results_close(ours, tffs)
+  our_norms = [float(o.measurements['dp_query_metrics']['clip_norm'])
+               for o in ours]
+  # All three norms exceed C: C grows by exp(eta gamma) = exp(0.14).
+  np.testing.assert_allclose(our_norms, 0.1 * np.exp(0.14 * np.arange(1, 4)),
+                             rtol=_NORM_RTOL)
+
+
+def test_default_quantile_is_read_from_the_updates_size_and_the_noise():
+  # d = 6 (VALUE_TYPE), n = 3: z sqrt(6) / 3 = 1.25 at z = 1.25 x 3 / sqrt(6),
+  # midway between the rule's anchors: sqrt(0.7 x 0.1).
+  z = 1.25 * CLIENTS_PER_ROUND / np.sqrt(6)
+  process = dp.dp_factory('normalize', noise_multiplier=z,
+                          clients_per_round=CLIENTS_PER_ROUND,
+                          clip_norm='adaptive').create(VALUE_TYPE)
+  estimator = process.initialize().query_state.numerator_state.estimator_state
+  assert float(estimator.target_quantile) == pytest.approx(
+      np.sqrt(0.07), rel=2**-23)

@@ -1,6 +1,7 @@
 """Aggregation: what a round does to the clients' updates before it releases a sum.
 
   spec             -- the DP aggregation's arguments (`DPSpec`), checked once (no TF import).
+  noise_following  -- the default target quantile, from the noise's size next to C (no TF import).
   boundings        -- the bounding methods as objects (clip, normalize, per-layer), by name.
   noise_mechanisms -- the noise mechanism base class and independent Gaussian noise.
   correlated_noise -- banded and tree (correlated) noise mechanisms.

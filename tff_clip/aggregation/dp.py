@@ -175,8 +175,11 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
       # value noise's seed would correlate the two releases.
       count_seed = (None if spec.noise_seed is None else
                     spec.noise_seed + 1)
+      # The model's size d: with z and n it sets the default quantile.
+      dimension = sum(leaf.shape.num_elements() for leaf in tf.nest.flatten(
+          tff.types.type_to_tf_tensor_specs(value_type)))
       estimator = CountQuantileEstimatorQuery(
-          initial, spec.target_quantile, spec.clip_learning_rate,
+          initial, spec.quantile_for(dimension), spec.clip_learning_rate,
           None if z == 0 else count_stddev, n, geometric_update=True,
           noise_seed=count_seed)
       query = AdaptiveBoundedSumQuery(sum_query, estimator,

@@ -37,6 +37,7 @@ import numpy as np
 from tff_clip import checks
 from tff_clip.aggregation import blt
 from tff_clip.aggregation import mechanisms
+from tff_clip.aggregation.noise_following import noise_following_quantile
 from tff_clip.names import DENOMINATORS, NOISE_PLACEMENTS, SPLITS
 
 __all__ = ['DPSpec', 'ExplicitBudgets', 'MAX_VALUE_NOISE_INFLATION',
@@ -231,12 +232,11 @@ class DPSpec:
       'sampling).', 'expected', DENOMINATORS)
   initial_clip_norm: float = _parameter(
       'Adaptive clipping: the starting C (Andrew et al. 2021: 0.1).', 0.1)
-  target_quantile: float = _parameter(
+  target_quantile: Optional[float] = _parameter(
       'Adaptive clipping: gamma in [0, 1], the fraction of clients left '
-      'unclipped. 0.3, not Andrew et al.\'s median: in the utility '
-      'benchmark (`scripts.benchmark_utility`, equal epsilon) it raised '
-      'adaptive normalization on digits under two label skews (+1.5 and +1.3 '
-      'points) and on MNIST-28 with the EMNIST CNN (about +30).', 0.3)
+      'unclipped. None: follow the noise (tff_clip.aggregation.noise_following: 0.7 '
+      'where the noise on the mean update is small next to C, down to 0.1 '
+      'where it dominates, from z, n and the model\'s size).', None)
   clip_learning_rate: float = _parameter(
       'Adaptive clipping: eta_C > 0, the learning rate of the geometric '
       'update C <- C exp(-eta_C (b - gamma)).', 0.2)
@@ -311,9 +311,10 @@ class DPSpec:
     put('initial_clip_norm', checks.normal_float(
         checks.positive_float(self.initial_clip_norm, 'initial_clip_norm'),
         'initial_clip_norm'))
-    put('target_quantile', checks.probability(
-        self.target_quantile, 'target_quantile', low_open=False,
-        high_open=False))
+    if self.target_quantile is not None:
+      put('target_quantile', checks.probability(
+          self.target_quantile, 'target_quantile', low_open=False,
+          high_open=False))
     put('clip_learning_rate', checks.positive_float(self.clip_learning_rate,
                                                     'clip_learning_rate'))
     per_layer_quantiles = checks.boolean(self.per_layer_quantiles,
@@ -429,6 +430,14 @@ class DPSpec:
   def adaptive(self) -> bool:
     """True when the clip norm tracks a quantile of the client norms."""
     return isinstance(self.clip_norm, str)
+
+  def quantile_for(self, dimension: int) -> float:
+    """The target quantile for an update of `dimension` numbers: the one
+    given, or (None) `noise_following_quantile` of z, n and `dimension`."""
+    if self.target_quantile is not None:
+      return self.target_quantile
+    return noise_following_quantile(self.noise_multiplier,
+                                    self.clients_per_round, dimension)
 
   @property
   def per_layer(self) -> bool:

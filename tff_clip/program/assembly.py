@@ -147,11 +147,23 @@ def _server_optimizer(config):
   }[config.server_optimizer]()
 
 
+# TFF's own default target quantile (`gaussian_adaptive`,
+# `tree_adaptive`): what TFF's baselines track where --target_quantile is
+# not given (tff_clip's own boundings follow the noise instead).
+TFF_TARGET_QUANTILE = 0.5
+
+
+def baseline_quantile(config: TrainConfig) -> float:
+  """The target quantile a TFF baseline (--bounding=tff_*) tracks."""
+  return (TFF_TARGET_QUANTILE if config.target_quantile is None else
+          config.target_quantile)
+
+
 def _tff_tree(config: TrainConfig, noise_multiplier: float):
   from tff_clip.program import tff_tree  # pylint: disable=g-import-not-at-top
   return tff_tree.TreeAdaptiveFactory(
       noise_multiplier, config.clients_per_round, config.initial_clip_norm,
-      config.target_quantile, config.clip_learning_rate,
+      baseline_quantile(config), config.clip_learning_rate,
       config.clipped_count_stddev, restart_every=config.bands,
       noise_seed=config.noise_seed)
 
@@ -163,7 +175,7 @@ def _tff_gaussian(config: TrainConfig, noise_multiplier: float):
   if config.clip_norm == 'adaptive':
     return factory.gaussian_adaptive(
         noise_multiplier, n, initial_l2_norm_clip=config.initial_clip_norm,
-        target_unclipped_quantile=config.target_quantile,
+        target_unclipped_quantile=baseline_quantile(config),
         learning_rate=config.clip_learning_rate,
         clipped_count_stddev=config.clipped_count_stddev)
   return factory.gaussian_fixed(noise_multiplier, n, float(config.clip_norm))
@@ -191,7 +203,7 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
     # CE-FedAvg with a moving threshold, noise-free.
     clip_norm = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
         initial_estimate=config.initial_clip_norm,
-        target_quantile=config.target_quantile,
+        target_quantile=config.dp_spec(0.0).quantile_for(1),  # No noise.
         learning_rate=config.clip_learning_rate, multiplier=1.0,
         increment=0.0, secure_estimation=False)
   else:
@@ -241,6 +253,20 @@ def _trainable_parameters(task) -> int:
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
   return sum(int(np.prod(v.shape)) for v in weights.trainable)
+
+
+def _tracked_quantile(config: TrainConfig, noise_multiplier,
+                      weights) -> Optional[float]:
+  """The target quantile the run's adaptive norm tracks (None: no adaptive
+  norm): --target_quantile, else TFF's default for a TFF baseline, else
+  `noise_following.noise_following_quantile` of z, n and the model's size (what
+  `dp.DPBoundingFactory` resolves from the update's type)."""
+  if config.clip_norm != 'adaptive' or config.bounding == config_lib.NO_BOUNDING:
+    return None
+  if config_lib.baseline(config) is not None:
+    return baseline_quantile(config)
+  dimension = sum(int(np.size(v)) for v in weights.trainable)
+  return config.dp_spec(noise_multiplier or 0.0).quantile_for(dimension)
 
 
 def _eval_dataset(task, split: str):
@@ -390,6 +416,8 @@ class Session:
       except ValueError as e:  # E.g. explicit count noise too small.
         raise ConfigError(str(e).splitlines()[0]) from e
     self.initial_weights = initial_model_weights(self.task, config.seed)
+    self.target_quantile = _tracked_quantile(config, self.noise_multiplier,
+                                             self.initial_weights)
     if cached is None:
       (self.process,) = runners(config, self.process)
       runner_cache.store(cache_key, config.max_concurrent_clients,

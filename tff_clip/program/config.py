@@ -152,7 +152,7 @@ class TrainConfig:
   clip_norm: Union[float, str] = _dp('clip_norm')
   split: str = _dp('split')
   initial_clip_norm: float = _dp('initial_clip_norm')
-  target_quantile: float = _dp('target_quantile')
+  target_quantile: Optional[float] = _dp('target_quantile')
   clip_learning_rate: float = _dp('clip_learning_rate')
   clipped_count_stddev: Optional[float] = _dp('clipped_count_stddev')
   per_layer_quantiles: bool = _dp('per_layer_quantiles')
