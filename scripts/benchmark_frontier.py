@@ -199,20 +199,28 @@ SERVER_LEARNING_RATES = (0.25, 0.5, 2.0)
 TARGET_QUANTILES = (0.1, 0.3, 0.7)  # Adaptive norms.
 FIXED_NORMS = (0.03, 0.1, 1.0)  # Fixed norms.
 QUICK_METHODS = ('tff_adaptive', 'normalize_adaptive')
+_LEARNING_RATES = flags.DEFINE_list(
+    'server_learning_rates', [str(v) for v in SERVER_LEARNING_RATES],
+    "The grid's server learning rates (every method's; the non-private "
+    "ceiling keeps the frontier's).")
+_QUANTILES = flags.DEFINE_list(
+    'target_quantiles', [str(v) for v in TARGET_QUANTILES],
+    "The grid's target quantiles (the adaptive methods').")
 
 
-def grid(method: str) -> list:
+def grid(method: str, learning_rates=SERVER_LEARNING_RATES,
+         quantiles=TARGET_QUANTILES) -> list:
   """The grid cells of `method`, each a dict of TrainConfig fields."""
   if method in UNTUNED:
     return [{}]
   if method == CEILING:
     knobs = [{}]
   elif METHODS[method].get('clip_norm') == 'adaptive':
-    knobs = [dict(target_quantile=q) for q in TARGET_QUANTILES]
+    knobs = [dict(target_quantile=q) for q in quantiles]
   else:
     knobs = [dict(clip_norm=c) for c in FIXED_NORMS]
   return [dict(knob, server_learning_rate=lr)
-          for lr, knob in itertools.product(SERVER_LEARNING_RATES, knobs)]
+          for lr, knob in itertools.product(learning_rates, knobs)]
 
 
 def cell_name(cell: dict) -> str:
@@ -539,7 +547,21 @@ def main(argv):
     tuning_seeds, final_seeds = tuning_seeds[:1], final_seeds[:1]
   setting = _SETTING.value
   root = os.path.join(_ROOT.value, setting)
-  cells = {m: grid(m)[:2] if quick else grid(m) for m in methods + [CEILING]}
+  try:
+    learning_rates = _floats(_LEARNING_RATES.value, 'server_learning_rates')
+  except ValueError as e:
+    return cli.fail(e)
+  try:
+    quantiles = [float(q) for q in _QUANTILES.value]
+  except ValueError:
+    quantiles = []
+  if not quantiles or not all(0 <= q <= 1 for q in quantiles):
+    return cli.fail('--target_quantiles must be numbers in [0, 1]; got '
+                    f'{_QUANTILES.value}.')
+  cells = {m: grid(m, learning_rates, quantiles) for m in methods}
+  cells[CEILING] = grid(CEILING)  # The ceiling: always the frontier's grid.
+  if quick:
+    cells = {m: cell[:2] for m, cell in cells.items()}
 
   # 1. Tune: every cell, every tuning epsilon, every tuning seed.
   try:
@@ -626,8 +648,8 @@ def main(argv):
   with open(os.path.join(root, 'frontier.md'), 'w') as f:
     f.write(table + '\n\n' + ceiling_line + '\n\n' + verdict_text + '\n')
   chosen_lines = [
-      f'Grid (every method): server learning rate {SERVER_LEARNING_RATES}; '
-      f'target quantile {TARGET_QUANTILES} (adaptive norms) or clip norm '
+      f'Grid (every method): server learning rate {tuple(learning_rates)}; '
+      f'target quantile {tuple(quantiles)} (adaptive norms) or clip norm '
       f'{FIXED_NORMS} (fixed norms). Tuned at epsilon {tune_epsilons} on '
       f'seeds {tuning_seeds} (validation split); reported on seeds '
       f'{final_seeds} (test set).' + (

@@ -22,7 +22,8 @@ def _python(code):
   return result.stdout
 
 
-@pytest.mark.parametrize('setting', ['mnist1000', 'digits1000'])
+@pytest.mark.parametrize('setting', ['mnist1000', 'digits1000',
+                                     'digits_heldout'])
 def test_every_method_is_tuned_on_the_same_grid_on_validation_data(
     tmp_path, setting):
   _python(f'''
@@ -407,6 +408,9 @@ def test_correlated_methods_run_under_the_same_protocol(tmp_path):
     ('--epsilons=0', '--epsilons must be positive'),
     ('--final_seeds=0', '--final_seeds must be positive'),
     ('--jobs=0', '--jobs must be positive'),
+    ('--target_quantiles=0.3,1.5', '--target_quantiles must be numbers in'),
+    ('--target_quantiles=half', '--target_quantiles must be numbers in'),
+    ('--server_learning_rates=0', '--server_learning_rates must be positive'),
 ])
 def test_bad_flag_is_one_line_exit_2(tmp_path, flag, message):
   result = as_a_user.run(['-m', 'scripts.benchmark_frontier', flag,
