@@ -90,6 +90,9 @@ _POPULATION = flags.DEFINE_integer('population', 10_000, 'Population of '
 _TRAIN = flags.DEFINE_bool('train', False, 'Also time scripts.train end to '
                            'end (digits, DP on) for inprocess and local, and '
                            'trainings of one frontier cell in one process.')
+# The trainings of a frontier setting the speed target is stated for (its
+# tuning at one epsilon and five final seeds).
+FRONTIER_TRAININGS = 440
 # The frontier cell --train times (scripts.benchmark_frontier.make_config):
 # setting, method, epsilon.
 FRONTIER_CELL = ('mnist1000', 'default', 4.0)
@@ -385,14 +388,15 @@ def _wall(args) -> float:
   return time.perf_counter() - started
 
 
-def _first_round(args) -> tuple[float, float]:
+def _first_round(args, env=None) -> tuple[float, float]:
   """(wall s, s to its first `round 1/` line) of `python args...` run in the
-  repository, its stderr discarded."""
+  repository, its stderr discarded; `env`: variables set for it."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   first = None
   started = time.perf_counter()
   with subprocess.Popen([sys.executable] + list(args), cwd=repo,
                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                        env=dict(os.environ, **(env or {})),
                         text=True) as proc:
     for line in proc.stdout:
       if first is None and line.startswith('round 1/'):
@@ -551,16 +555,26 @@ def _print_train_tables():
         f'{default.rounds} rounds s | import TF + TFF s |')
   print('|---|---|---|---|---|---|---|---|---|')
   imports = _wall(['-c', 'import tensorflow_federated'])
+  from tff_clip.runtime import graph_cache  # pylint: disable=g-import-not-at-top
+  cold = None
   for executor in ('inprocess', 'local'):
     per_round, fixed = _train_seconds(executor)
+    command = ['-m', 'scripts.train', f'--executor={executor}',
+               '--progress=false']
     with tempfile.TemporaryDirectory() as out:
-      wall, first = _first_round(
-          ['-m', 'scripts.train', f'--executor={executor}',
-           '--progress=false', f'--root_output_dir={out}'])
+      wall, first = _first_round(command + [f'--root_output_dir={out}'])
+    if executor == 'inprocess':  # Its graphs are cached; again, cache empty.
+      with tempfile.TemporaryDirectory() as out:
+        cold = _first_round(
+            command + [f'--root_output_dir={out}/runs'],
+            env={graph_cache.ENV: os.path.join(out, 'graphs')})
     print(f'| --executor={executor} | {per_round:.3f} | {floor:.3f} | '
           f'{per_round / floor:.1f}x | {fixed:.1f} | {wall:.1f} | '
           f'{first:.1f} | {default.rounds * floor:.1f} | {imports:.1f} |',
           flush=True)
+  print(f'\nThe default command with an empty graph cache (cold): '
+        f'{cold[0]:.1f} s, its first round after {cold[1]:.1f} s (the '
+        'table: a warm cache).', flush=True)
   seeds = _FRONTIER_SEEDS.value
   if seeds < 1:
     return
@@ -581,6 +595,12 @@ def _print_train_tables():
   print(f'| seeds 0-{seeds - 1}, empty graph cache | {walls[0]:.1f} | '
         f'{later:.1f} | {rounds * cell_floor:.1f} | '
         f'{later / (rounds * cell_floor):.1f}x |', flush=True)
+  jobs = benchmark_frontier._cores()  # pylint: disable=protected-access
+  print(f'\n{FRONTIER_TRAININGS} such trainings on {jobs} jobs (one per '
+        f'core), each at the later figure: about '
+        f'{FRONTIER_TRAININGS * later / jobs / 60:.0f} min (the floor\'s '
+        f'rounds: {FRONTIER_TRAININGS * rounds * cell_floor / jobs / 60:.1f} '
+        'min).', flush=True)
 
 
 if __name__ == '__main__':
