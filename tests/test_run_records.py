@@ -273,6 +273,28 @@ def test_run_recorded_under_earlier_knob_names_resumes(tmp_path):
     run_directory.existing_run(other)
 
 
+@pytest.mark.parametrize('clip_norm, resumes', [(1.0, True),
+                                                 ('adaptive', False)])
+def test_run_recorded_at_the_earlier_default_quantile(tmp_path, clip_norm,
+                                                      resumes):
+  # Runs recorded when the default target quantile was 0.3 (it now follows
+  # the noise: None): a fixed norm never read it, so the run is the same;
+  # an adaptive norm tracked 0.3, so unset it is another run.
+  config = training.TrainConfig(root_output_dir=str(tmp_path),
+                                experiment_name='run', clip_norm=clip_norm)
+  assert config.target_quantile is None
+  recorded = dict(config.to_json(), target_quantile=0.3)
+  (tmp_path / 'run').mkdir()
+  (tmp_path / 'run' / 'config.json').write_text(json.dumps(recorded))
+  if resumes:
+    assert run_directory.existing_run(config) == 'resume'
+  else:
+    with pytest.raises(training.ConfigError, match='target_quantile'):
+      run_directory.existing_run(config)
+  assert run_directory.existing_run(
+      dataclasses.replace(config, target_quantile=0.3)) == 'resume'
+
+
 def test_foreign_nonempty_dir_is_refused(tmp_path):
   (tmp_path / 'run').mkdir()
   (tmp_path / 'run' / 'notes.txt').write_text('mine')

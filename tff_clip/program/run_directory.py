@@ -82,6 +82,11 @@ def existing_run(config: TrainConfig) -> str:
   defaults = TrainConfig().identity()
   previous = {**{k: defaults[k] for k in current if k not in previous},
               **previous}
+  if 'adaptive' not in (previous.get('clip_norm'), current.get('clip_norm')):
+    # No adaptive norm: the target quantile plays no part (and its recorded
+    # default was 0.3 before it followed the noise).
+    for fields in (previous, current):
+      fields.pop('target_quantile', None)
   if previous != current:
     changed = sorted(k for k in set(previous) | set(current)
                      if previous.get(k) != current.get(k))
