@@ -273,15 +273,17 @@ def test_run_recorded_under_earlier_knob_names_resumes(tmp_path):
     run_directory.existing_run(other)
 
 
-@pytest.mark.parametrize('clip_norm, resumes', [(1.0, True),
-                                                 ('adaptive', False)])
-def test_run_recorded_at_the_earlier_default_quantile(tmp_path, clip_norm,
-                                                      resumes):
+@pytest.mark.parametrize('bounding, clip_norm, resumes', [
+    ('normalize', 1.0, True), ('none', 'adaptive', True),
+    ('normalize', 'adaptive', False)])
+def test_run_recorded_at_the_earlier_default_quantile(tmp_path, bounding,
+                                                      clip_norm, resumes):
   # Runs recorded when the default target quantile was 0.3 (it now follows
-  # the noise: None): a fixed norm never read it, so the run is the same;
-  # an adaptive norm tracked 0.3, so unset it is another run.
+  # the noise: None): a fixed norm or no bounding never read it, so the run
+  # is the same; an adaptive norm tracked 0.3, so unset it is another run.
   config = training.TrainConfig(root_output_dir=str(tmp_path),
-                                experiment_name='run', clip_norm=clip_norm)
+                                experiment_name='run', bounding=bounding,
+                                clip_norm=clip_norm)
   assert config.target_quantile is None
   recorded = dict(config.to_json(), target_quantile=0.3)
   (tmp_path / 'run').mkdir()

@@ -31,7 +31,7 @@ from tff_clip.program import release_evidence
 from tff_clip.program import checkpoints
 from tff_clip.program import run_records
 from tff_clip.program.config import ConfigError, TrainConfig
-from tff_clip.program.config import EXECUTION_KEYS, RENAMED_KEYS
+from tff_clip.program.config import EXECUTION_KEYS, NO_BOUNDING, RENAMED_KEYS
 
 __all__ = [
     'RunState', 'check_released', 'check_writable', 'epsilons',
@@ -45,6 +45,12 @@ def _nearest_existing(path: str) -> str:
   while not os.path.exists(parent):
     parent = os.path.dirname(parent)
   return parent
+
+
+def _reads_quantile(fields: dict) -> bool:
+  """Whether a run of these config fields tracks a target quantile."""
+  return (fields.get('clip_norm') == 'adaptive' and
+          fields.get('bounding') != NO_BOUNDING)
 
 
 def existing_run(config: TrainConfig) -> str:
@@ -82,7 +88,7 @@ def existing_run(config: TrainConfig) -> str:
   defaults = TrainConfig().identity()
   previous = {**{k: defaults[k] for k in current if k not in previous},
               **previous}
-  if 'adaptive' not in (previous.get('clip_norm'), current.get('clip_norm')):
+  if not any(_reads_quantile(fields) for fields in (previous, current)):
     # No adaptive norm: the target quantile plays no part (and its recorded
     # default was 0.3 before it followed the noise).
     for fields in (previous, current):
