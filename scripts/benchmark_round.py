@@ -470,7 +470,9 @@ def _train_wall(rounds=None, executor='inprocess') -> float:
 
 def _train_seconds(executor, short=4, long=44):
   """(s/round, fixed seconds) of scripts.train: the slope and intercept of
-  the wall time of a `short` and a `long` run."""
+  the wall time of a `short` and a `long` run, after an untimed `short` run
+  (which fills the graph cache: both timed runs find it warm)."""
+  _train_wall(short, executor)
   walls = [_train_wall(rounds, executor) for rounds in (short, long)]
   per_round = (walls[1] - walls[0]) / (long - short)
   return per_round, walls[0] - short * per_round
