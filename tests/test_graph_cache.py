@@ -13,6 +13,7 @@ import stat
 import numpy as np
 import pytest
 
+from tff_clip.program import process_cache
 from tff_clip.runtime import graph_cache
 
 _ENTRY = {'process/work': b'\x00graph bytes\xff', 'process/next_type': b'type'}
@@ -96,8 +97,8 @@ def test_a_fixed_noise_seed_is_never_cached(cache_dir):
   from tff_clip.program.config import TrainConfig
   from scripts import program
   config = TrainConfig()
-  assert assembly._graph_cache_key(config, program.build_task, 1.0)
-  assert assembly._graph_cache_key(
+  assert process_cache.graph_cache_key(config, program.build_task, 1.0)
+  assert process_cache.graph_cache_key(
       TrainConfig(noise_seed=7), program.build_task, 1.0) is None
 
 
@@ -105,8 +106,8 @@ def test_a_fixed_noise_seed_is_never_cached(cache_dir):
 # One entry per graph shape: the key holds what shapes the graphs, and no
 # field that only chooses data, cohorts or initial weights.
 
-# Each data-only field (`assembly._DATA_ONLY`): two configurations that differ
-# only in it (the first's fields, then the second's).
+# Each data-only field (`process_cache.DATA_ONLY`): two configurations that
+# differ only in it (the first's fields, then the second's).
 _DATA_ONLY_PAIRS = {
     'seed': ({}, dict(seed=1)),
     'num_clients': ({}, dict(num_clients=30)),
@@ -128,16 +129,16 @@ def _config(**overrides):
   return TrainConfig(**{**_SMALL, **overrides})
 
 
-def _cache_key(config, noise_multiplier=0.5, task=None):
+def _cache_key(config, noise_multiplier=0.5, task=None, exact=False):
   from scripts import program
   from tff_clip.program import assembly
-  return assembly._graph_cache_key(config, program.build_task,
-                                   noise_multiplier, task)
+  return process_cache.graph_cache_key(config, program.build_task,
+                                   noise_multiplier, task, exact)
 
 
 def test_every_data_only_field_has_its_graph_check():
   from tff_clip.program import assembly
-  assert set(_DATA_ONLY_PAIRS) == set(assembly._DATA_ONLY)
+  assert set(_DATA_ONLY_PAIRS) == set(process_cache.DATA_ONLY)
 
 
 def test_the_key_of_a_default_run_is_unchanged_by_seed(cache_dir):
@@ -145,14 +146,48 @@ def test_the_key_of_a_default_run_is_unchanged_by_seed(cache_dir):
   assert _cache_key(TrainConfig(seed=1)) == _cache_key(TrainConfig())
 
 
-def test_the_key_of_a_default_run_changes_with_the_noise_multiplier(
-    cache_dir):
-  from tff_clip.program.config import TrainConfig
-  assert (_cache_key(TrainConfig(noise_multiplier=1.0), 1.0) !=
-          _cache_key(TrainConfig(), 0.5))
-  # As resolved (e.g. calibrated from --target_epsilon): a constant of the
-  # graph, so never served at another noise level.
-  assert _cache_key(TrainConfig(), 0.6) != _cache_key(TrainConfig(), 0.5)
+# Each hyperparameter (`hyperparameters.HYPERPARAMETERS`): a configuration
+# that differs from `_config()` in it alone.
+_HYPERPARAMETER_CHANGES = {
+    'target_epsilon': dict(target_epsilon=4.0, noise_multiplier=None),
+    'delta': dict(delta=1e-4),
+    'noise_multiplier': dict(noise_multiplier=1.0),
+    'clip_norm': dict(bounding='clip', clip_norm=0.3),
+    'target_quantile': dict(target_quantile=0.7),
+    'initial_clip_norm': dict(initial_clip_norm=0.5),
+    'clip_learning_rate': dict(clip_learning_rate=0.1),
+    'server_learning_rate': dict(server_learning_rate=0.5),
+    'server_momentum': dict(server_momentum=0.5),
+}
+
+
+def test_every_hyperparameter_has_its_key_check():
+  from tff_clip.program import hyperparameters
+  assert set(_HYPERPARAMETER_CHANGES) == set(hyperparameters.HYPERPARAMETERS)
+
+
+@pytest.mark.parametrize('field', sorted(_HYPERPARAMETER_CHANGES))
+def test_a_hyperparameter_leaves_the_shape_key_alone_not_the_exact_key(
+    cache_dir, field):
+  changes = _HYPERPARAMETER_CHANGES[field]
+  base = _config(bounding=changes.get('bounding', 'normalize'))
+  config = _config(**changes)
+  noise = 0.7 if field in ('target_epsilon', 'delta', 'noise_multiplier') else 0.5
+  assert _cache_key(config, noise) == _cache_key(base)
+  assert (_cache_key(config, noise, exact=True) !=
+          _cache_key(base, exact=True))
+
+
+def test_a_private_and_a_non_private_run_have_other_keys(cache_dir):
+  # A private run weighs its clients uniformly: another client work.
+  assert _cache_key(_config(), None) != _cache_key(_config(), 0.5)
+
+
+def test_blurs_clip_norm_stays_in_the_key(cache_dir):
+  # BLUR's clip norm defaults to --clip_norm, and BLUR runs on the clients.
+  blur = dict(bounding='clip', blur_strength=0.5, noise_multiplier=None)
+  assert (_cache_key(_config(**blur, clip_norm=0.3), None) !=
+          _cache_key(_config(**blur, clip_norm=1.0), None))
 
 
 @pytest.mark.parametrize('field', sorted(_DATA_ONLY_PAIRS))
@@ -162,11 +197,10 @@ def test_a_data_only_field_leaves_the_key_alone(cache_dir, field):
 
 
 @pytest.mark.parametrize('overrides', [
-    dict(bounding='clip'), dict(clip_norm=0.3), dict(target_quantile=0.7),
-    dict(noise_multiplier=1.0), dict(noise_mechanism='banded'),
+    dict(bounding='clip'), dict(noise_mechanism='banded'),
     dict(clients_per_round=5), dict(client_learning_rate=0.05),
-    dict(server_learning_rate=0.5), dict(server_optimizer='adam'),
-    dict(local_steps=2), dict(batch_size=8), dict(task='emnist_logreg'),
+    dict(server_optimizer='adam'), dict(local_steps=2), dict(batch_size=8),
+    dict(task='emnist_logreg'),
 ], ids=lambda overrides: next(iter(overrides)))
 def test_a_field_that_shapes_the_graph_changes_the_key(cache_dir, overrides):
   assert _cache_key(_config(**overrides)) != _cache_key(_config())
@@ -502,7 +536,7 @@ def test_another_key_or_thread_count_loads_its_own_runner(loads):
 
 def test_no_runner_is_kept_where_the_disk_cache_is_not_used(loads):
   # The key is None for a fixed --noise_seed, an audited run, TFF's
-  # workers, or the cache switched off (`assembly._graph_cache_key`).
+  # workers, or the cache switched off (`process_cache.graph_cache_key`).
   from tff_clip.runtime import runner_cache
   assert _runner(None) is None
   assert loads == [] and not runner_cache._loaded
@@ -629,8 +663,9 @@ def test_a_stale_entry_is_rebuilt_while_another_keys_runner_is_loaded(built):
   from tff_clip.program import assembly
   _forget_loaded_runners()
   loaded = assembly.Session(built['config'], program.build_task)
-  config = dataclasses.replace(built['config'], noise_multiplier=0.7)
-  key = assembly._graph_cache_key(config, program.build_task, 0.7,
+  config = dataclasses.replace(built['config'], client_learning_rate=0.05)
+  key = process_cache.graph_cache_key(config, program.build_task,
+                                  config.noise_multiplier,
                                   program.build_task(config))
   (entry,) = built['entries']  # The loaded runner's.
   stale = built['directory'] / f'{key}.graphs'
@@ -641,3 +676,100 @@ def test_a_stale_entry_is_rebuilt_while_another_keys_runner_is_loaded(built):
   assert rebuilt.process is not loaded.process
   assert graph_cache.load(key) is not None  # Replaced by its own graphs.
 
+
+
+# ----------------------------------------------------------------------------
+# One traced process for every value of the hyperparameters
+# (`tff_clip.program.hyperparameters`): another noise multiplier, server
+# learning rate and target quantile take the entry's graphs with a state of
+# their own, and run as their own trace would.
+
+# The `built` entry's configuration with other hyperparameters.
+_OTHER_HYPERPARAMETERS = dict(noise_multiplier=2.0, server_learning_rate=0.3,
+                              server_momentum=0.5, target_quantile=0.1,
+                              initial_clip_norm=0.2)
+
+
+@pytest.fixture(scope='module')
+def rebased(built):
+  """(the other hyperparameters' session from the `built` entry, the same
+  configuration traced afresh with the cache off)."""
+  from scripts import program
+  from tff_clip.program import assembly
+  config = dataclasses.replace(built['config'], **_OTHER_HYPERPARAMETERS)
+  before = len(built['traced'])
+  _forget_loaded_runners()
+  served = assembly.Session(config, program.build_task)
+  assert len(built['traced']) == before  # From the entry: nothing traced.
+  built['monkeypatch'].setenv(graph_cache.ENV, 'off')
+  try:
+    traced = assembly.Session(config, program.build_task)
+  finally:
+    built['monkeypatch'].setenv(graph_cache.ENV, str(built['directory']))
+  assert len(built['traced']) == before + 1
+  return served, traced
+
+
+def _without_noise_keys(session, state) -> list:
+  """The state's leaves, the noise keys (int64[2]) left out."""
+  return [leaf for leaf in _leaves(session, state)
+          if not (leaf.dtype == np.int64 and leaf.shape == (2,))]
+
+
+@pytest.mark.slow
+def test_other_hyperparameters_start_from_their_own_traces_state(rebased):
+  from tff_clip.program import hyperparameters
+  served, traced = rebased
+  assert isinstance(served.process, hyperparameters.Rebased)
+  expected = _without_noise_keys(traced, traced.initial_state())
+  actual = _without_noise_keys(served, served.initial_state())
+  assert len(expected) == len(actual) > 0
+  for a, b in zip(expected, actual):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_other_hyperparameters_run_bit_for_bit_as_their_own_trace(rebased):
+  served, traced = rebased
+  # One noise key for both (the oracle's): the noise, at the run's own
+  # multiplier, is the same draw, and so is everything else.
+  traced_state, served_state = _assert_same_rounds(traced, served)
+  event = served.round_event(served_state, 2)
+  assert event == traced.round_event(traced_state, 2)
+  # The value and count releases of adaptive clipping compose to the run's
+  # multiplier, 2.0 (sum of z_i^-2 = z^-2), not the traced entry's 0.5.
+  releases = event.event.events
+  assert len(releases) == 2
+  assert sum(e.noise_multiplier**-2 for e in releases) == pytest.approx(
+      2.0**-2, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_rebased_run_draws_a_fresh_noise_key_on_every_start(built, rebased):
+  served, _ = rebased
+  states = [served.initial_state(), served.initial_state(),
+            built['warm'].initial_state()]
+  keys = [tuple(_noise_key(state.aggregator)) for state in states]
+  assert len(set(keys)) == 3
+
+
+@pytest.mark.slow
+def test_a_value_that_is_a_constant_of_a_graph_gets_its_own_trace(built):
+  # Without DP a fixed clip norm is a constant of the aggregator's graph:
+  # the entry of norm 0.1 must not serve norm 0.3.
+  from scripts import program
+  from tff_clip.program import assembly
+  from tff_clip.program import hyperparameters
+  config = dataclasses.replace(built['config'], noise_multiplier=None,
+                               bounding='clip', clip_norm=0.1)
+  other = dataclasses.replace(config, clip_norm=0.3)
+  before = len(built['traced'])
+  first = assembly.Session(config, program.build_task)
+  second = assembly.Session(other, program.build_task)
+  assert len(built['traced']) == before + 2
+  assert not isinstance(second.process, hyperparameters.Rebased)
+  # Stored under the exact key: a later run of norm 0.3 traces nothing.
+  _forget_loaded_runners()
+  assembly.Session(other, program.build_task)
+  assert len(built['traced']) == before + 2
+  del first

@@ -161,3 +161,36 @@ def test_non_tensorflow_computation_is_refused_with_its_type():
 
   with pytest.raises(ValueError, match='Only TensorFlow computations'):
     tf_graphs.TensorFlowFunction(total)
+
+
+# ----------------------------------------------------------------------------
+# The canonical digest (`graph_defs.canonical_digest`): the same for every
+# trace of one computation, another for another constant.
+
+
+def _scaled_sum(scale):
+  @tf.function
+  def inner(x):
+    return x * scale
+
+  @tff.tensorflow.computation(tff.TensorType(np.float32, [3]))
+  def computation(x):
+    return tf.reduce_sum(inner(x))
+
+  return computation
+
+
+def test_two_traces_of_one_computation_have_one_digest_not_one_byte_string():
+  from tff_clip.runtime import graph_defs
+  first, second = _scaled_sum(2.0), _scaled_sum(2.0)
+  serialized = [tff.framework.serialize_computation(c).SerializeToString()
+                for c in (first, second)]
+  assert serialized[0] != serialized[1]  # Function names from a counter.
+  assert (graph_defs.canonical_digest(first) ==
+          graph_defs.canonical_digest(second))
+
+
+def test_a_constant_of_the_graph_changes_the_digest():
+  from tff_clip.runtime import graph_defs
+  assert (graph_defs.canonical_digest(_scaled_sum(2.0)) !=
+          graph_defs.canonical_digest(_scaled_sum(3.0)))

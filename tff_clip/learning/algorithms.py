@@ -52,7 +52,7 @@ from tff_clip.aggregation import spec
 from tff_clip.learning import client
 from tff_clip.learning import optimizers
 
-__all__ = ['build_fedavg']
+__all__ = ['build_fedavg', 'server_components']
 
 _ClientWeighting = tff.learning.ClientWeighting
 ModelAggregator = Union[tff.aggregators.WeightedAggregationFactory,
@@ -91,6 +91,30 @@ def _weighted_aggregator(model_aggregator, client_weighting):
       '`model_aggregator` must be a `tff.aggregators` factory (weighted or '
       'unweighted, e.g. `tff_clip.aggregation.aggregators.clip_factory(1.0)`); got '
       f'{type(model_aggregator).__name__}: {model_aggregator!r}.')
+
+
+def server_components(model_weights_type, model_aggregator,
+                      server_optimizer: tff.learning.optimizers.Optimizer,
+                      client_weighting: Optional[_ClientWeighting] = None):
+  """(aggregator, finalizer): `build_fedavg`'s server-side processes.
+
+  What the process's state holds of `model_aggregator` and
+  `server_optimizer` (their `initialize`) and all their graphs (their
+  `next`); `model_weights_type` is the model's `ModelWeights` type.
+  """
+  aggregator_factory, _ = _weighted_aggregator(model_aggregator,
+                                               client_weighting)
+  aggregator = aggregator_factory.create(
+      model_weights_type.trainable, tff.TensorType(np.float32))
+  aggregate_type = aggregator.next.type_signature
+  if aggregate_type.parameter[1].member != aggregate_type.result[1].member:
+    raise TypeError(
+        '`model_aggregator` must return values of the type it receives (the '
+        f'trainable weights); got {aggregate_type.parameter[1].member} -> '
+        f'{aggregate_type.result[1].member}.')
+  finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
+      server_optimizer, model_weights_type)
+  return aggregator, finalizer
 
 
 def build_fedavg(
@@ -207,8 +231,8 @@ def build_fedavg(
       blur_clip_norm=blur_clip_norm,
       lus_sparsity=lus_sparsity,
       model_clip_norm=model_clip_norm)
-  aggregator_factory, client_weighting = _weighted_aggregator(
-      model_aggregator, client_weighting)
+  _, client_weighting = _weighted_aggregator(model_aggregator,
+                                             client_weighting)
 
   if local_clip_norm is not None:
     client_optimizer = optimizers.clipped_optimizer(client_optimizer,
@@ -236,16 +260,9 @@ def build_fedavg(
   model_weights_type = initial_model_weights_fn.type_signature.result
   distributor = tff.learning.templates.build_broadcast_process(
       model_weights_type)
-  aggregator = aggregator_factory.create(
-      model_weights_type.trainable, tff.TensorType(np.float32))
-  aggregate_type = aggregator.next.type_signature
-  if aggregate_type.parameter[1].member != aggregate_type.result[1].member:
-    raise TypeError(
-        '`model_aggregator` must return values of the type it receives (the '
-        f'trainable weights); got {aggregate_type.parameter[1].member} -> '
-        f'{aggregate_type.result[1].member}.')
-  finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
-      server_optimizer, model_weights_type)
+  aggregator, finalizer = server_components(
+      model_weights_type, model_aggregator, server_optimizer,
+      client_weighting)
   return tff.learning.templates.compose_learning_process(
       initial_model_weights_fn, distributor, client_work, aggregator,
       finalizer)

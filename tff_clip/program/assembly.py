@@ -24,7 +24,6 @@ import atexit
 import collections
 import dataclasses
 import functools
-import hashlib
 import math
 from typing import Optional
 
@@ -35,6 +34,8 @@ from tff_clip.names import MIN_SEPARATION
 from tff_clip.privacy import accounting
 from tff_clip.privacy import sampling as sampling_lib
 from tff_clip.program import config as config_lib
+from tff_clip.program import hyperparameters
+from tff_clip.program import process_cache
 from tff_clip.program import preflight
 from tff_clip.program import program_logic
 from tff_clip.program.config import ConfigError, TrainConfig
@@ -211,27 +212,38 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
   return aggregators.bounding_factory(config.bounding, clip_norm, config.split)
 
 
+def server_parts(config: TrainConfig, noise_multiplier: Optional[float],
+                 model_aggregator=None):
+  """(model aggregator, server optimizer, client weighting) of `config`:
+  what the process's server side is built from (`model_aggregator`, where
+  given, in place of `config`'s)."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  # DP-FedAvg weighs clients uniformly (the sensitivity must not depend on
+  # private example counts); otherwise FedAvg's example weighting.
+  weighting = (tff.learning.ClientWeighting.UNIFORM
+               if noise_multiplier is not None else None)
+  return (model_aggregator or build_aggregator(config, noise_multiplier),
+          _server_optimizer(config), weighting)
+
+
 def build_process(config: TrainConfig, task, noise_multiplier,
                   model_aggregator=None):
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip.learning import algorithms  # pylint: disable=g-import-not-at-top
   blur_clip_norm = config.blur_clip_norm
   if config.blur_strength is not None and blur_clip_norm is None:
     blur_clip_norm = float(config.clip_norm)
+  aggregator, server_optimizer, weighting = server_parts(
+      config, noise_multiplier, model_aggregator)
   return algorithms.build_fedavg(
       task.model_fn,
       client_optimizer=_client_optimizer(config),
-      server_optimizer=_server_optimizer(config),
+      server_optimizer=server_optimizer,
       local_clip_norm=config.local_clip_norm,
       blur_strength=config.blur_strength,
       blur_clip_norm=blur_clip_norm if config.blur_strength else None,
       lus_sparsity=config.lus_sparsity,
-      model_aggregator=(model_aggregator or
-                        build_aggregator(config, noise_multiplier)),
-      # DP-FedAvg weighs clients uniformly (the sensitivity must not depend
-      # on private example counts); otherwise FedAvg's example weighting.
-      client_weighting=(tff.learning.ClientWeighting.UNIFORM
-                        if noise_multiplier is not None else None))
+      model_aggregator=aggregator,
+      client_weighting=weighting)
 
 
 def initial_model_weights(task, seed: int):
@@ -315,44 +327,6 @@ def _model_layout(runner) -> Optional[dict[str, int]]:
 
 
 # ----------------------------------------------------------------------------
-# The traced graphs, cached on disk across runs (`tff_clip.runtime.graph_cache`).
-
-
-def _graph_cache_key(config: TrainConfig, task_builder, noise_multiplier,
-                     task=None) -> Optional[str]:
-  """The cache key of the session's graphs, or None where they are not
-  cached: runs on TFF's workers, audited runs, a fixed `--noise_seed` (a
-  constant of the graph: it must never reach a file), a task builder without
-  a stable name (a lambda, a local function). `task`: the built task, whose
-  clients' element spec the key also holds (the data-only fields choose
-  data, never its shape)."""
-  import inspect  # pylint: disable=g-import-not-at-top
-  from tff_clip.runtime import graph_cache  # pylint: disable=g-import-not-at-top
-  name = (f'{getattr(task_builder, "__module__", "")}.'
-          f'{getattr(task_builder, "__qualname__", "<unnamed>")}')
-  if (not _in_process(config) or config.audit_canaries or
-      config.noise_seed is not None or '<' in name or
-      graph_cache.directory() is None):
-    return None
-  try:  # The builder's own source shapes the task, so the graphs.
-    with open(inspect.getsourcefile(task_builder), 'rb') as f:
-      builder_source = hashlib.sha256(f.read()).hexdigest()
-  except (TypeError, OSError):
-    return None
-  # Every field but those that shape no graph (where and how long a run
-  # writes, which data and initial weights it trains from); the noise
-  # multiplier as resolved (a constant of the graph). One entry per graph
-  # shape: a sweep's seeds share it.
-  defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)
-              if f.name in _NOT_BUILT_FROM + _DATA_ONLY}
-  element_spec = (None if task is None else
-                  task.datasets.element_type_structure)
-  description = repr((dataclasses.replace(config, **defaults),
-                      noise_multiplier, name, builder_source, element_spec))
-  return graph_cache.entry_key(description)
-
-
-# ----------------------------------------------------------------------------
 # The session: everything built before the first file is written.
 
 
@@ -394,11 +368,9 @@ class Session:
       # out-of-memory crash halfway.
       preflight.check_noise_memory(config, _trainable_parameters(self.task))
     self.auditor = None
-    cache_key = _graph_cache_key(config, task_builder, self.noise_multiplier,
-                                 self.task)
-    from tff_clip.runtime import runner_cache  # pylint: disable=g-import-not-at-top
     # Loaded in this process already, or from disk; None: trace and build.
-    cached = runner_cache.runner(cache_key, config.max_concurrent_clients)
+    cached, cache_key = process_cache.cached_runner(
+        config, task_builder, self.noise_multiplier, self.task, server_parts)
     if cached is None:
       try:
         if config.audit_canaries:  # Canaries inside the DP query.
@@ -419,7 +391,10 @@ class Session:
     self.target_quantile = _tracked_quantile(config, self.noise_multiplier,
                                              self.initial_weights)
     if cached is None:
+      from tff_clip.runtime import runner_cache  # pylint: disable=g-import-not-at-top
       (self.process,) = runners(config, self.process)
+      if cache_key is not None:
+        hyperparameters.annotate(self.process, config, self.noise_multiplier)
       runner_cache.store(cache_key, config.max_concurrent_clients,
                          self.process)
     else:
@@ -504,38 +479,6 @@ class Session:
     return evaluation.ServerEvaluation(self.task.model_fn, self.test_data)
 
 
-# What a session is not built from: a later run in this process that differs
-# from an earlier one only in these reuses its session (`session`).
-_NOT_BUILT_FROM = ('root_output_dir', 'experiment_name', 'rounds', 'eval_every',
-                   'progress', 'checkpoint_every', 'checkpoint_interval_s',
-                   'release_uncovered_metrics')
-# What the traced graphs are not built from either, though a session is:
-# which data, cohorts and initial weights a run trains from. Out of the disk
-# key (`_graph_cache_key`), so runs that differ only in these share one entry.
-# Each reaches the session outside the traced process (read in `Session`):
-_DATA_ONLY = (
-    # The task's data split, client subset and partition, the cohorts
-    # (`ClientSampler`), each client's data order (`ClientDatasets`) and the
-    # initial weights (`initial_model_weights`, numpy set over
-    # `initialize`'s by `Session.initial_state`: so are a synthetic
-    # problem's, which its model's initializer holds). The DP noise key is
-    # drawn from OS entropy in the graph (a fixed --noise_seed is never
-    # cached).
-    'seed',
-    # The population: the sampler's, and the accountant's (the noise
-    # multiplier it calibrates is in the key as resolved).
-    'num_clients',
-    # How the examples are dealt to the clients (the task's ClientData).
-    'partition', 'partition_alpha',
-    # Examples held out of training (the task's validation data).
-    'validation_fraction',
-    # What the server-side evaluation (plain TensorFlow, not cached) reads.
-    'eval_split',
-    # Where online data is read from.
-    'cache_dir',
-    # The in-process runner's threads, given to it when it is loaded.
-    'max_concurrent_clients',
-)
 _SESSIONS_KEPT = 3
 _sessions = collections.OrderedDict()
 # Dropped before the interpreter tears its modules down: a traced function
@@ -553,13 +496,13 @@ def session(config: TrainConfig, task_builder) -> Session:
   (its noise multiplier depends on them). A session holds no run's state
   (the state, with its noise key, is drawn by `initial_state` or restored
   from the run's checkpoint). Runs on TFF's workers and audited runs always
-  build their own. Runs that differ in their seed (or another `_DATA_ONLY`
+  build their own. Runs that differ in their seed (or another `process_cache.DATA_ONLY`
   field) build their own session but share its in-process runner, where the
   graph cache is on (`tff_clip.runtime.runner_cache`).
   """
   if config.executor != 'inprocess' or config.audit_canaries:
     return Session(config, task_builder)
-  ignored = set(_NOT_BUILT_FROM)
+  ignored = set(process_cache.NOT_BUILT_FROM)
   if config.target_epsilon is not None:
     ignored.discard('rounds')  # The noise is calibrated for the rounds.
   defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)

@@ -163,10 +163,16 @@ def _parse(message_class, data: bytes):
   return message
 
 
+# What `graphs` may hold besides computations: the type of `next`, the
+# containers, and notes a caller keeps with the graphs (JSON, e.g. the
+# values the process was traced with: `tff_clip.program.hyperparameters`).
+_NOT_COMPUTATIONS = ('next_type', 'containers', 'annotations')
+
+
 def parse_graphs(graphs) -> dict[str, Any]:
   """The `pb.Computation`s of `process_graphs`, by name."""
   return {name: _parse(pb.Computation, data) for name, data in graphs.items()
-          if name not in ('next_type', 'containers')}
+          if name not in _NOT_COMPUTATIONS}
 
 
 def _zeros(type_spec) -> list:

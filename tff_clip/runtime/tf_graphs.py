@@ -49,8 +49,10 @@ import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import computation_pb2 as pb
 from tensorflow_federated.python.core.impl.types import type_serialization
 
-__all__ = ['TensorFlowFunction', 'flatten_value', 'pack_value',
-           'count_leaves', 'tiny_dataset_options']
+from tff_clip.runtime import graph_defs
+
+__all__ = ['TensorFlowFunction', 'flatten_value', 'pack_value', 'count_leaves',
+           'tiny_dataset_options']
 
 _counter = itertools.count()
 _REDUCE_OPS = ('ReduceDataset',)
@@ -247,40 +249,13 @@ def _binding_names(binding, out: list) -> list:
   return out
 
 
-def _rename_attr(attr, renames):
-  if attr.HasField('func'):
-    _rename_name_attr_list(attr.func, renames)
-  for func in attr.list.func:
-    _rename_name_attr_list(func, renames)
-
-
-def _rename_name_attr_list(func, renames):
-  if func.name in renames:
-    func.name = renames[func.name]
-  for value in func.attr.values():
-    _rename_attr(value, renames)
-
-
 def _rename_functions(graph_def, suffix):
   """Assumption 5: unique function names (and shared names) per import."""
-  renames = {f.signature.name: f'{f.signature.name}_{suffix}'
-             for f in graph_def.library.function}
-  for function in graph_def.library.function:
-    function.signature.name = renames[function.signature.name]
-    for node in function.node_def:
-      for attr in node.attr.values():
-        _rename_attr(attr, renames)
-    for attr in function.attr.values():
-      _rename_attr(attr, renames)
-  for gradient in graph_def.library.gradient:
-    gradient.function_name = renames.get(gradient.function_name,
-                                         gradient.function_name)
-    gradient.gradient_func = renames.get(gradient.gradient_func,
-                                         gradient.gradient_func)
+  graph_defs.apply_renames(graph_def, {
+      f.signature.name: f'{f.signature.name}_{suffix}'
+      for f in graph_def.library.function})
   empty = 0
   for node in graph_def.node:
-    for attr in node.attr.values():
-      _rename_attr(attr, renames)
     shared_name = node.attr.get('shared_name')
     if shared_name is not None:
       if not shared_name.s:

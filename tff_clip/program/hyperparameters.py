@@ -1,0 +1,195 @@
+"""One traced process for every value of the server's hyperparameters.
+
+The fields in `HYPERPARAMETERS` reach a learning process only through its
+aggregator (the DP noise multiplier, calibrated from --target_epsilon and
+--delta; the clip norm and its quantile tracking) and its server optimizer
+(learning rate, momentum). Both keep these values in the state their
+`initialize` returns, not in the graphs of their `next`: tensorflow-privacy's
+DP queries hold `stddev` or `noise_multiplier`, `l2_norm_clip` and
+`target_quantile` in their global state, TFF's optimizers hold
+`learning_rate` and `momentum` in theirs. So runs that differ only in these
+fields (the cells of a sweep or of the frontier's grid, every epsilon) can
+share one traced process: the graph cache keys the process on the other
+fields (`shape`), records the values it was traced with (`values`), and a run
+with other values takes the traced graphs with a state of its own
+(`rebase`):
+
+  state = the traced `initialize`(), its `aggregator` and `finalizer` drawn
+          by this run's own aggregator's and server optimizer's `initialize`
+
+The run's aggregator's `initialize` draws its noise key, from OS entropy, on
+every call: a rebased run never shares a key with the traced one.
+
+This holds only where the values are indeed not constants of a graph, which
+is checked, not assumed: `rebase` builds the aggregator and server optimizer
+of both sets of values (well under a second each; tracing the process, whose
+cost is the model's client work, takes seconds to minutes) and compares
+their `next` graphs (`tff_clip.runtime.graph_defs.canonical_digest`) and their
+states' types. Where they differ (a mechanism that bakes its noise
+multiplier into its graph, a fixed clip norm without DP), the run traces its
+own process. The process's other parts (the model's client work, the
+broadcast) are built from fields outside `HYPERPARAMETERS`, all in the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable, Optional
+
+from tff_clip.program.config import TrainConfig
+
+__all__ = ['HYPERPARAMETERS', 'Rebased', 'annotate', 'rebase', 'shape',
+           'traced_with', 'values']
+
+# The fields that reach the process through its aggregator and server
+# optimizer only. `clip_norm` also reaches BLUR's client work, whose clip
+# norm `shape` keeps resolved.
+HYPERPARAMETERS = (
+    'target_epsilon', 'delta', 'noise_multiplier',
+    'clip_norm', 'target_quantile', 'initial_clip_norm', 'clip_learning_rate',
+    'server_learning_rate', 'server_momentum',
+)
+# The entry's annotation: the values its process was traced with.
+_ANNOTATION = 'annotations'
+_RESOLVED = 'resolved_noise_multiplier'
+
+# (aggregator factory, server optimizer, client weighting) of a config and
+# its resolved noise multiplier (`tff_clip.program.assembly.server_parts`).
+ServerParts = Callable[[TrainConfig, Optional[float]], tuple]
+
+
+def shape(config: TrainConfig, noise_multiplier: Optional[float]) -> tuple:
+  """What of `config` the process's graphs may depend on: every field but
+  the hyperparameters, whether the run is private
+  (which weighs clients uniformly), and BLUR's clip norm as resolved."""
+  # The default experiment name is made from every field: left out too.
+  fields = tuple((f.name, getattr(config, f.name))
+                 for f in dataclasses.fields(config)
+                 if f.name not in HYPERPARAMETERS + ('experiment_name',))
+  blur_clip_norm = config.blur_clip_norm
+  if config.blur_strength is not None and blur_clip_norm is None:
+    blur_clip_norm = config.clip_norm
+  return fields, noise_multiplier is not None, blur_clip_norm
+
+
+def values(config: TrainConfig,
+           noise_multiplier: Optional[float]) -> dict[str, Any]:
+  """The hyperparameters of `config`, the noise multiplier as resolved."""
+  out = {name: getattr(config, name) for name in HYPERPARAMETERS}
+  out[_RESOLVED] = noise_multiplier
+  return json.loads(json.dumps(out))  # As an entry reads back.
+
+
+def annotate(runner, config: TrainConfig,
+             noise_multiplier: Optional[float]) -> None:
+  """Records in `runner`'s graphs (what a cache entry holds) the values its
+  process was traced with."""
+  runner.graphs[_ANNOTATION] = json.dumps(
+      {'hyperparameters': values(config, noise_multiplier)},
+      sort_keys=True).encode()
+
+
+def _traced_values(runner) -> Optional[dict[str, Any]]:
+  data = getattr(runner, 'graphs', {}).get(_ANNOTATION)
+  return None if data is None else json.loads(data)['hyperparameters']
+
+
+def traced_with(runner, config: TrainConfig,
+                noise_multiplier: Optional[float]) -> bool:
+  """Whether `runner`'s process was traced with `config`'s values."""
+  return _traced_values(runner) == values(config, noise_multiplier)
+
+
+def _element_type(struct_type, name: str):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  return dict(tff.structure.to_elements(struct_type)).get(name)
+
+
+class _Components:
+  """A config's aggregator and server optimizer, as the process builds
+  them: their `next` digests and their state's initialization."""
+
+  def __init__(self, config, noise_multiplier, server_parts: ServerParts,
+               model_weights_type):
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    from tff_clip.learning import algorithms  # pylint: disable=g-import-not-at-top
+    from tff_clip.runtime import graph_defs  # pylint: disable=g-import-not-at-top
+    from tff_clip.runtime import tf_graphs  # pylint: disable=g-import-not-at-top
+    factory, optimizer, weighting = server_parts(config, noise_multiplier)
+    processes = dict(zip(('aggregator', 'finalizer'),
+                         algorithms.server_components(
+                             model_weights_type, factory, optimizer,
+                             weighting)))
+    self.digests = {name: graph_defs.canonical_digest(p.next)
+                    for name, p in processes.items()}
+    self.initializers = {
+        name: tf_graphs.TensorFlowFunction(
+            tff.backends.mapreduce.get_state_initialization_computation(
+                p.initialize))
+        for name, p in processes.items()}
+
+
+class Rebased:
+  """A runner of traced graphs, with the state of other hyperparameters.
+
+  `initialize()` is the traced process's, with the `aggregator` and
+  `finalizer` states drawn by this run's own components (a fresh noise key
+  on every call); everything else is the traced runner's.
+  """
+
+  def __init__(self, runner, initializers, state_types):
+    self._runner = runner
+    self._initializers = initializers
+    self._state_types = state_types
+
+  def initialize(self):
+    from tff_clip.runtime import tf_graphs  # pylint: disable=g-import-not-at-top
+    state = self._runner.initialize()
+    return state._replace(**{
+        name: tf_graphs.pack_value(self._state_types[name], initialize())
+        for name, initialize in self._initializers.items()})
+
+  def __getattr__(self, name):
+    return getattr(self._runner, name)
+
+
+def rebase(runner, config: TrainConfig, noise_multiplier: Optional[float],
+           server_parts: ServerParts):
+  """`runner` (the cached process of `config`'s `shape`) for `config`.
+
+  The runner itself where it was traced with `config`'s hyperparameters; a
+  `Rebased` one where they differ only in states (the check above); None
+  where a graph differs, or the runner records no values: then `config`
+  needs a process traced for it.
+  """
+  traced = _traced_values(runner)
+  if traced is None:
+    return None
+  if traced == values(config, noise_multiplier):
+    return runner
+  state_type = getattr(runner, 'state_type', None)
+  try:  # LearningAlgorithmState: (global_model_weights, ..., finalizer).
+    fields = state_type.python_container._fields
+  except AttributeError:
+    return None
+  if not {'global_model_weights', 'aggregator', 'finalizer'} <= set(fields):
+    return None
+  weights_type = _element_type(state_type, 'global_model_weights')
+  traced_config = dataclasses.replace(
+      config, **{name: traced[name] for name in HYPERPARAMETERS})
+  try:
+    theirs = _Components(traced_config, traced[_RESOLVED], server_parts,
+                         weights_type)
+    ours = _Components(config, noise_multiplier, server_parts, weights_type)
+  except (TypeError, ValueError):
+    return None
+  if theirs.digests != ours.digests:
+    return None  # A value is a constant of a graph.
+  state_types = {name: _element_type(state_type, name)
+                 for name in ours.initializers}
+  for name, initialize in ours.initializers.items():
+    if not initialize.type_signature.result.is_equivalent_to(
+        state_types[name]):
+      return None
+  return Rebased(runner, ours.initializers, state_types)
