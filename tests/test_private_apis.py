@@ -126,3 +126,13 @@ def test_tf_data_seed_pair_is_what_shuffle_uses():
     assert list(shuffled.as_numpy_iterator()) == list(
         expected.as_numpy_iterator())
   tf.random.set_seed(None)
+
+
+def test_the_clients_seed_pair_is_tf_datas_own():
+  from tff_clip.runtime import client_data
+  for global_seed in (None, 0, 11):
+    tf.random.set_seed(global_seed)
+    for seed in (0, 1, 42, 2**31 - 1):
+      expected = [int(t) for t in data_random_seed.get_seed(seed)]
+      assert list(client_data._seed_pair(seed)) == expected
+  tf.random.set_seed(None)

@@ -46,7 +46,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.data.util import random_seed as data_random_seed  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.framework import random_seed as framework_random_seed  # pylint: disable=g-direct-tensorflow-import
 
 __all__ = ['ClientDatasets', 'ExamplewisePreprocess', 'round_seed']
 
@@ -80,12 +80,16 @@ def _plain_options() -> tf.data.Options:
   return options
 
 
-def _seed_pair(seed: int):
+def _seed_pair(seed: int) -> tuple[int, int]:
   """The (seed, seed2) of `Dataset.shuffle(seed=seed)` here and now.
 
-  TF's own derivation (with the global seed, as `tf.random.set_seed` says).
+  TF's own derivation (with the global seed, as `tf.random.set_seed` says):
+  tf.data's `get_seed` is the framework's `get_seed` made tensors (five
+  eager ops, a tenth of a millisecond per client); with an op seed given the
+  framework's pair is never None, and it already maps (0, 0) to
+  (0, 2^31 - 1) as tf.data's does.
   """
-  return data_random_seed.get_seed(seed)
+  return framework_random_seed.get_seed(seed)
 
 
 class ExamplewisePreprocess:
