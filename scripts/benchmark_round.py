@@ -96,12 +96,22 @@ FRONTIER_TRAININGS = 440
 # The frontier cell --train times (scripts.benchmark_frontier.make_config):
 # setting, method, epsilon.
 FRONTIER_CELL = ('mnist1000', 'default', 4.0)
+# The tuning trainings --train also times: one method's grid cells, each at
+# another epsilon (so another noise multiplier), learning rate and quantile,
+# one after another in one process, as a frontier worker tunes.
+FRONTIER_TUNING_METHOD = 'normalize_adaptive'
+FRONTIER_TUNING_CELLS = (
+    (4.0, dict(server_learning_rate=0.5, target_quantile=0.3)),
+    (2.0, dict(server_learning_rate=2.0, target_quantile=0.1)),
+    (8.0, dict(server_learning_rate=0.25, target_quantile=0.7)),
+)
 _FRONTIER_SEEDS = flags.DEFINE_integer(
     'frontier_seeds', 3, 'With --train: trainings of one frontier cell '
     '(setting {}, method {}, epsilon {:g}; seeds 0 to N-1) run one after '
     'another in one fresh process with an empty graph cache, as one of '
-    'scripts.benchmark_frontier\'s workers runs them (0: skip).'.format(
-        *FRONTIER_CELL))
+    'scripts.benchmark_frontier\'s workers runs them; then N trainings of '
+    '{}\'s grid cells in turn, each at another epsilon (0: skip).'.format(
+        *FRONTIER_CELL, FRONTIER_TUNING_METHOD))
 _FRONTIER_ROUNDS = flags.DEFINE_integer(
     'frontier_rounds', None, 'Rounds of each frontier training (default: '
     "the setting's).")
@@ -406,17 +416,23 @@ def _first_round(args, env=None) -> tuple[float, float]:
   return time.perf_counter() - started, first
 
 
-def frontier_trainings(seeds: int, rounds, root: str) -> list[float]:
+def frontier_trainings(seeds: int, rounds, root: str,
+                       tuning: bool = False) -> list[float]:
   """Wall seconds of each training of the frontier cell (`FRONTIER_CELL`,
   seeds 0 to `seeds` - 1, `rounds` each or the setting's), one after
   another in this process, as a `scripts.benchmark_frontier` worker runs
-  them (`_train`)."""
+  them (`_train`). `tuning`: training i is instead grid cell i (cycling
+  through `FRONTIER_TUNING_CELLS`) of `FRONTIER_TUNING_METHOD`, seed i."""
   import dataclasses  # pylint: disable=g-import-not-at-top
   from scripts import benchmark_frontier  # pylint: disable=g-import-not-at-top
   setting, method, epsilon = FRONTIER_CELL
   walls = []
   for seed in range(seeds):
-    config = benchmark_frontier.make_config(setting, method, {}, epsilon,
+    cell = {}
+    if tuning:
+      method = FRONTIER_TUNING_METHOD
+      epsilon, cell = FRONTIER_TUNING_CELLS[seed % len(FRONTIER_TUNING_CELLS)]
+    config = benchmark_frontier.make_config(setting, method, cell, epsilon,
                                             seed, 'final', root, False)
     if rounds is not None:
       config = dataclasses.replace(config, rounds=rounds)
@@ -426,14 +442,15 @@ def frontier_trainings(seeds: int, rounds, root: str) -> list[float]:
   return walls
 
 
-def _frontier_walls(seeds, rounds) -> list[float]:
+def _frontier_walls(seeds, rounds, tuning=False) -> list[float]:
   """`frontier_trainings` in a fresh process with an empty graph cache."""
   from tff_clip.runtime import graph_cache  # pylint: disable=g-import-not-at-top
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   with tempfile.TemporaryDirectory() as out:
     code = ('import json; from scripts import benchmark_round; '
             'print(json.dumps(benchmark_round.frontier_trainings('
-            f'{seeds}, {rounds!r}, {os.path.join(out, "runs")!r})))')
+            f'{seeds}, {rounds!r}, {os.path.join(out, "runs")!r}, '
+            f'{tuning!r})))')
     result = subprocess.run(
         [sys.executable, '-c', code], cwd=repo, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True, check=True,
@@ -585,22 +602,31 @@ def _print_train_tables():
     cell = benchmark_frontier.make_config(setting, method, {}, epsilon, 0,
                                           'final', out, False)
   rounds = _FRONTIER_ROUNDS.value or cell.rounds
-  walls = _frontier_walls(seeds, _FRONTIER_ROUNDS.value)
   cell_floor = _floor_round_seconds(cell, 5)
-  later = statistics.median(walls[1:]) if len(walls) > 1 else float('nan')
   print()
-  print(f'| frontier training ({setting}, {method}, eps {epsilon:g}, '
-        f'{rounds} rounds of {cell.clients_per_round} clients), one process '
-        f'| first s | later s (median of {len(walls) - 1}) | floor: {rounds} '
+  print(f'| frontier trainings ({setting}, {rounds} rounds of '
+        f'{cell.clients_per_round} clients), one process, empty graph cache '
+        f'| first s | later s (median of {seeds - 1}) | floor: {rounds} '
         'rounds s | later / floor |')
   print('|---|---|---|---|---|')
-  print(f'| seeds 0-{seeds - 1}, empty graph cache | {walls[0]:.1f} | '
-        f'{later:.1f} | {rounds * cell_floor:.1f} | '
-        f'{later / (rounds * cell_floor):.1f}x |', flush=True)
+  tunings = ', '.join(f'eps {e:g} {benchmark_frontier.cell_name(c)}'
+                      for e, c in FRONTIER_TUNING_CELLS)
+  rows = ((f'{method}, eps {epsilon:g}, seeds 0-{seeds - 1}', False),
+          (f'{FRONTIER_TUNING_METHOD}, grid cells in turn ({tunings}), '
+           f'seeds 0-{seeds - 1}', True))
+  later = {}
+  for label, tuning in rows:
+    walls = _frontier_walls(seeds, _FRONTIER_ROUNDS.value, tuning)
+    later[tuning] = (statistics.median(walls[1:]) if len(walls) > 1
+                     else float('nan'))
+    print(f'| {label} | {walls[0]:.1f} | {later[tuning]:.1f} | '
+          f'{rounds * cell_floor:.1f} | '
+          f'{later[tuning] / (rounds * cell_floor):.1f}x |', flush=True)
   jobs = benchmark_frontier._cores()  # pylint: disable=protected-access
+  typical = max(later.values())
   print(f'\n{FRONTIER_TRAININGS} such trainings on {jobs} jobs (one per '
-        f'core), each at the later figure: about '
-        f'{FRONTIER_TRAININGS * later / jobs / 60:.0f} min (the floor\'s '
+        f'core), each at the slower later figure: about '
+        f'{FRONTIER_TRAININGS * typical / jobs / 60:.0f} min (the floor\'s '
         f'rounds: {FRONTIER_TRAININGS * rounds * cell_floor / jobs / 60:.1f} '
         'min).', flush=True)
 
