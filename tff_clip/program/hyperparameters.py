@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from typing import Any, Callable, Optional
+import weakref
 
 from tff_clip.program.config import TrainConfig
 
@@ -130,6 +131,11 @@ class _Components:
         for name, p in processes.items()}
 
 
+# The digests of the components an entry's runner was traced with: a worker
+# that rebases many runs on one runner builds them once.
+_traced_digests = weakref.WeakKeyDictionary()
+
+
 class Rebased:
   """A runner of traced graphs, with the state of other hyperparameters.
 
@@ -179,12 +185,15 @@ def rebase(runner, config: TrainConfig, noise_multiplier: Optional[float],
   traced_config = dataclasses.replace(
       config, **{name: traced[name] for name in HYPERPARAMETERS})
   try:
-    theirs = _Components(traced_config, traced[_RESOLVED], server_parts,
-                         weights_type)
+    theirs = _traced_digests.get(runner)
+    if theirs is None:
+      theirs = _Components(traced_config, traced[_RESOLVED], server_parts,
+                           weights_type).digests
+      _traced_digests[runner] = theirs
     ours = _Components(config, noise_multiplier, server_parts, weights_type)
   except (TypeError, ValueError):
     return None
-  if theirs.digests != ours.digests:
+  if theirs != ours.digests:
     return None  # A value is a constant of a graph.
   state_types = {name: _element_type(state_type, name)
                  for name in ours.initializers}
