@@ -168,7 +168,7 @@ def test_non_tensorflow_computation_is_refused_with_its_type():
 # trace of one computation, another for another constant.
 
 
-def _scaled_sum(scale):
+def _scaled_sum_of(scale):
   @tf.function
   def inner(x):
     return x * scale
@@ -182,7 +182,7 @@ def _scaled_sum(scale):
 
 def test_two_traces_of_one_computation_have_one_digest_not_one_byte_string():
   from tff_clip.runtime import graph_defs
-  first, second = _scaled_sum(2.0), _scaled_sum(2.0)
+  first, second = _scaled_sum_of(2.0), _scaled_sum_of(2.0)
   serialized = [tff.framework.serialize_computation(c).SerializeToString()
                 for c in (first, second)]
   assert serialized[0] != serialized[1]  # Function names from a counter.
@@ -192,5 +192,5 @@ def test_two_traces_of_one_computation_have_one_digest_not_one_byte_string():
 
 def test_a_constant_of_the_graph_changes_the_digest():
   from tff_clip.runtime import graph_defs
-  assert (graph_defs.canonical_digest(_scaled_sum(2.0)) !=
-          graph_defs.canonical_digest(_scaled_sum(3.0)))
+  assert (graph_defs.canonical_digest(_scaled_sum_of(2.0)) !=
+          graph_defs.canonical_digest(_scaled_sum_of(3.0)))
