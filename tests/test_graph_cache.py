@@ -178,6 +178,57 @@ def test_a_hyperparameter_leaves_the_shape_key_alone_not_the_exact_key(
           _cache_key(base, exact=True))
 
 
+_CORRELATED = {
+    'banded': dict(sampling='min_separation', noise_mechanism='banded',
+                   bands=4),
+    'tree': dict(sampling='min_separation', noise_mechanism='tree', bands=4),
+    'blt': dict(sampling='min_separation', noise_mechanism='blt', bands=4),
+}
+
+
+@pytest.mark.parametrize('mechanism', sorted(_CORRELATED))
+def test_a_correlated_mechanisms_rounds_stay_in_the_key(cache_dir, mechanism):
+  # BLT's factorization is computed for the run's rounds (its graphs and
+  # state differ with them: the slow test below).
+  noise = _CORRELATED[mechanism]
+  assert (_cache_key(_config(**noise, rounds=20)) !=
+          _cache_key(_config(**noise, rounds=40)))
+
+
+def test_independent_noise_shares_one_entry_across_rounds(cache_dir):
+  assert _cache_key(_config(rounds=20)) == _cache_key(_config(rounds=40))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('mechanism', ['independent'] + sorted(_CORRELATED))
+def test_where_the_aggregator_depends_on_the_rounds_so_does_the_key(
+    cache_dir, mechanism):
+  # The oracle: the mechanism's own aggregator, built for 20 and 40 rounds
+  # (its `next` graphs in canonical form, its initial state).
+  import tensorflow_federated as tff
+  from scripts import program
+  from tff_clip.program import assembly, hyperparameters
+  noise = _CORRELATED.get(mechanism, {})
+  configs = [_config(**noise, rounds=rounds) for rounds in (20, 40)]
+  task = program.build_task(configs[0])
+  weights_type = tff.tensorflow.computation(
+      lambda: tff.learning.models.ModelWeights.from_model(task.model_fn())
+  ).type_signature.result
+  built = [hyperparameters._Components(c, 1.0, assembly.server_parts,
+                                       weights_type) for c in configs]
+  states = [[np.asarray(leaf) for leaf in b.initializers['aggregator']()]
+            for b in built]
+  def same_state(a, b):  # Noise keys (int64[2]) are drawn afresh.
+    return len(a) == len(b) and all(
+        x.shape == y.shape and (x.dtype == np.int64 and x.shape == (2,) or
+                                np.array_equal(x, y)) for x, y in zip(a, b))
+  depends = (built[0].digests != built[1].digests or
+             not same_state(*states))
+  if depends:
+    assert _cache_key(configs[0]) != _cache_key(configs[1])
+  assert depends == (mechanism == 'blt')  # What the docstring says.
+
+
 def test_a_private_and_a_non_private_run_have_other_keys(cache_dir):
   # A private run weighs its clients uniformly: another client work.
   assert _cache_key(_config(), None) != _cache_key(_config(), 0.5)

@@ -496,13 +496,15 @@ def session(config: TrainConfig, task_builder) -> Session:
   (its noise multiplier depends on them). A session holds no run's state
   (the state, with its noise key, is drawn by `initial_state` or restored
   from the run's checkpoint). Runs on TFF's workers and audited runs always
-  build their own. Runs that differ in their seed (or another `process_cache.DATA_ONLY`
-  field) build their own session but share its in-process runner, where the
-  graph cache is on (`tff_clip.runtime.runner_cache`).
+  build their own. Runs that differ in their seed (or another
+  `process_cache.DATA_ONLY` field) build their own session but share its
+  in-process runner, where the graph cache is on
+  (`tff_clip.runtime.runner_cache`). Runs with correlated noise share only
+  with runs of as many rounds (`process_cache.not_built_from`).
   """
   if config.executor != 'inprocess' or config.audit_canaries:
     return Session(config, task_builder)
-  ignored = set(process_cache.NOT_BUILT_FROM)
+  ignored = set(process_cache.not_built_from(config))
   if config.target_epsilon is not None:
     ignored.discard('rounds')  # The noise is calibrated for the rounds.
   defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)

@@ -20,13 +20,26 @@ from typing import Optional
 from tff_clip.program import hyperparameters
 from tff_clip.program.config import TrainConfig
 
-__all__ = ['DATA_ONLY', 'NOT_BUILT_FROM', 'cached_runner', 'graph_cache_key']
+__all__ = ['DATA_ONLY', 'NOT_BUILT_FROM', 'cached_runner', 'graph_cache_key',
+           'not_built_from']
 
 # What a session is not built from: a later run in this process that differs
 # from an earlier one only in these reuses its session (`session`).
 NOT_BUILT_FROM = ('root_output_dir', 'experiment_name', 'rounds', 'eval_every',
                    'progress', 'checkpoint_every', 'checkpoint_interval_s',
                    'release_uncovered_metrics')
+
+
+def not_built_from(config: TrainConfig) -> tuple[str, ...]:
+  """`NOT_BUILT_FROM` for `config`: less `rounds` where its DP noise is
+  correlated (BLT's factorization is computed for the run's rounds, a
+  constant of its graphs and its state; banded and tree noise are kept with
+  it, whose run lengths are rarely varied)."""
+  if config.private and config.noise_mechanism != 'independent':
+    return tuple(name for name in NOT_BUILT_FROM if name != 'rounds')
+  return NOT_BUILT_FROM
+
+
 # What the traced graphs are not built from either, though a session is:
 # which data, cohorts and initial weights a run trains from. Out of the disk
 # key (`graph_cache_key`), so runs that differ only in these share one entry.
@@ -89,7 +102,7 @@ def graph_cache_key(config: TrainConfig, task_builder, noise_multiplier,
   # hyperparameters. One entry per graph shape: a sweep's seeds and cells
   # share it.
   defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)
-              if f.name in NOT_BUILT_FROM + DATA_ONLY}
+              if f.name in not_built_from(config) + DATA_ONLY}
   element_spec = (None if task is None else
                   task.datasets.element_type_structure)
   config = dataclasses.replace(config, **defaults)
