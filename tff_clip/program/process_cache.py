@@ -35,7 +35,7 @@ def not_built_from(config: TrainConfig) -> tuple[str, ...]:
   correlated (BLT's factorization is computed for the run's rounds, a
   constant of its graphs and its state; banded and tree noise are kept with
   it, whose run lengths are rarely varied)."""
-  if config.private and config.noise_mechanism != 'independent':
+  if config.private and config.noise.correlated:
     return tuple(name for name in NOT_BUILT_FROM if name != 'rounds')
   return NOT_BUILT_FROM
 
