@@ -203,9 +203,15 @@ _LEARNING_RATES = flags.DEFINE_list(
     'server_learning_rates', [str(v) for v in SERVER_LEARNING_RATES],
     "The grid's server learning rates (every method's; the non-private "
     "ceiling keeps the frontier's).")
+# A grid value of the target quantile that leaves it unset, so the run
+# resolves it as tff_clip's default does (`tff_clip.aggregation.
+# noise_following`: from the run's z, cohort and model size).
+NOISE_FOLLOWING = 'noise'
 _QUANTILES = flags.DEFINE_list(
     'target_quantiles', [str(v) for v in TARGET_QUANTILES],
-    "The grid's target quantiles (the adaptive methods').")
+    "The grid's target quantiles (the adaptive methods'); "
+    f"'{NOISE_FOLLOWING}': the quantile tff_clip's default resolves from the "
+    "noise (TFF's methods keep 0.5).")
 
 
 def grid(method: str, learning_rates=SERVER_LEARNING_RATES,
@@ -224,7 +230,9 @@ def grid(method: str, learning_rates=SERVER_LEARNING_RATES,
 
 
 def cell_name(cell: dict) -> str:
-  return '_'.join(f'{key}{value:g}' for key, value in sorted(cell.items()))
+  return '_'.join(
+      f'{key}{NOISE_FOLLOWING if value is None else format(value, "g")}'
+      for key, value in sorted(cell.items()))
 
 
 def tff_method(method: str) -> bool:
@@ -552,12 +560,13 @@ def main(argv):
   except ValueError as e:
     return cli.fail(e)
   try:
-    quantiles = [float(q) for q in _QUANTILES.value]
+    quantiles = [None if q == NOISE_FOLLOWING else float(q)
+                 for q in _QUANTILES.value]
   except ValueError:
     quantiles = []
-  if not quantiles or not all(0 <= q <= 1 for q in quantiles):
-    return cli.fail('--target_quantiles must be numbers in [0, 1]; got '
-                    f'{_QUANTILES.value}.')
+  if not quantiles or not all(q is None or 0 <= q <= 1 for q in quantiles):
+    return cli.fail('--target_quantiles must be numbers in [0, 1] or '
+                    f"'{NOISE_FOLLOWING}'; got {_QUANTILES.value}.")
   cells = {m: grid(m, learning_rates, quantiles) for m in methods}
   cells[CEILING] = grid(CEILING)  # The ceiling: always the frontier's grid.
   if quick:
@@ -649,8 +658,9 @@ def main(argv):
     f.write(table + '\n\n' + ceiling_line + '\n\n' + verdict_text + '\n')
   chosen_lines = [
       f'Grid (every method): server learning rate {tuple(learning_rates)}; '
-      f'target quantile {tuple(quantiles)} (adaptive norms) or clip norm '
-      f'{FIXED_NORMS} (fixed norms). Tuned at epsilon {tune_epsilons} on '
+      'target quantile '
+      f'{tuple(NOISE_FOLLOWING if q is None else q for q in quantiles)} '
+      f'(adaptive norms) or clip norm {FIXED_NORMS} (fixed norms). Tuned at epsilon {tune_epsilons} on '
       f'seeds {tuning_seeds} (validation split); reported on seeds '
       f'{final_seeds} (test set).' + (
           f' Untuned, at their libraries\' defaults: '

@@ -319,6 +319,26 @@ print(json.dumps(dict(
   assert got['final_seeds'] == 20
 
 
+def test_noise_following_grid_value_leaves_the_quantile_to_the_default_rule():
+  out = _python('''
+import json
+from scripts import benchmark_frontier as b
+[cell] = b.grid('clip_adaptive', [1.0], [None])
+clip = b.make_config('digits1000', 'clip_adaptive', cell, 4.0, 1000, 'tune',
+                     '/tmp/x', False)
+default = b.make_config('digits1000', 'default', {}, 4.0, 1000, 'tune',
+                        '/tmp/x', False)
+print(json.dumps(dict(quantiles=[clip.target_quantile,
+                                 default.target_quantile],
+                      name=clip.experiment_name)))
+''')
+  got = json.loads(out)
+  # Unset on both: the run resolves it from its own z, cohort and model size.
+  assert got['quantiles'] == [None, None]
+  assert got['name'] == (
+      'clip_adaptive_eps4_server_learning_rate1_target_quantilenoise_seed1000')
+
+
 @pytest.mark.slow
 def test_quick_run_tunes_reports_and_resumes(tmp_path):
   command = ['-m', 'scripts.benchmark_frontier', '--quick',
@@ -410,6 +430,7 @@ def test_correlated_methods_run_under_the_same_protocol(tmp_path):
     ('--jobs=0', '--jobs must be positive'),
     ('--target_quantiles=0.3,1.5', '--target_quantiles must be numbers in'),
     ('--target_quantiles=half', '--target_quantiles must be numbers in'),
+    ('--target_quantiles=Noise', '--target_quantiles must be numbers in'),
     ('--server_learning_rates=0', '--server_learning_rates must be positive'),
 ])
 def test_bad_flag_is_one_line_exit_2(tmp_path, flag, message):
