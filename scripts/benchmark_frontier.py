@@ -87,8 +87,8 @@ from tff_clip.program import config as config_lib
 
 _SETTING = flags.DEFINE_enum(
     'setting', 'mnist1000', list(benchmark_settings.FRONTIER),
-    'The population and model (SETTINGS; digits_heldout: a setting the '
-    "default's rule was not chosen on).")
+    'The population and model (SETTINGS; digits_heldout and mnist_heldout: '
+    "settings the default's rule was not chosen on).")
 _EPSILONS = flags.DEFINE_list('epsilons', ['2', '4', '8'],
                               'Target epsilons of the final runs.')
 _TUNE_EPSILONS = flags.DEFINE_list(

@@ -23,7 +23,7 @@ def _python(code):
 
 
 @pytest.mark.parametrize('setting', ['mnist1000', 'digits1000',
-                                     'digits_heldout'])
+                                     'digits_heldout', 'mnist_heldout'])
 def test_every_method_is_tuned_on_the_same_grid_on_validation_data(
     tmp_path, setting):
   _python(f'''
