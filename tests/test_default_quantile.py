@@ -1,11 +1,14 @@
-"""The default target quantile follows the noise: a rule of public numbers.
+"""tff_clip's default bounding and quantile follow the noise: public numbers.
 
-`noise_following.noise_following_quantile(z, n, d)` is 0.7 where the noise on the
-mean update, z C sqrt(d) / n, is at most 0.9 C, 0.1 where it is at least
-1.6 C, and log-linear between (docs/frontier.md, "A default that follows the
-noise"). The oracles: the rule's closed form at its anchors and midpoint
-(the geometric mean sqrt(0.7 x 0.1)), TFF's own `gaussian_adaptive` at the
-quantile the rule gives, and TFF's signature for its baselines' default.
+From r = z sqrt(d) / n, the norm of the noise on the mean update in units
+of C (docs/frontier.md, "A default that follows the noise"):
+`noise_following_bounding` clips below r = 1.15 and normalizes from it on;
+`noise_following_quantile` is the median (0.5) below 1.15, and from there
+log-linear in r through 0.7 at r = 0.9 and 0.1 at 1.6, 0.1 beyond. The
+oracles: the rule's closed form at its anchors and midpoint (the geometric
+mean sqrt(0.7 x 0.1) at r = 1.25), the
+bounding TFF's own factories apply (clipping: `gaussian_adaptive`'s), and
+TFF's signature for its baselines' default.
 """
 
 import ast
@@ -31,11 +34,31 @@ def test_the_ratio_is_the_norm_of_the_noise_on_the_mean_in_units_of_c():
 
 
 @pytest.mark.parametrize('ratio, quantile', [
-    (0.0, 0.7), (0.5, 0.7), (0.9, 0.7),  # Little noise: most kept whole.
+    (0.0, 0.5), (0.5, 0.5), (1.149, 0.5),  # Little noise: the median.
+    # Normalization from here on, at a lower quantile: 0.7 7^-(r - 0.9)/0.7.
+    (1.15, 0.7 * 7 ** (-0.25 / 0.7)),
     (1.25, math.sqrt(0.7 * 0.1)),  # Midway in r: the geometric mean.
     (1.6, 0.1), (3.0, 0.1), (100.0, 0.1)])  # Noise dominates: C small.
-def test_the_rule_at_its_anchors_and_midway(ratio, quantile):
+def test_the_quantile_at_its_anchors_and_midway(ratio, quantile):
   assert _quantile(ratio) == pytest.approx(quantile, rel=1e-12)
+
+
+@pytest.mark.parametrize('ratio, bounding', [
+    (0.0, 'clip'), (1.0, 'clip'), (1.149, 'clip'),
+    (1.15, 'normalize'), (1.6, 'normalize'), (100.0, 'normalize')])
+def test_the_bounding_clips_below_the_switch_and_normalizes_from_it(
+    ratio, bounding):
+  n, d = 50, 10_000
+  z = ratio * n / math.sqrt(d)
+  assert noise_following.noise_following_bounding(z, n, d) == bounding
+  # The registered default resolves to the same bounding object.
+  from tff_clip.aggregation import mechanisms  # pylint: disable=g-import-not-at-top
+  resolved = mechanisms.bounding('noise_following').resolve(z, n, d)
+  assert resolved.name == bounding
+  # Every other bounding stays what it is named, at any noise.
+  assert mechanisms.bounding('normalize').resolve(0.0, n, d).name == (
+      'normalize')
+  assert mechanisms.bounding('clip').resolve(z * 100, n, d).name == 'clip'
 
 
 def test_more_noise_never_raises_the_quantile():
@@ -44,9 +67,10 @@ def test_more_noise_never_raises_the_quantile():
   assert all(a >= b for a, b in zip(quantiles, quantiles[1:]))
   assert quantiles[0] > quantiles[-1]
   # The same z: a larger model, or a smaller cohort, is more noise per C.
-  assert (noise_following.noise_following_quantile(1.0, 50, 7850) <
-          noise_following.noise_following_quantile(1.0, 50, 2410) <
-          noise_following.noise_following_quantile(1.0, 100, 2410))
+  # r = 2.66, 1.47 and 0.74.
+  assert (noise_following.noise_following_quantile(1.5, 50, 7850) <
+          noise_following.noise_following_quantile(1.5, 50, 2410) <
+          noise_following.noise_following_quantile(1.5, 100, 2410))
 
 
 @pytest.mark.parametrize('argument, z, n, d', [
@@ -66,6 +90,21 @@ def test_a_given_quantile_is_kept_and_none_follows_the_noise():
   # z sqrt(d) / n = 1 x 10 / 8 = 1.25: midway.
   assert spec.DPSpec(**base).quantile_for(100) == pytest.approx(
       math.sqrt(0.07), rel=1e-12)
+  # 1 x 8 / 8 = 1: below the switch, the median.
+  assert spec.DPSpec(**base).quantile_for(64) == 0.5
+
+
+def test_the_default_is_noise_following_and_the_run_records_what_it_chose():
+  from tff_clip.program import config  # pylint: disable=g-import-not-at-top
+  assert config.TrainConfig().bounding == 'noise_following'
+  assert config.TrainConfig().target_quantile is None
+  base = dict(bounding_method='noise_following', clients_per_round=8,
+              clip_norm='adaptive')
+  # z sqrt(d) / n = 1 x 10 / 8 = 1.25 >= 1.15, and 0.5 x 10 / 8 < 1.15.
+  assert spec.DPSpec(**base, noise_multiplier=1.0).bounding_for(100).name == (
+      'normalize')
+  assert spec.DPSpec(**base, noise_multiplier=0.5).bounding_for(100).name == (
+      'clip')
 
 
 def _tff_default(function: str, argument: str):
@@ -92,3 +131,24 @@ def test_tffs_baselines_keep_tffs_own_default_quantile():
   given = config.TrainConfig(bounding='tff_gaussian', clip_norm='adaptive',
                              target_quantile=0.2)
   assert assembly.baseline_quantile(given) == 0.2
+
+
+@pytest.mark.parametrize('z, chosen', [(1.0, 'clip'), (1.2, 'normalize')])
+def test_dp_factory_bounds_as_the_bounding_the_noise_chooses(z, chosen):
+  """d = 16, n = 4: r = z sqrt(16) / 4 = z, so z = 1.0 clips and 1.2
+  normalizes; the release equals that of the factory named so, same key."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from tff_clip.aggregation import dp  # pylint: disable=g-import-not-at-top
+  value_type = (np.float32, [16])
+  clients = [np.full([16], 0.05, np.float32), np.full([16], 2.0, np.float32),
+             np.zeros([16], np.float32), np.full([16], -0.1, np.float32)]
+
+  def release(method):
+    factory = dp.dp_factory(method, noise_multiplier=z, clients_per_round=4,
+                            clip_norm=1.0, noise_seed=7)
+    process = factory.create(value_type)
+    return np.asarray(process.next(process.initialize(), clients).result)
+
+  other = {'clip': 'normalize', 'normalize': 'clip'}[chosen]
+  np.testing.assert_array_equal(release('noise_following'), release(chosen))
+  assert not np.array_equal(release(chosen), release(other))

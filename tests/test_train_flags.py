@@ -86,7 +86,7 @@ NAMED = ['--clip_norm=0.2', '--experiment_name=mine']
 
 def test_the_command_without_flags_writes_where_readme_says(configs):
   config, = configs([])
-  assert config['output_dir'] == 'runs/digits_normalize_dp_seed0'
+  assert config['output_dir'] == 'runs/digits_noise_following_dp_seed0'
 
 
 def test_documented_commands_get_a_directory_each(configs):
@@ -94,7 +94,7 @@ def test_documented_commands_get_a_directory_each(configs):
   assert len(set(directories)) == len(DOCUMENTED), dict(
       zip(DOCUMENTED, directories))
   # The name still says what the run is.
-  assert all(d.startswith('runs/digits_normalize_dp_seed0') for d in
+  assert all(d.startswith('runs/digits_noise_following_dp_seed0') for d in
              directories)
 
 

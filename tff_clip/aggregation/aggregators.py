@@ -338,7 +338,9 @@ def bounding_factory(bounding_method: str,
 
   Args:
     bounding_method: 'clip', 'normalize', 'per_layer_clip' or
-      'per_layer_normalize' (see the module docstring for formulas and papers).
+      'per_layer_normalize' (see the module docstring for formulas and
+      papers); 'noise_following', tff_clip's default, is 'clip' here, where
+      no noise is added.
     clip_norm: C, a positive float, or a `tff.templates.EstimationProcess`
       reporting float32 at SERVER (adaptive norms; for per-layer boundings it
       may report one norm per layer).
@@ -351,6 +353,9 @@ def bounding_factory(bounding_method: str,
   Returns:
     A `tff.aggregators` factory.
   """
+  # Without noise (r = 0), 'noise_following' bounds as it does at low noise.
+  bounding_method = mechanisms.bounding(bounding_method).resolve(
+      0.0, 1.0, 1).name
   if inner_agg_factory is None:
     return BoundingFactory(bounding_method, clip_norm, split)
   if isinstance(inner_agg_factory, tff.aggregators.WeightedAggregationFactory):

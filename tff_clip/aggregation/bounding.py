@@ -409,7 +409,9 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
   Returns:
     A `BoundedUpdate`.
   """
-  bounder = mechanisms.bounding(method, 'method')
+  # 'noise_following' bounds one update as it does without noise (its DP
+  # aggregators resolve it from the noise before they bound anything).
+  bounder = mechanisms.bounding(method, 'method').resolve(0.0, 1.0, 1)
   per_layer = bounder.per_layer
   if per_layer and budgets is None:
     raise ValueError(f'`budgets` is required for method {method!r}.')

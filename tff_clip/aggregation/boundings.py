@@ -24,7 +24,9 @@ References:
 
 from __future__ import annotations
 
-__all__ = ['Bounding', 'Clip', 'Normalize', 'PerLayerClip',
+from tff_clip.aggregation import noise_following
+
+__all__ = ['Bounding', 'Clip', 'NoiseFollowing', 'Normalize', 'PerLayerClip',
            'PerLayerNormalize']
 
 
@@ -46,6 +48,14 @@ class Bounding:
     per-layer boundings), `norm` >= 0 and possibly 0. The result is <= target
     / norm wherever norm > 0, so the bound holds."""
     raise NotImplementedError
+
+  def resolve(self, noise_multiplier: float, clients_per_round: float,
+              dimension: int) -> 'Bounding':
+    """The bounding that runs for noise multiplier z, expected cohort n and
+    an update of `dimension` numbers: itself, for every bounding but one
+    that is chosen from them (`NoiseFollowing`)."""
+    del noise_multiplier, clients_per_round, dimension
+    return self
 
   def __repr__(self):
     return f'{type(self).__name__}()'
@@ -89,3 +99,27 @@ class PerLayerNormalize(Normalize):
 
   name = 'per_layer_normalize'
   per_layer = True
+
+
+class NoiseFollowing(Bounding):
+  """tff_clip's default: clipping or normalization, chosen from the noise.
+
+  `resolve(z, n, d)` is `Normalize()` where the noise on the mean update is
+  at least 1.15 C (z sqrt(d) / n >= `noise_following.NORMALIZE_FROM`) and
+  `Clip()` below (`noise_following.noise_following_bounding`: public
+  numbers only, no privacy cost). The aggregators resolve it when they are
+  created for an update type (its size is d), before any value is bounded.
+  """
+
+  name = 'noise_following'
+
+  def resolve(self, noise_multiplier, clients_per_round, dimension):
+    chosen = noise_following.noise_following_bounding(
+        noise_multiplier, clients_per_round, dimension)
+    return Normalize() if chosen == Normalize.name else Clip()
+
+  def factor(self, norm, target):
+    raise ValueError(
+        "bounding 'noise_following' is chosen from the noise when its "
+        'aggregator is created (`resolve(noise_multiplier, '
+        'clients_per_round, dimension)`); resolve it before bounding.')

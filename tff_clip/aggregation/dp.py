@@ -135,7 +135,11 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
     `tff_clip.privacy.audit.CanaryFactory`, which wraps it in its canaries.
     """
     spec = self._spec
-    method = spec.bounding_method
+    # The model's size d: with z and n it sets the default bounding and
+    # quantile (`tff_clip.aggregation.noise_following`).
+    dimension = sum(leaf.shape.num_elements() for leaf in tf.nest.flatten(
+        tff.types.type_to_tf_tensor_specs(value_type)))
+    method = spec.bounding_for(dimension).name
     per_layer = spec.per_layer
     num_layers = len(tf.nest.flatten(
         tff.types.type_to_tf_tensor_specs(value_type)))
@@ -175,9 +179,6 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
       # value noise's seed would correlate the two releases.
       count_seed = (None if spec.noise_seed is None else
                     spec.noise_seed + 1)
-      # The model's size d: with z and n it sets the default quantile.
-      dimension = sum(leaf.shape.num_elements() for leaf in tf.nest.flatten(
-          tff.types.type_to_tf_tensor_specs(value_type)))
       estimator = CountQuantileEstimatorQuery(
           initial, spec.quantile_for(dimension), spec.clip_learning_rate,
           None if z == 0 else count_stddev, n, geometric_update=True,

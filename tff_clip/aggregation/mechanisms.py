@@ -81,6 +81,7 @@ BOUNDINGS = Registry('bounding_method', [
     boundings.Normalize,
     boundings.PerLayerClip,
     boundings.PerLayerNormalize,
+    boundings.NoiseFollowing,
 ])
 
 NOISE_MECHANISMS = Registry('noise_mechanism', [

@@ -439,6 +439,13 @@ class DPSpec:
     return noise_following_quantile(self.noise_multiplier,
                                     self.clients_per_round, dimension)
 
+  def bounding_for(self, dimension: int):
+    """The bounding that runs for an update of `dimension` numbers: the one
+    named, or for 'noise_following' the one `noise_following_bounding`
+    chooses from z, n and `dimension`."""
+    return self.bounding.resolve(self.noise_multiplier,
+                                 self.clients_per_round, dimension)
+
   @property
   def per_layer(self) -> bool:
     """True when every layer is bounded by its own budget C_h."""

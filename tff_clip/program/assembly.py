@@ -281,6 +281,21 @@ def _tracked_quantile(config: TrainConfig, noise_multiplier,
   return config.dp_spec(noise_multiplier or 0.0).quantile_for(dimension)
 
 
+def _resolved_bounding(config: TrainConfig, noise_multiplier,
+                       weights) -> str:
+  """The bounding the run's aggregator applies: --bounding, or for
+  'noise_following' (the default) the one it chooses from z, n and the
+  model's size (what `dp.DPBoundingFactory` resolves from the update's
+  type)."""
+  if (config.bounding == config_lib.NO_BOUNDING or
+      config_lib.baseline(config) is not None):
+    return config.bounding
+  from tff_clip.aggregation import mechanisms  # pylint: disable=g-import-not-at-top
+  dimension = sum(int(np.size(v)) for v in weights.trainable)
+  return mechanisms.bounding(config.bounding).resolve(
+      noise_multiplier or 0.0, config.clients_per_round, dimension).name
+
+
 def _eval_dataset(task, split: str):
   """The centralized data evaluation measures: 'test' or 'validation'."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
@@ -390,6 +405,8 @@ class Session:
     self.initial_weights = initial_model_weights(self.task, config.seed)
     self.target_quantile = _tracked_quantile(config, self.noise_multiplier,
                                              self.initial_weights)
+    self.bounding = _resolved_bounding(config, self.noise_multiplier,
+                                       self.initial_weights)
     if cached is None:
       from tff_clip.runtime import runner_cache  # pylint: disable=g-import-not-at-top
       (self.process,) = runners(config, self.process)

@@ -144,10 +144,16 @@ class TrainConfig:
       "(the task's validation data; see --validation_fraction).",
       EVAL_SPLITS)
   # Bounding (tff_clip.aggregation.bounding / aggregators / dp).
-  # Adaptive normalization: the most accurate at equal epsilon in
-  # `scripts.benchmark_utility` (README, "Accuracy at equal privacy").
-  bounding: str = _field('normalize', 'How each client update is bounded '
-                         'before aggregation.', BOUNDINGS)
+  # tff_clip's default: clipping or normalization, and the adaptive norm's
+  # target quantile, chosen from the run's noise (public numbers only:
+  # `tff_clip.aggregation.noise_following`; docs/frontier.md, "A default
+  # that follows the noise").
+  bounding: str = _field(
+      'noise_following', 'How each client update is bounded before '
+      'aggregation. noise_following: clip, or normalize where the noise on '
+      'the mean update is at least 1.15 C (z sqrt(d) / n >= 1.15); chosen '
+      "from public numbers, recorded as the run summary's `bounding`.",
+      BOUNDINGS)
   # The DP parameters, declared in `tff_clip.aggregation.spec.DPSpec` (`dp_spec`).
   clip_norm: Union[float, str] = _dp('clip_norm')
   split: str = _dp('split')
@@ -330,7 +336,7 @@ def default_experiment_name(config: TrainConfig) -> str:
   HASH (8 hex digits of SHA-256) covers every field that differs from its
   default and is not in the name or one of `EXECUTION_KEYS` (how a run is
   executed may change on resume): the command with no flags is
-  `digits_normalize_dp_seed0`, two commands that differ in what they
+  `digits_noise_following_dp_seed0`, two commands that differ in what they
   compute get different directories, and the same command (or the same
   flags in another order, or a default given explicitly) finds its run again.
   """

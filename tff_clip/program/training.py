@@ -266,6 +266,8 @@ def _summary(config, session, ledger, last_eval, last_row):
       noise=_noise_label(config, session),
       final_eval_accuracy=last_eval.get('eval_accuracy', math.nan),
       final_eval_loss=last_eval.get('eval_loss', math.nan))
+  # As resolved (--bounding=noise_following: chosen from the noise).
+  summary['bounding'] = session.bounding
   if session.target_quantile is not None:
     # As resolved (--target_quantile unset: it follows the noise).
     summary['target_quantile'] = session.target_quantile
