@@ -171,7 +171,7 @@ def test_a_hyperparameter_leaves_the_shape_key_alone_not_the_exact_key(
     cache_dir, field):
   changes = _HYPERPARAMETER_CHANGES[field]
   base = _config(bounding=changes.get('bounding', 'normalize'))
-  config = _config(**changes)
+  config = _config(**dict(dict(bounding='normalize'), **changes))
   noise = 0.7 if field in ('target_epsilon', 'delta', 'noise_multiplier') else 0.5
   assert _cache_key(config, noise) == _cache_key(base)
   assert (_cache_key(config, noise, exact=True) !=
@@ -824,3 +824,22 @@ def test_a_value_that_is_a_constant_of_a_graph_gets_its_own_trace(built):
   assembly.Session(other, program.build_task)
   assert len(built['traced']) == before + 2
   del first
+
+
+@pytest.mark.slow
+def test_a_noise_level_that_changes_the_default_bounding_gets_its_own_trace(
+    built):
+  # The entry's default run normalizes (z sqrt(d) / n = 0.5 x 49.1 / 4 =
+  # 6.1); at z = 0.05 (r = 0.61) the default clips: another graph, which the
+  # rebase check must find and trace, not serve the entry's normalization.
+  from scripts import program
+  from tff_clip.program import assembly
+  from tff_clip.program import hyperparameters
+  assert built['warm'].bounding == 'normalize'
+  config = dataclasses.replace(built['config'], noise_multiplier=0.05)
+  before = len(built['traced'])
+  _forget_loaded_runners()
+  clipping = assembly.Session(config, program.build_task)
+  assert clipping.bounding == 'clip'
+  assert len(built['traced']) == before + 1
+  assert not isinstance(clipping.process, hyperparameters.Rebased)
