@@ -229,10 +229,13 @@ def grid(method: str, learning_rates=SERVER_LEARNING_RATES,
           for lr, knob in itertools.product(learning_rates, knobs)]
 
 
+def _label(value) -> str:
+  """A grid value as cell names and reports write it."""
+  return NOISE_FOLLOWING if value is None else format(value, 'g')
+
+
 def cell_name(cell: dict) -> str:
-  return '_'.join(
-      f'{key}{NOISE_FOLLOWING if value is None else format(value, "g")}'
-      for key, value in sorted(cell.items()))
+  return '_'.join(f'{key}{_label(value)}' for key, value in sorted(cell.items()))
 
 
 def tff_method(method: str) -> bool:
@@ -658,11 +661,10 @@ def main(argv):
     f.write(table + '\n\n' + ceiling_line + '\n\n' + verdict_text + '\n')
   chosen_lines = [
       f'Grid (every method): server learning rate {tuple(learning_rates)}; '
-      'target quantile '
-      f'{tuple(NOISE_FOLLOWING if q is None else q for q in quantiles)} '
-      f'(adaptive norms) or clip norm {FIXED_NORMS} (fixed norms). Tuned at epsilon {tune_epsilons} on '
-      f'seeds {tuning_seeds} (validation split); reported on seeds '
-      f'{final_seeds} (test set).' + (
+      f'target quantile ({", ".join(_label(q) for q in quantiles)}) '
+      f'(adaptive norms) or clip norm {FIXED_NORMS} (fixed norms). Tuned at '
+      f'epsilon {tune_epsilons} on seeds {tuning_seeds} (validation split); '
+      f'reported on seeds {final_seeds} (test set).' + (
           f' Untuned, at their libraries\' defaults: '
           f'{", ".join(m for m in methods if m in UNTUNED)}.'
           if any(m in UNTUNED for m in methods) else ''), '',

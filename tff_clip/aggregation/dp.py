@@ -135,14 +135,14 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
     `tff_clip.privacy.audit.CanaryFactory`, which wraps it in its canaries.
     """
     spec = self._spec
+    tensor_specs = tff.types.type_to_tf_tensor_specs(value_type)
+    leaves = tf.nest.flatten(tensor_specs)
     # The model's size d: with z and n it sets the default bounding and
     # quantile (`tff_clip.aggregation.noise_following`).
-    dimension = sum(leaf.shape.num_elements() for leaf in tf.nest.flatten(
-        tff.types.type_to_tf_tensor_specs(value_type)))
+    dimension = sum(leaf.shape.num_elements() for leaf in leaves)
     method = spec.bounding_for(dimension).name
     per_layer = spec.per_layer
-    num_layers = len(tf.nest.flatten(
-        tff.types.type_to_tf_tensor_specs(value_type)))
+    num_layers = len(leaves)
     fractions = None
     if per_layer:
       fractions = bounding.layer_budget_fractions(
@@ -186,20 +186,17 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
       query = AdaptiveBoundedSumQuery(sum_query, estimator,
                                       per_layer_quantiles)
     # The products the mechanism computes, in the dtypes it computes them.
-    leaf_dtypes = [np.dtype(leaf.dtype.as_numpy_dtype) for leaf in
-                   tf.nest.flatten(tff.types.type_to_tf_tensor_specs(
-                       value_type))]
+    leaf_dtypes = [np.dtype(leaf.dtype.as_numpy_dtype) for leaf in leaves]
     spec.check_noise_scale(
         dtypes=sorted(set(leaf_dtypes), key=str),
         value_noise_multiplier=value_z if spec.adaptive else z,
         budgets=_initial_budgets(spec, fractions, initial_norms))
-    sum_query.set_template(tff.types.type_to_tf_tensor_specs(value_type))
+    sum_query.set_template(tensor_specs)
     if spec.denominator == 'expected':
       query = tfp.NormalizedQuery(query, denominator=float(n))
     else:
       query = ActualCountNormalizedQuery(query)
-    dtypes = tf.nest.map_structure(
-        lambda spec: spec.dtype, tff.types.type_to_tf_tensor_specs(value_type))
+    dtypes = tf.nest.map_structure(lambda leaf: leaf.dtype, tensor_specs)
     return ResultDtypeQuery(query, dtypes)
 
   def create(self, value_type, weight_type=None):

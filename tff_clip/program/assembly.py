@@ -267,6 +267,12 @@ def _trainable_parameters(task) -> int:
   return sum(int(np.prod(v.shape)) for v in weights.trainable)
 
 
+def _dimension(weights) -> int:
+  """d, the model's trainable size: the update's, which the default bounding
+  and quantile read (with z and n)."""
+  return sum(int(np.size(v)) for v in weights.trainable)
+
+
 def _tracked_quantile(config: TrainConfig, noise_multiplier,
                       weights) -> Optional[float]:
   """The target quantile the run's adaptive norm tracks (None: no adaptive
@@ -277,8 +283,8 @@ def _tracked_quantile(config: TrainConfig, noise_multiplier,
     return None
   if config_lib.baseline(config) is not None:
     return baseline_quantile(config)
-  dimension = sum(int(np.size(v)) for v in weights.trainable)
-  return config.dp_spec(noise_multiplier or 0.0).quantile_for(dimension)
+  return config.dp_spec(noise_multiplier or 0.0).quantile_for(
+      _dimension(weights))
 
 
 def _resolved_bounding(config: TrainConfig, noise_multiplier,
@@ -291,9 +297,9 @@ def _resolved_bounding(config: TrainConfig, noise_multiplier,
       config_lib.baseline(config) is not None):
     return config.bounding
   from tff_clip.aggregation import mechanisms  # pylint: disable=g-import-not-at-top
-  dimension = sum(int(np.size(v)) for v in weights.trainable)
   return mechanisms.bounding(config.bounding).resolve(
-      noise_multiplier or 0.0, config.clients_per_round, dimension).name
+      noise_multiplier or 0.0, config.clients_per_round,
+      _dimension(weights)).name
 
 
 def _eval_dataset(task, split: str):
