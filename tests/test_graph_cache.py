@@ -612,36 +612,6 @@ def test_a_missing_entry_keeps_nothing(monkeypatch):
   assert _runner('a') is None and not runner_cache._loaded
 
 
-def test_seeds_of_one_calibrated_configuration_share_one_calibration(
-    monkeypatch):
-  from tff_clip.privacy import accounting
-  from tff_clip.program import preflight
-  from tff_clip.program.config import TrainConfig
-  calls = []
-  monkeypatch.setattr(accounting, 'calibrate_noise_multiplier',
-                      lambda *args, **kwargs: calls.append(kwargs) or 1.25)
-  config = TrainConfig(noise_multiplier=None, target_epsilon=4.0)
-  preflight._resolve_noise_multiplier.cache_clear()
-  try:
-    for seed in range(3):
-      assert preflight.resolve_noise_multiplier(dataclasses.replace(
-          config, seed=seed, experiment_name=f'seed{seed}',
-          root_output_dir=f'/tmp/{seed}'), 1000) == 1.25
-    assert len(calls) == 1
-    preflight.resolve_noise_multiplier(
-        dataclasses.replace(config, rounds=60), 1000)
-    assert len(calls) == 2 and calls[-1]['rounds'] == 60
-  finally:  # No stubbed value left in the cache.
-    preflight._resolve_noise_multiplier.cache_clear()
-
-
-def test_what_calibration_ignores_is_configuration_fields():
-  from tff_clip.program import preflight
-  from tff_clip.program.config import TrainConfig
-  fields = {field.name for field in dataclasses.fields(TrainConfig)}
-  assert set(preflight._NOT_CALIBRATED_FROM) <= fields
-
-
 def test_a_traced_runner_is_kept_only_where_a_disk_entry_may_hold_it(
     cache_dir, monkeypatch):
   from tff_clip.runtime import runner_cache, simulation

@@ -52,7 +52,7 @@ from tff_clip.privacy import rdp_floor
 __all__ = [
     'ACCOUNTANTS', 'DEFAULT_EXTRAPOLATION_SCALES', 'ExtrapolationRow',
     'FIXED_SIZE', 'MIN_SEPARATION', 'PLD', 'POISSON', 'PrivacyGuarantee',
-    'RDP', 'RDP_ORDERS',
+    'MIN_NOISE_MULTIPLIER', 'RDP', 'RDP_ORDERS',
     'SAMPLINGS', 'calibrate_noise_multiplier', 'compute_epsilon',
     'compute_training_epsilon', 'extrapolate_population',
     'gaussian_round_event', 'round_event', 'training_event',
@@ -74,6 +74,8 @@ DEFAULT_EXTRAPOLATION_SCALES = ((1, 1), (10, 10), (100, 100), (100, 1000),
 
 # Calibration searches noise multipliers in about [2**-10, 2**20].
 _MIN_NOISE_MULTIPLIER, _MAX_NOISE_MULTIPLIER = 2.0**-10, 2.0**20
+# The least z calibration returns (where every z meets the target).
+MIN_NOISE_MULTIPLIER = _MIN_NOISE_MULTIPLIER
 
 
 # ---------------------------------------------------------------------------

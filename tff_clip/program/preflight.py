@@ -9,12 +9,12 @@ one line, before anything allocates it. No TensorFlow is imported.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
+import json
 from typing import Optional
 
 from tff_clip.names import MIN_SEPARATION
 from tff_clip.privacy import accounting
+from tff_clip.program import calibration_cache
 from tff_clip.program.config import ConfigError, TrainConfig
 
 __all__ = [
@@ -30,50 +30,72 @@ __all__ = [
 STATE_COPIES_AT_PEAK = 7
 
 
-# What calibration never reads: where and how often a run writes, which data
-# and initial weights it trains from (the population is an argument). Runs
-# that differ only in these (a sweep's or the frontier's seeds) share one.
-_NOT_CALIBRATED_FROM = (
-    'seed', 'experiment_name', 'root_output_dir', 'eval_every', 'eval_split',
-    'progress', 'checkpoint_every', 'checkpoint_interval_s',
-    'release_uncovered_metrics', 'partition', 'partition_alpha',
-    'validation_fraction', 'cache_dir', 'max_concurrent_clients')
-
-
 def resolve_noise_multiplier(config: TrainConfig, population: int):
-  """z from the flags: given, calibrated from `target_epsilon`, or None."""
-  config = dataclasses.replace(config, **{
-      field.name: field.default for field in dataclasses.fields(TrainConfig)
-      if field.name in _NOT_CALIBRATED_FROM})
-  try:
-    hash(config)
-  except TypeError:  # An unhashable field value: calibrate afresh.
-    return _resolve_noise_multiplier.__wrapped__(config, population)
-  return _resolve_noise_multiplier(config, population)
+  """z from the flags: given, calibrated from `target_epsilon`, or None.
 
-
-# Calibration takes seconds: the program's early check and the session
-# share one (a pure function of the configuration and the population).
-@functools.lru_cache(maxsize=16)
-def _resolve_noise_multiplier(config: TrainConfig, population: int):
+  Calibration is a function of its accounting call's arguments only (not of
+  the seed, the learning rates or where the run writes), so the runs of a
+  sweep or of the frontier's grid that share them share one calibration:
+  in this process, and across processes through
+  `tff_clip.program.calibration_cache` (checked by the accountant on use).
+  """
   if config.clients_per_round > population:
     raise ConfigError(
         f'--clients_per_round ({config.clients_per_round}) exceeds the '
         f'number of training clients ({population}).')
   if config.target_epsilon is None:
     return config.noise_multiplier
-  try:
-    if config.sampling == MIN_SEPARATION:
-      # The total z; with adaptive clipping the ledger's event (value noise
-      # / its sensitivity, plus the count noise) is then at most as large.
-      return accounting.calibrate_mechanism_noise_multiplier(
-          config.target_epsilon, config.noise, config.delta)
-    return accounting.calibrate_noise_multiplier(
-        config.target_epsilon, clients_per_round=config.clients_per_round,
-        population_size=population, rounds=config.rounds, delta=config.delta,
-        sampling=config.sampling)
-  except ValueError as e:
-    raise ConfigError(f'--target_epsilon: {e}') from e
+  name, arguments = _calibration(config, population)
+  key = name, json.dumps(arguments, sort_keys=True, default=repr)
+  if key not in _CALIBRATED:
+    try:
+      _CALIBRATED[key] = _calibrate(name, arguments, config)
+    except ValueError as e:
+      raise ConfigError(f'--target_epsilon: {e}') from e
+  return _CALIBRATED[key]
+
+
+# Calibration takes seconds: the program's early check and the session
+# share one. (accounting function, JSON of its arguments) -> z.
+_CALIBRATED = {}
+
+
+_MECHANISM = 'calibrate_mechanism_noise_multiplier'
+_INDEPENDENT = 'calibrate_noise_multiplier'
+
+
+def _calibration(config: TrainConfig, population: int):
+  """(the accounting function, its arguments but the mechanism's object)."""
+  if config.sampling == MIN_SEPARATION:
+    # The total z; with adaptive clipping the ledger's event (value noise
+    # / its sensitivity, plus the count noise) is then at most as large.
+    # The mechanism is a function of the DP parameters and the separation.
+    return _MECHANISM, dict(
+        target_epsilon=config.target_epsilon, delta=config.delta,
+        dp_parameters=config._dp_parameters(),  # pylint: disable=protected-access
+        rounds=config.rounds, separation=config.participation_separation)
+  return _INDEPENDENT, dict(
+      target_epsilon=config.target_epsilon,
+      clients_per_round=config.clients_per_round, population_size=population,
+      rounds=config.rounds, delta=config.delta, sampling=config.sampling)
+
+
+def _calibrate(name: str, kwargs, config: TrainConfig) -> float:
+  target, delta = kwargs['target_epsilon'], kwargs['delta']
+  if name == _MECHANISM:
+    mechanism = config.noise
+    calibrate = lambda: accounting.calibrate_mechanism_noise_multiplier(
+        target, mechanism, delta)
+    epsilon_at = lambda z: accounting.compute_epsilon(
+        mechanism.training_event(z), delta).epsilon
+  else:
+    calibrate = lambda: accounting.calibrate_noise_multiplier(**kwargs)
+    epsilon_at = lambda z: accounting.compute_training_epsilon(
+        z, kwargs['clients_per_round'], kwargs['population_size'],
+        kwargs['rounds'], delta, kwargs['sampling']).epsilon
+  return calibration_cache.calibrated(
+      name, kwargs, calibrate, epsilon_at, target,
+      accounting.MIN_NOISE_MULTIPLIER)
 
 
 def available_memory() -> Optional[int]:

@@ -40,7 +40,7 @@ from typing import Mapping, Optional
 from absl import logging
 
 __all__ = ['ENV', 'directory', 'entry_key', 'library_hash', 'load', 'store',
-           'has_baked_seed']
+           'has_baked_seed', 'write_private']
 
 ENV = 'TFF_CLIP_GRAPH_CACHE'
 _OFF = ('off', '0', 'false', 'no', '')
@@ -145,6 +145,13 @@ def store(key: str, entries: Mapping[str, bytes]) -> bool:
   data = b''.join([_MAGIC, key.encode(), b'\n',
                    hashlib.sha256(payload).hexdigest().encode(), b'\n',
                    payload])
+  return write_private(path, data, 'Graph cache')
+
+
+def write_private(path: pathlib.Path, data: bytes, what: str) -> bool:
+  """`data` at `path`, atomically (a temporary file renamed over it),
+  owner-only (the folder 0700, the file 0600); False (and a warning naming
+  `what`) where it could not be written."""
   try:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent,
@@ -159,7 +166,7 @@ def store(key: str, entries: Mapping[str, bytes]) -> bool:
       os.unlink(temporary)
       raise
   except OSError as e:
-    logging.warning('Graph cache: cannot write %s (%s).', path, e)
+    logging.warning('%s: cannot write %s (%s).', what, path, e)
     return False
   return True
 
