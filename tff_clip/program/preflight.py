@@ -2,7 +2,8 @@
 
 `resolve_noise_multiplier`: the noise multiplier a configuration runs with,
 given or calibrated from its target epsilon (calibration is cached: the
-program's early check and the session share one); `check_noise_memory`: a
+program's early check and the session share one, later processes read it
+from disk once the accountant has checked it); `check_noise_memory`: a
 noise mechanism whose state cannot fit in this machine's memory refused in
 one line, before anything allocates it. No TensorFlow is imported.
 """
