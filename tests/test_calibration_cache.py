@@ -162,3 +162,32 @@ def test_what_calibration_is_a_function_of_decides_the_entry(monkeypatch):
                                        POPULATION)
   assert len(cache) == 5
   assert [call['rounds'] for call in cache] == [10, 11, 10, 10, 10]
+
+
+def test_a_min_separation_entry_lowered_by_1_percent_is_recalibrated(
+    cache, monkeypatch):
+  """The mechanism's calibration (minimum-separation participation) is
+  cached and checked the same way, with the mechanism's own event."""
+  config = dataclasses.replace(CONFIG, sampling='min_separation',
+                               min_separation=5)
+  expected = accounting.calibrate_mechanism_noise_multiplier(
+      config.target_epsilon, config.noise, config.delta)
+  preflight._CALIBRATED.clear()
+  assert preflight.resolve_noise_multiplier(config, POPULATION) == expected
+  path = _entry()
+  entry = json.loads(path.read_text())
+  entry['noise_multiplier'] = expected * 0.99
+  path.write_text(json.dumps(entry))
+  assert accounting.compute_epsilon(
+      config.noise.training_event(expected * 0.99),
+      config.delta).epsilon > config.target_epsilon
+  calls = []
+  real = accounting.calibrate_mechanism_noise_multiplier
+  monkeypatch.setattr(accounting, 'calibrate_mechanism_noise_multiplier',
+                      lambda *a, **k: calls.append(a) or real(*a, **k))
+  preflight._CALIBRATED.clear()
+  assert preflight.resolve_noise_multiplier(config, POPULATION) == expected
+  assert len(calls) == 1
+  preflight._CALIBRATED.clear()
+  assert preflight.resolve_noise_multiplier(config, POPULATION) == expected
+  assert len(calls) == 1  # The rewritten entry, checked and used.
