@@ -183,6 +183,12 @@ METHODS[DEFAULT] = {}
 METHODS[TFF_DEFAULT] = dict(TFF_GAUSSIAN_ADAPTIVE_DEFAULTS,
                             bounding='tff_gaussian', clip_norm='adaptive')
 UNTUNED = (DEFAULT, TFF_DEFAULT)
+# Every method but tff_clip's default keeps its server learning rate fixed
+# (a tuned method's step is the learning rate it was tuned to; TFF's keep
+# TFF's); the default's is `TrainConfig`'s (--server_step=auto: damped).
+for _name in METHODS:
+  if _name != DEFAULT:
+    METHODS[_name]['server_step'] = 'fixed'
 BASELINE = 'tff_adaptive'  # What `tff.learning.dp_aggregator` builds.
 TUNED_BASELINE = f'{BASELINE} (tuned)'  # Its name in the verdicts.
 # TFF's correlated-noise baseline (`DifferentiallyPrivateFactory.
@@ -249,7 +255,7 @@ def make_config(setting, method, cell, epsilon, seed, phase, root, quick):
                 seed=seed, root_output_dir=os.path.join(root, phase),
                 eval_split='validation' if phase == 'tune' else 'test')
   if method == CEILING:
-    fields.update(bounding='none', noise_multiplier=None)
+    fields.update(bounding='none', noise_multiplier=None, server_step='fixed')
     name = f'{method}_{cell_name(cell)}_seed{seed}'
   else:
     fields.update(METHODS[method], target_epsilon=epsilon,

@@ -134,7 +134,27 @@ def _client_optimizer(config):
   }[config.client_optimizer]()
 
 
-def _server_optimizer(config):
+def resolved_server_step(config: TrainConfig, noise_multiplier) -> str:
+  """'damped' or 'fixed': --server_step, or for 'auto' (the default)
+  damped in a DP run of tff_clip's own boundings and fixed otherwise (no DP,
+  or TFF's baselines, which keep TFF's server step)."""
+  if config.server_step != 'auto':
+    return config.server_step
+  private = noise_multiplier is not None
+  return ('damped' if private and config_lib.baseline(config) is None
+          else 'fixed')
+
+
+def _server_optimizer(config, noise_multiplier=None):
+  from tff_clip.learning import server_step  # pylint: disable=g-import-not-at-top
+  optimizer = _plain_server_optimizer(config)
+  if resolved_server_step(config, noise_multiplier) == 'damped':
+    # Reads only the aggregate the round releases: post-processing.
+    optimizer = server_step.oscillation_damped(optimizer)
+  return optimizer
+
+
+def _plain_server_optimizer(config):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip.learning import optimizers  # pylint: disable=g-import-not-at-top
   lr = config.server_learning_rate
@@ -223,7 +243,7 @@ def server_parts(config: TrainConfig, noise_multiplier: Optional[float],
   weighting = (tff.learning.ClientWeighting.UNIFORM
                if noise_multiplier is not None else None)
   return (model_aggregator or build_aggregator(config, noise_multiplier),
-          _server_optimizer(config), weighting)
+          _server_optimizer(config, noise_multiplier), weighting)
 
 
 def build_process(config: TrainConfig, task, noise_multiplier,
@@ -413,6 +433,7 @@ class Session:
                                              self.initial_weights)
     self.bounding = _resolved_bounding(config, self.noise_multiplier,
                                        self.initial_weights)
+    self.server_step = resolved_server_step(config, self.noise_multiplier)
     if cached is None:
       from tff_clip.runtime import runner_cache  # pylint: disable=g-import-not-at-top
       (self.process,) = runners(config, self.process)

@@ -38,6 +38,7 @@ BOUNDINGS = ((NO_BOUNDING,) + mechanisms.BOUNDINGS.names +
              (TFF_GAUSSIAN, TFF_TREE))
 CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
+SERVER_STEPS = ('auto', 'damped', 'fixed')
 EXECUTORS = ('inprocess', 'local', 'gpu', 'remote')
 DATA_SOURCES = ('offline', 'online', 'synthetic')
 EVAL_SPLITS = ('test', 'validation')
@@ -50,6 +51,10 @@ EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'workers',
 # Earlier names of fields, read from a recorded config.json on resume (one
 # name per knob: the library's `tff_clip.learning.algorithms` argument names).
 RENAMED_KEYS = {'local_clip': 'local_clip_norm', 'blur_lambda': 'blur_strength'}
+# Knobs added with a default that behaves otherwise than the runs recorded
+# before them: what those runs did (a run recorded without --server_step
+# kept its server learning rate).
+LEGACY_DEFAULTS = {'server_step': 'fixed'}
 
 
 # The largest --seed: numpy's and Keras' seeds are 32-bit.
@@ -195,6 +200,13 @@ class TrainConfig:
   server_optimizer: str = _field('sgd', 'Server optimizer.', SERVER_OPTIMIZERS)
   server_learning_rate: float = _field(1.0, 'Server learning rate eta.')
   server_momentum: float = _field(0.9, 'Momentum of --server_optimizer=sgdm.')
+  server_step: str = _field(
+      'auto', 'damped: halve the server learning rate when consecutive '
+      '(noised) updates point apart beyond what noise explains '
+      '(tff_clip.learning.server_step.oscillation_damped; post-processing, no '
+      'privacy cost); fixed: never. auto: damped in DP runs of tff_clip\'s '
+      'boundings, fixed without DP and for TFF\'s baselines.',
+      SERVER_STEPS)
   local_epochs: int = _field(1, 'Passes over the client data per round.')
   local_steps: Optional[int] = _field(
       None, 'If set, exactly this many local steps (batches).')

@@ -39,7 +39,10 @@ __all__ = ['Accounting', 'NOT_COVERED', 'RELEASED', 'Schedule',
            'flatten_metrics', 'released_metric', 'train_model']
 
 # Per-round columns a DP run releases: covered by epsilon (or public).
-RELEASED = ('round', 'epsilon', 'clip_norm', 'eval_loss', 'eval_accuracy')
+# The damped server step's learning-rate scale (`server_step`) is computed
+# from the released aggregates only: post-processing, covered too.
+RELEASED = ('round', 'epsilon', 'clip_norm', 'server_step_scale', 'eval_loss',
+            'eval_accuracy')
 # Data-dependent columns epsilon does not cover: the realised cohort size
 # (Poisson), client-side training metrics, a synthetic task's objective
 # (computed on the clients' data) and round timings (which grow with the
@@ -122,6 +125,15 @@ def _train_row(round_num, cohort, metrics, accounting):
   return row
 
 
+def _server_step_scale(state):
+  """The damped server step's learning-rate scale in `state`, or None
+  (another server optimizer)."""
+  try:
+    return float(state.finalizer['learning_rate_scale'])
+  except (AttributeError, KeyError, TypeError, ValueError):
+    return None
+
+
 class _Releases:
   """Releases a round: to the record, then to each filtered manager."""
 
@@ -200,6 +212,9 @@ def train_model(*, process, sampler, client_data, evaluate: Callable,
       accounting.ledger.record(round_num, event)
     row = _train_row(round_num, cohort, flatten_metrics(output.metrics),
                      accounting)
+    scale = _server_step_scale(state)
+    if scale is not None:
+      row['server_step_scale'] = scale
     if objective is not None:
       row['objective'] = float(objective(
           process.get_model_weights(state).trainable))

@@ -31,7 +31,8 @@ from tff_clip.program import release_evidence
 from tff_clip.program import checkpoints
 from tff_clip.program import run_records
 from tff_clip.program.config import ConfigError, TrainConfig
-from tff_clip.program.config import EXECUTION_KEYS, NO_BOUNDING, RENAMED_KEYS
+from tff_clip.program.config import EXECUTION_KEYS, LEGACY_DEFAULTS
+from tff_clip.program.config import NO_BOUNDING, RENAMED_KEYS
 
 __all__ = [
     'RunState', 'check_released', 'check_writable', 'epsilons',
@@ -86,7 +87,8 @@ def existing_run(config: TrainConfig) -> str:
   current = config.identity()
   # A run recorded before a knob existed ran with that knob's default.
   defaults = TrainConfig().identity()
-  previous = {**{k: defaults[k] for k in current if k not in previous},
+  previous = {**{k: LEGACY_DEFAULTS.get(k, defaults[k])
+                 for k in current if k not in previous},
               **previous}
   if not any(_reads_quantile(fields) for fields in (previous, current)):
     # No adaptive norm: the target quantile plays no part (and its recorded

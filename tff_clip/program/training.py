@@ -271,6 +271,9 @@ def _summary(config, session, ledger, last_eval, last_row):
   if session.target_quantile is not None:
     # As resolved (--target_quantile unset: it follows the noise).
     summary['target_quantile'] = session.target_quantile
+  # As resolved (--server_step=auto: damped in DP runs of tff_clip's
+  # boundings).
+  summary['server_step'] = session.server_step
   if 'objective' in last_row:
     # The synthetic problems' measure of progress (f(w) - f(w*), ||x||^2).
     summary['objective_name'] = session.task.problem.report_name

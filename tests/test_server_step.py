@@ -1,0 +1,205 @@
+"""Specifications of the damped server step (`server_step.oscillation_damped`)
+and of `--server_step`, the default that applies it.
+
+Oracles: the closed form of gradient descent on a quadratic (a step of
+learning rate eta on f(w) = L ||w||^2 / 2 multiplies w by 1 - eta L, so it
+diverges when eta L > 2 and its gradients then alternate in sign), the
+distribution of the cosine of independent Gaussian vectors (N(0, 1/d)), and
+TFF's own `build_sgdm`, which the damped step must equal wherever it never
+detects an oscillation.
+"""
+
+import collections
+import json
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clip.learning import server_step
+
+_D = 100  # Large enough that an alternating gradient crosses the limit.
+
+
+def _spec(d=_D):
+  return [tf.TensorSpec([d], tf.float32)]
+
+
+def _quadratic_run(optimizer, curvature, rounds, d=_D):
+  """Gradient descent on L ||w||^2 / 2 from w = 1: the norms of w, and the
+  final state."""
+  state = optimizer.initialize(_spec(d))
+  weights = [tf.ones([d])]
+  norms = []
+  for _ in range(rounds):
+    gradients = [curvature * weights[0]]
+    state, weights = optimizer.next(state, weights, gradients)
+    norms.append(float(tf.norm(weights[0])))
+  return norms, state
+
+
+def test_a_step_too_long_for_the_loss_is_halved_until_descent_resumes():
+  # eta L = 3: plain gradient descent multiplies w by -2 every step.
+  plain, _ = _quadratic_run(tff.learning.optimizers.build_sgdm(1.0), 3.0, 12)
+  assert plain[-1] == pytest.approx(10.0 * 2.0**12, rel=1e-5)
+  damped, state = _quadratic_run(
+      server_step.oscillation_damped(tff.learning.optimizers.build_sgdm(1.0)),
+      3.0, 40)
+  # One halving gives eta L = 1.5: w still changes sign every step (factor
+  # -0.5), so a second one follows; at eta L = 0.75 (factor 0.25) the
+  # gradients agree and the step stays.
+  assert float(state['learning_rate_scale']) == 0.25
+  assert damped[-1] < 1e-6 * damped[0]
+  # The given learning rate is kept as the hyperparameter.
+  assert float(state['learning_rate']) == 1.0
+
+
+def test_the_first_halving_comes_when_the_average_crosses_three_deviations():
+  # Alternating gradients: cosine 0 in round 1 (no previous update), then
+  # -1; the average 0.8 a + 0.2 c is -0.2 after round 2, below the limit
+  # -3 sqrt(0.2 / 1.8 / 100) = -0.1; with d = 10,000 the limit is -0.01.
+  optimizer = server_step.oscillation_damped(
+      tff.learning.optimizers.build_sgdm(1.0))
+  _, state = _quadratic_run(optimizer, 3.0, 1)
+  assert float(state['learning_rate_scale']) == 1.0
+  _, state = _quadratic_run(optimizer, 3.0, 2)
+  assert float(state['learning_rate_scale']) == 0.5
+  assert float(state['cosine_average']) == 0.0  # Restarted.
+  # With d = 1 no average of cosines in [-1, 1] can cross -3 sqrt(1/9) = -1:
+  # a one-dimensional update is never evidence against noise.
+  _, state = _quadratic_run(optimizer, 3.0, 30, d=1)
+  assert float(state['learning_rate_scale']) == 1.0
+
+
+def test_noise_alone_keeps_the_learning_rate():
+  # 500 rounds of independent Gaussian updates (a DP aggregate that is all
+  # noise), d = 1,000: cosines ~ N(0, 1/d), the average never 3 deviations
+  # below zero. A limit at zero would halve about every other round.
+  rng = np.random.default_rng(7)
+  optimizer = server_step.oscillation_damped(
+      tff.learning.optimizers.build_sgdm(0.1, momentum=0.9))
+  state = optimizer.initialize(_spec(1000))
+  weights = [tf.zeros([1000])]
+  averages = []
+  for _ in range(500):
+    gradient = [tf.constant(rng.normal(size=1000), tf.float32)]
+    state, weights = optimizer.next(state, weights, gradient)
+    averages.append(float(state['cosine_average']))
+  assert float(state['learning_rate_scale']) == 1.0
+  # The averages have the null's spread: sqrt(0.2 / 1.8 / 1000) = 0.0105.
+  assert np.std(averages[50:]) == pytest.approx(0.0105, rel=0.25)
+
+
+def test_without_oscillation_it_is_tffs_sgdm_step_for_step():
+  rng = np.random.default_rng(3)
+  direction = rng.normal(size=20).astype(np.float32)
+  damped = server_step.oscillation_damped(
+      tff.learning.optimizers.build_sgdm(0.5, momentum=0.9))
+  plain = tff.learning.optimizers.build_sgdm(0.5, momentum=0.9)
+  spec = _spec(20)
+  s_damped, s_plain = damped.initialize(spec), plain.initialize(spec)
+  w_damped = w_plain = [tf.zeros([20])]
+  for _ in range(15):
+    # Positively correlated updates: a shared direction plus small noise.
+    g = [tf.constant(direction + 0.1 * rng.normal(size=20), tf.float32)]
+    s_damped, w_damped = damped.next(s_damped, w_damped, g)
+    s_plain, w_plain = plain.next(s_plain, w_plain, g)
+  np.testing.assert_allclose(w_damped[0], w_plain[0], rtol=1e-6)
+  assert float(s_damped['learning_rate_scale']) == 1.0
+
+
+def test_hparams_are_the_inner_optimizers_and_the_scale_survives_them():
+  optimizer = server_step.oscillation_damped(
+      tff.learning.optimizers.build_sgdm(1.0, momentum=0.9))
+  _, state = _quadratic_run(optimizer, 3.0, 2)
+  assert dict(optimizer.get_hparams(state)) == pytest.approx(
+      {'learning_rate': 1.0, 'momentum': 0.9})
+  state = optimizer.set_hparams(state, {'learning_rate': 0.2})
+  assert float(optimizer.get_hparams(state)['learning_rate']) == 0.2
+  assert float(state['learning_rate_scale']) == 0.5
+  with pytest.raises(KeyError, match='beta'):
+    optimizer.set_hparams(state, {'beta': 0.1})
+  # A scheduled learning rate drives it (TFF's schedule sets the hparam).
+  scheduled = tff.learning.optimizers.schedule_learning_rate(
+      server_step.oscillation_damped(tff.learning.optimizers.build_sgdm(1.0)),
+      lambda round_num: 0.1)
+  state = scheduled.initialize(_spec())
+  state, weights = scheduled.next(state, [tf.ones([_D])], [tf.ones([_D])])
+  np.testing.assert_allclose(weights[0], 0.9 * np.ones(_D), rtol=1e-6)
+
+
+def test_a_non_finite_update_is_no_evidence():
+  optimizer = server_step.oscillation_damped(
+      tff.learning.optimizers.build_sgdm(1.0))
+  state = optimizer.initialize(_spec())
+  for g in (np.ones(_D), np.full(_D, np.nan), np.ones(_D)):
+    state, _ = optimizer.next(state, [tf.zeros([_D])],
+                              [tf.constant(g, tf.float32)])
+    assert math.isfinite(float(state['cosine_average']))
+  assert float(state['learning_rate_scale']) == 1.0
+
+
+@pytest.mark.parametrize('kwargs, error, name', [
+    (dict(threshold=0.0), ValueError, 'threshold'),
+    (dict(threshold=float('nan')), ValueError, 'threshold'),
+    (dict(decay=1.0), ValueError, 'decay'),
+    (dict(decay=-0.1), ValueError, 'decay'),
+    (dict(factor=1.0), ValueError, 'factor'),
+    (dict(factor=0.0), ValueError, 'factor'),
+    (dict(factor='half'), TypeError, 'factor'),
+])
+def test_bad_arguments_raise_naming_the_argument(kwargs, error, name):
+  with pytest.raises(error, match=f'`{name}`'):
+    server_step.oscillation_damped(tff.learning.optimizers.build_sgdm(1.0),
+                                  **kwargs)
+  with pytest.raises(TypeError, match='`inner_optimizer`'):
+    server_step.oscillation_damped(tf.keras.optimizers.SGD())
+
+
+# ----------------------------------------------------------------------------
+# --server_step: what the default resolves to, and what a run records.
+
+
+@pytest.mark.parametrize('fields, noise, resolved', [
+    ({}, 1.0, 'damped'),  # A DP run of tff_clip's default bounding.
+    (dict(bounding='clip'), 0.5, 'damped'),
+    ({}, None, 'fixed'),  # No DP.
+    (dict(bounding='tff_gaussian', clip_norm='adaptive'), 1.0, 'fixed'),
+    (dict(server_step='fixed'), 1.0, 'fixed'),
+    (dict(server_step='damped'), None, 'damped'),
+])
+def test_the_default_damps_dp_runs_of_tff_clips_boundings_only(
+    fields, noise, resolved):
+  from tff_clip.program import assembly
+  from tff_clip.program.config import TrainConfig
+  assert assembly.resolved_server_step(TrainConfig(**fields), noise) == (
+      resolved)
+  optimizer = assembly.server_parts(TrainConfig(**fields), noise)[1]
+  assert (type(optimizer).__name__ == '_OscillationDamped') == (
+      resolved == 'damped')
+
+
+def test_an_unknown_server_step_is_refused_naming_the_flag():
+  from tff_clip.program import config as config_lib
+  with pytest.raises(config_lib.ConfigError, match='server_step'):
+    config_lib.validate(config_lib.TrainConfig(server_step='adaptive'))
+
+
+def test_a_run_recorded_before_the_knob_is_one_with_a_fixed_step(tmp_path):
+  # Its config.json has no server_step: it kept its learning rate, so it is
+  # resumed (or skipped) only as a fixed-step run, never as the new default.
+  from tff_clip.program import run_directory
+  from tff_clip.program.config import ConfigError, TrainConfig
+  config = TrainConfig(root_output_dir=str(tmp_path), experiment_name='old',
+                       noise_multiplier=1.0)
+  record = config.identity()
+  del record['server_step']
+  (tmp_path / 'old').mkdir()
+  (tmp_path / 'old' / 'config.json').write_text(json.dumps(record))
+  with pytest.raises(ConfigError, match='differs in: server_step'):
+    run_directory.existing_run(config)
+  import dataclasses
+  fixed = dataclasses.replace(config, server_step='fixed')
+  assert run_directory.existing_run(fixed) == 'resume'
