@@ -21,9 +21,11 @@ from tff_clip.program import training
 # into its run directory, assembly and round loop (commit 59a674d). Seeded
 # noise and in-process rounds: equal to the bit from run to run.
 # The target quantile is given: 0.3 was the default then (the default now
-# follows the noise, `tff_clip.aggregation.noise_following`).
+# follows the noise, `tff_clip.aggregation.noise_following`); so is the
+# server step: a fixed one then (a DP run's default now damps it,
+# `tff_clip.learning.server_step`, and releases its scale as a column).
 PINNED_CONFIG = dict(rounds=3, clients_per_round=6, eval_every=1, seed=3,
-                     noise_seed=11, target_quantile=0.3)
+                     noise_seed=11, target_quantile=0.3, server_step='fixed')
 PINNED_METRICS_CSV = (
     'round,clip_norm,epsilon,eval_loss,eval_accuracy\n'
     '1,0.1045561358332634,7.626664282759024,2.343621253967285,'
