@@ -4,6 +4,8 @@ matplotlib figures (saved headless, closed after saving)."""
 import contextlib
 import csv
 
+from tff_clip.program import plotting
+
 
 def write_csv(path, rows) -> None:
   """`rows` (dicts with the same keys, at least one) as a CSV with a header."""
@@ -20,9 +22,7 @@ def figure(path, *args, **subplots_kwargs):
   The arguments are `matplotlib.pyplot.subplots`'s; the figure is laid out,
   saved at 100 dpi and closed when the block ends.
   """
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = plotting.pyplot()
   fig, axes = plt.subplots(*args, **subplots_kwargs)
   try:
     yield fig, axes

@@ -474,3 +474,39 @@ def test_a_full_disk_while_plotting_is_a_record_error_not_a_traceback(
   with pytest.raises(run_records.RunRecordError, match='No space left'):
     plotting.plot_metrics(str(csv_path), str(tmp_path / 'plot.png'))
   assert sorted(os.listdir(tmp_path)) == ['metrics.csv']
+
+
+_PLOT_AFTER_A_HALF_DONE_IMPORT = '''
+import importlib.abc, sys
+from tff_clip.program import plotting
+
+class FailsOnce(importlib.abc.MetaPathFinder):
+  failed = False
+  def find_spec(self, name, path, target=None):
+    if name == 'matplotlib.colorizer' and not FailsOnce.failed:
+      FailsOnce.failed = True  # As a deadlock-checked import, midway.
+      raise ImportError('interrupted')
+
+sys.meta_path.insert(0, FailsOnce())
+plotting.import_in_background()
+plotting.plot_metrics(sys.argv[1], sys.argv[2], 'run')
+for name in ('matplotlib', 'matplotlib.pyplot'):  # Restored around it.
+  del sys.modules[name]
+plotting.plot_metrics(sys.argv[1], sys.argv[3], 'run')
+print(FailsOnce.failed)
+'''
+
+
+def test_a_plot_after_a_half_done_matplotlib_import_still_draws(tmp_path):
+  # The background import a run starts can be cut short midway (a deadlock
+  # check, a test restoring sys.modules); its leftovers once broke every
+  # later plot in the process with "no attribute '_docstring'".
+  csv_path = tmp_path / 'metrics.csv'
+  csv_path.write_text('round,eval_accuracy\n1,0.5\n2,0.6\n')
+  pngs = tmp_path / 'first.png', tmp_path / 'second.png'
+  proc = as_a_user.python(_PLOT_AFTER_A_HALF_DONE_IMPORT, csv_path, *pngs,
+                          timeout=120)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.split() == ['True']
+  for png in pngs:
+    assert png.read_bytes().startswith(b'\x89PNG')

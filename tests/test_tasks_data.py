@@ -260,11 +260,13 @@ def tfds_cache(tmp_path_factory):
   builder = tfds.builder('cifar10', data_dir=str(root / 'data'))
   # Preparing (not reading) needs the `importlib_resources` backport, which
   # this environment lacks; Python 3.11's `importlib.resources` has its API.
-  with mock.patch.dict(sys.modules,
-                       {'importlib_resources': importlib.resources}), \
+  # Only that name is set and taken back: restoring all of `sys.modules`
+  # would also drop what other threads imported meanwhile.
+  with pytest.MonkeyPatch.context() as patch, \
        mock.patch.object(tfds.download.DownloadManager,
                          'download_and_extract',
                          lambda self, url: str(root / 'extracted')):
+    patch.setitem(sys.modules, 'importlib_resources', importlib.resources)
     builder.download_and_prepare(download_dir=str(root / 'downloads'))
   return str(root / 'data')
 

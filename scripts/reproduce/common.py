@@ -11,6 +11,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from tff_clip.program import plotting
+
 REPRODUCED = 'reproduced'
 PARTLY = 'partly'
 NOT_REPRODUCED = 'not reproduced'
@@ -214,8 +216,4 @@ def save_figure(fig, output_dir: str, name: str) -> str:
   return path
 
 
-def pyplot():
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  return plt
+pyplot = plotting.pyplot

@@ -5,11 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import math
+import sys
 import threading
 
 from tff_clip.program import run_records
 
-__all__ = ['import_in_background', 'plot_metrics', 'read_metrics']
+__all__ = ['import_in_background', 'plot_metrics', 'pyplot', 'read_metrics']
 
 PANELS = (
     ('eval_accuracy', 'eval accuracy'),
@@ -20,11 +21,41 @@ PANELS = (
 )
 
 
-def _import_matplotlib():
+# One thread at a time imports matplotlib, and an import that fails starts
+# once more from nothing. A half-done import leaves submodules such as
+# `matplotlib._docstring` in `sys.modules` without the package (an import
+# that failed, or a caller that restored `sys.modules` around it, as
+# `mock.patch.dict(sys.modules)` does); `import matplotlib` then finds them
+# there, never binds them to the package, and fails with "module 'matplotlib'
+# has no attribute '_docstring'" for every plot the process draws.
+_IMPORT_LOCK = threading.Lock()
+
+
+def _import_pyplot():
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   return plt
+
+
+def _forget_matplotlib() -> None:
+  for name in list(sys.modules):
+    if name.split('.')[0] in ('matplotlib', 'mpl_toolkits'):
+      del sys.modules[name]
+
+
+def pyplot():
+  """`matplotlib.pyplot` on the file-only Agg backend, imported once."""
+  with _IMPORT_LOCK:
+    try:
+      return _import_pyplot()
+    except Exception:  # pylint: disable=broad-except
+      _forget_matplotlib()
+    try:
+      return _import_pyplot()
+    except BaseException:
+      _forget_matplotlib()
+      raise
 
 
 def import_in_background() -> None:
@@ -32,13 +63,12 @@ def import_in_background() -> None:
 
   The import is most of a plot's cost (about 0.6 s against 0.3 s to draw):
   started while a run trains, it no longer holds up the run's result.
-  Python's import lock makes a `plot_metrics` called before it finished
-  wait for it; an import that fails here fails again, and is reported,
-  there.
+  A `pyplot()` called before it finished waits for it; an import that
+  failed here starts afresh there, and is reported there if it fails again.
   """
   def run():
     try:
-      _import_matplotlib()
+      pyplot()
     except Exception:  # pylint: disable=broad-except
       pass
   threading.Thread(target=run, name='import matplotlib', daemon=True).start()
@@ -64,7 +94,7 @@ def plot_metrics(csv_path: str, png_path: str, title: str = '') -> str:
 
   Raises `run_records.RunRecordError` (one line) when it cannot be written.
   """
-  plt = _import_matplotlib()
+  plt = pyplot()
   columns = read_metrics(csv_path)
   rounds = columns.get('round', [])
   fig, axes = plt.subplots(2, 2, figsize=(10, 7))
