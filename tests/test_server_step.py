@@ -159,6 +159,100 @@ def test_bad_arguments_raise_naming_the_argument(kwargs, error, name):
 
 
 # ----------------------------------------------------------------------------
+# growth_held: the step's norm held at the smallest update norm since warm-up.
+# Oracle: plain SGD's step is -lr g_t, so the held step is -lr g_t scaled to
+# norm min(||g_t||, min_{W <= s <= t} ||g_s||), in closed form; where the
+# norms never grow it is TFF's own build_sgdm, step for step.
+
+
+def _steps(optimizer, updates):
+  """The weight changes an optimizer makes from w = 0 for these updates."""
+  d = len(updates[0])
+  state = optimizer.initialize(_spec(d))
+  weights, steps = [tf.zeros([d])], []
+  for g in updates:
+    state, new = optimizer.next(state, weights,
+                                [tf.constant(g, tf.float32)])
+    steps.append(np.asarray(new[0]) - np.asarray(weights[0]))
+    weights = new
+  return steps, state
+
+
+def test_growing_updates_step_no_longer_than_the_smallest_since_warmup():
+  rng = np.random.default_rng(0)
+  norms = [3.0, 1.0, 2.0, 0.5, 4.0, 8.0, 0.25, 16.0]
+  updates = [n * u / np.linalg.norm(u)
+             for n, u in zip(norms, rng.normal(size=(len(norms), 30)))]
+  steps, state = _steps(server_step.growth_held(
+      tff.learning.optimizers.build_sgdm(0.5), warmup_rounds=3), updates)
+  # Rounds 1-2 pass; from round 3 the floor is the running minimum of the
+  # norms of rounds 3.. (2, 0.5, 0.5, 0.5, 0.25, 0.25).
+  floors = [math.inf, math.inf, 2.0, 0.5, 0.5, 0.5, 0.25, 0.25]
+  for step, g, n, floor in zip(steps, updates, norms, floors):
+    expected = -0.5 * g * min(1.0, floor / n)
+    np.testing.assert_allclose(step, expected, rtol=1e-5, atol=1e-7)
+  assert float(state['update_norm_floor']) == pytest.approx(0.25)
+  assert float(state['hold_scale']) == pytest.approx(0.25 / 16.0)
+  assert server_step.step_scale(state) == pytest.approx(0.25 / 16.0)
+
+
+def test_shrinking_updates_are_tffs_sgdm_step_for_step():
+  rng = np.random.default_rng(1)
+  updates = [0.8**t * u / np.linalg.norm(u)
+             for t, u in enumerate(rng.normal(size=(15, 20)))]
+  held, _ = _steps(server_step.growth_held(
+      tff.learning.optimizers.build_sgdm(0.5, momentum=0.9),
+      warmup_rounds=1), updates)
+  plain, _ = _steps(tff.learning.optimizers.build_sgdm(0.5, momentum=0.9),
+                    updates)
+  np.testing.assert_allclose(np.cumsum(held, 0), np.cumsum(plain, 0),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_a_zero_or_non_finite_update_leaves_the_floor():
+  optimizer = server_step.growth_held(tff.learning.optimizers.build_sgdm(1.0),
+                                      warmup_rounds=1)
+  state = optimizer.initialize(_spec())
+  for g in (np.full(_D, 0.1), np.zeros(_D), np.full(_D, np.nan),
+            np.full(_D, np.inf)):
+    state, _ = optimizer.next(state, [tf.zeros([_D])],
+                              [tf.constant(g, tf.float32)])
+    assert float(state['update_norm_floor']) == pytest.approx(1.0)
+    assert float(state['hold_scale']) == 1.0
+
+
+def test_held_over_damped_releases_the_product_of_their_scales():
+  optimizer = server_step.growth_held(server_step.oscillation_damped(
+      tff.learning.optimizers.build_sgdm(1.0)), warmup_rounds=1)
+  # On L ||w||^2 / 2 from w0 with eta L = 3: g1 = 3 w0, w1 = -2 w0; g2 =
+  # -6 w0 has twice g1's norm, so the hold halves it, and points opposite
+  # g1 (average cosine -0.2, below the limit -3 sqrt(0.2 / 1.8 / 100) =
+  # -0.1), so the damping halves it too: w2 = -2 w0 + 6 w0 / 4 = -w0 / 2.
+  norms, state = _quadratic_run(optimizer, 3.0, 2)
+  assert norms == pytest.approx([2 * math.sqrt(_D), 0.5 * math.sqrt(_D)])
+  assert float(state['hold_scale']) == 0.5
+  assert float(state['inner']['learning_rate_scale']) == 0.5
+  assert server_step.step_scale(state) == 0.25
+  # Forty rounds on: the damping has halved (its scale is released too).
+  _, state = _quadratic_run(optimizer, 3.0, 40)
+  assert server_step.step_scale(state) == pytest.approx(
+      float(state['inner']['learning_rate_scale']) *
+      float(state['hold_scale']))
+  assert dict(optimizer.get_hparams(state)) == {'learning_rate': 1.0}
+  assert server_step.step_scale({'learning_rate': 1.0}) is None
+
+
+@pytest.mark.parametrize('warmup, error', [
+    (0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_growth_held_refuses_a_bad_warmup_naming_it(warmup, error):
+  with pytest.raises(error, match='`warmup_rounds`'):
+    server_step.growth_held(tff.learning.optimizers.build_sgdm(1.0),
+                            warmup_rounds=warmup)
+  with pytest.raises(TypeError, match='`inner_optimizer`'):
+    server_step.growth_held(tf.keras.optimizers.SGD())
+
+
+# ----------------------------------------------------------------------------
 # --server_step: what the default resolves to, and what a run records.
 
 
@@ -169,6 +263,7 @@ def test_bad_arguments_raise_naming_the_argument(kwargs, error, name):
     (dict(bounding='tff_gaussian', clip_norm='adaptive'), 1.0, 'fixed'),
     (dict(server_step='fixed'), 1.0, 'fixed'),
     (dict(server_step='damped'), None, 'damped'),
+    (dict(server_step='held'), 1.0, 'held'),
 ])
 def test_the_default_damps_dp_runs_of_tff_clips_boundings_only(
     fields, noise, resolved):
@@ -177,8 +272,13 @@ def test_the_default_damps_dp_runs_of_tff_clips_boundings_only(
   assert assembly.resolved_server_step(TrainConfig(**fields), noise) == (
       resolved)
   optimizer = assembly.server_parts(TrainConfig(**fields), noise)[1]
-  assert (type(optimizer).__name__ == '_OscillationDamped') == (
-      resolved == 'damped')
+  layers = []
+  while isinstance(optimizer, tff.learning.optimizers.Optimizer):
+    layers.append(type(optimizer).__name__)
+    optimizer = getattr(optimizer, 'inner_optimizer', None)
+  assert layers[:-1] == {'fixed': [], 'damped': ['_OscillationDamped'],
+                         'held': ['_GrowthHeld', '_OscillationDamped']
+                         }[resolved]
 
 
 def test_an_unknown_server_step_is_refused_naming_the_flag():

@@ -1,12 +1,15 @@
-"""A server step that shortens itself when consecutive updates point apart.
+"""Server steps that follow the updates they receive.
 
-`oscillation_damped(inner_optimizer)` wraps any TFF optimizer with a
-learning rate: it halves that learning rate when the cosine between
-consecutive updates, averaged over rounds, falls further below zero than
-noise would take it. It is tff_clip's default server step in DP runs
-(`--server_step`, docs/frontier.md "A server step that follows the
-updates"): it reads only the aggregate a round releases, so it costs no
-privacy budget.
+Each wraps any TFF optimizer with a learning rate and scales that learning
+rate from the aggregate updates alone, which a DP round releases anyway, so
+neither costs privacy budget (`--server_step`, docs/frontier.md "A server
+step that follows the updates"):
+
+* `oscillation_damped(inner_optimizer)` halves it when the cosine between
+  consecutive updates, averaged over rounds, falls further below zero than
+  noise would take it (tff_clip's default server step in DP runs);
+* `growth_held(inner_optimizer)` keeps the step's norm from growing past
+  the smallest update norm seen since a warm-up.
 
 Reference: Chee, Toulis, "Convergence diagnostics for stochastic gradient
 descent with constant learning rate", AISTATS 2018 (after Pflug 1983, "On
@@ -16,6 +19,8 @@ the determination of the step size in stochastic quasigradient methods").
 from __future__ import annotations
 
 import collections
+import collections.abc
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -23,7 +28,7 @@ import tensorflow_federated as tff
 
 from tff_clip import checks
 
-__all__ = ['oscillation_damped']
+__all__ = ['growth_held', 'oscillation_damped', 'step_scale']
 
 _Optimizer = tff.learning.optimizers.Optimizer
 _LEARNING_RATE_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
@@ -32,6 +37,9 @@ _SCALE_KEY = 'learning_rate_scale'
 _COSINE_AVERAGE_KEY = 'cosine_average'
 _PREVIOUS_KEY = 'previous_gradient'
 _INNER_KEY = 'inner'
+_ROUND_KEY = 'round'
+_FLOOR_KEY = 'update_norm_floor'
+_HOLD_KEY = 'hold_scale'
 
 
 def _global_dot(a, b):
@@ -39,36 +47,84 @@ def _global_dot(a, b):
                   [tf.constant(0.0)])
 
 
-class _OscillationDamped(_Optimizer):
-  """See `oscillation_damped`."""
+class _ScaledLearningRate(_Optimizer):
+  """Runs `inner_optimizer` at its learning rate times a multiplier that a
+  subclass's `_multiplier` computes each round from the update received."""
 
-  def __init__(self, inner_optimizer, threshold, decay, factor):
+  def __init__(self, inner_optimizer):
     self._inner = inner_optimizer
-    self._threshold = float(threshold)
-    self._decay = float(decay)
-    self._factor = float(factor)
 
   @property
   def inner_optimizer(self) -> _Optimizer:
     return self._inner
 
+  def _initial(self, specs) -> dict:
+    """The subclass's own state entries."""
+    raise NotImplementedError
+
+  def _multiplier(self, state, g, present):
+    """(this round's multiplier, the subclass's new state entries): `g` the
+    update's non-None leaves as float32, `present` their flat indices."""
+    raise NotImplementedError
+
   def initialize(self, specs):
     inner = self._inner.initialize(specs)
     state = collections.OrderedDict(self._inner.get_hparams(inner))
     state[_INNER_KEY] = inner
-    state[_SCALE_KEY] = tf.constant(1.0)
-    state[_COSINE_AVERAGE_KEY] = tf.constant(0.0)
-    state[_PREVIOUS_KEY] = tf.nest.map_structure(
-        lambda s: tf.zeros(s.shape, tf.float32), specs)
+    state.update(self._initial(specs))
     return state
 
   def next(self, state, weights, gradients):
     gradients = tff.learning.optimizers.handle_indexed_slices_gradients(
         gradients)
     flat_g = tf.nest.flatten(gradients)
-    flat_p = tf.nest.flatten(state[_PREVIOUS_KEY])
     present = [i for i, leaf in enumerate(flat_g) if leaf is not None]
     g = [tf.cast(flat_g[i], tf.float32) for i in present]
+    multiplier, own = self._multiplier(state, g, present)
+    hparams = self.get_hparams(state)
+    learning_rate = hparams[_LEARNING_RATE_KEY]
+    hparams[_LEARNING_RATE_KEY] = learning_rate * tf.cast(
+        multiplier, tf.convert_to_tensor(learning_rate).dtype)
+    inner, weights = self._inner.next(
+        self._inner.set_hparams(state[_INNER_KEY], hparams), weights,
+        gradients)
+    new_state = collections.OrderedDict(state)
+    new_state[_INNER_KEY] = inner
+    new_state.update(own)
+    return new_state, weights
+
+  def get_hparams(self, state):
+    return collections.OrderedDict(
+        (key, state[key]) for key in self._inner.get_hparams(state[_INNER_KEY]))
+
+  def set_hparams(self, state, hparams):
+    keys = tuple(self._inner.get_hparams(state[_INNER_KEY]))
+    unknown = [key for key in hparams if key not in keys]
+    if unknown:
+      raise KeyError(f'Unknown hyperparameters {unknown}; this optimizer has '
+                     f'{list(keys)}.')
+    updated = collections.OrderedDict(state)
+    updated.update(hparams)
+    return updated
+
+
+class _OscillationDamped(_ScaledLearningRate):
+  """See `oscillation_damped`."""
+
+  def __init__(self, inner_optimizer, threshold, decay, factor):
+    super().__init__(inner_optimizer)
+    self._threshold = float(threshold)
+    self._decay = float(decay)
+    self._factor = float(factor)
+
+  def _initial(self, specs):
+    return {_SCALE_KEY: tf.constant(1.0),
+            _COSINE_AVERAGE_KEY: tf.constant(0.0),
+            _PREVIOUS_KEY: tf.nest.map_structure(
+                lambda s: tf.zeros(s.shape, tf.float32), specs)}
+
+  def _multiplier(self, state, g, present):
+    flat_p = tf.nest.flatten(state[_PREVIOUS_KEY])
     p = [flat_p[i] for i in present]
     dimension = float(sum(int(np.prod(x.shape)) for x in g))
     cosine = tf.math.divide_no_nan(
@@ -85,38 +141,46 @@ class _OscillationDamped(_Optimizer):
     oscillating = average < limit
     scale = tf.where(oscillating, state[_SCALE_KEY] * self._factor,
                      state[_SCALE_KEY])
-    average = tf.where(oscillating, 0.0, average)
-    hparams = collections.OrderedDict(
-        (key, state[key]) for key in self._inner.get_hparams(state[_INNER_KEY]))
-    learning_rate = hparams[_LEARNING_RATE_KEY]
-    hparams[_LEARNING_RATE_KEY] = learning_rate * tf.cast(
-        scale, tf.convert_to_tensor(learning_rate).dtype)
-    inner, weights = self._inner.next(
-        self._inner.set_hparams(state[_INNER_KEY], hparams), weights,
-        gradients)
-    new_state = collections.OrderedDict(state)
-    new_state[_INNER_KEY] = inner
-    new_state[_SCALE_KEY] = scale
-    new_state[_COSINE_AVERAGE_KEY] = average
     for k, i in enumerate(present):
       flat_p[i] = g[k]
-    new_state[_PREVIOUS_KEY] = tf.nest.pack_sequence_as(
-        state[_PREVIOUS_KEY], flat_p)
-    return new_state, weights
+    return scale, {
+        _SCALE_KEY: scale,
+        _COSINE_AVERAGE_KEY: tf.where(oscillating, 0.0, average),
+        _PREVIOUS_KEY: tf.nest.pack_sequence_as(state[_PREVIOUS_KEY], flat_p)}
 
-  def get_hparams(self, state):
-    return collections.OrderedDict(
-        (key, state[key]) for key in self._inner.get_hparams(state[_INNER_KEY]))
 
-  def set_hparams(self, state, hparams):
-    keys = tuple(self._inner.get_hparams(state[_INNER_KEY]))
-    unknown = [key for key in hparams if key not in keys]
-    if unknown:
-      raise KeyError(f'Unknown hyperparameters {unknown}; this optimizer has '
-                     f'{list(keys)}.')
-    updated = collections.OrderedDict(state)
-    updated.update(hparams)
-    return updated
+class _GrowthHeld(_ScaledLearningRate):
+  """See `growth_held`."""
+
+  def __init__(self, inner_optimizer, warmup_rounds):
+    super().__init__(inner_optimizer)
+    self._warmup_rounds = int(warmup_rounds)
+
+  def _initial(self, specs):
+    del specs  # Unused.
+    return {_ROUND_KEY: tf.constant(0, tf.int32),
+            _FLOOR_KEY: tf.constant(np.inf, tf.float32),
+            _HOLD_KEY: tf.constant(1.0)}
+
+  def _multiplier(self, state, g, present):
+    del present  # Unused.
+    round_num = state[_ROUND_KEY] + 1
+    norm = tf.sqrt(_global_dot(g, g))
+    # A non-finite or zero update (which the aggregators zero) is no evidence.
+    evidence = tf.math.is_finite(norm) & (norm > 0.0)
+    floor = tf.where(evidence & (round_num >= self._warmup_rounds),
+                     tf.minimum(state[_FLOOR_KEY], norm), state[_FLOOR_KEY])
+    hold = tf.where(evidence & tf.math.is_finite(floor),
+                    tf.minimum(1.0, floor / tf.where(evidence, norm, 1.0)),
+                    1.0)
+    return hold, {_ROUND_KEY: round_num, _FLOOR_KEY: floor, _HOLD_KEY: hold}
+
+
+def _check_inner(inner_optimizer):
+  if not isinstance(inner_optimizer, _Optimizer):
+    raise TypeError('`inner_optimizer` must be a '
+                    '`tff.learning.optimizers.Optimizer`; got '
+                    f'{type(inner_optimizer).__name__}.')
 
 
 def oscillation_damped(inner_optimizer: _Optimizer,
@@ -165,11 +229,69 @@ def oscillation_damped(inner_optimizer: _Optimizer,
     ValueError: if an argument is out of range, or `inner_optimizer` has no
       learning rate.
   """
-  if not isinstance(inner_optimizer, _Optimizer):
-    raise TypeError('`inner_optimizer` must be a '
-                    '`tff.learning.optimizers.Optimizer`; got '
-                    f'{type(inner_optimizer).__name__}.')
+  _check_inner(inner_optimizer)
   checks.positive_float(threshold, 'threshold')
   checks.probability(decay, 'decay', low_open=False)
   checks.probability(factor, 'factor')
   return _OscillationDamped(inner_optimizer, threshold, decay, factor)
+
+
+def growth_held(inner_optimizer: _Optimizer,
+                warmup_rounds: int = 10) -> _Optimizer:
+  """Holds the server step's norm at its smallest since `warmup_rounds`.
+
+  Each round t the update g_t the optimizer receives has norm ||g_t||; from
+  round `warmup_rounds` on the running minimum m_t = min ||g_s|| over rounds
+  warmup_rounds <= s <= t is kept, and the learning rate is multiplied by
+  min(1, m_t / ||g_t||): an update larger than the smallest one seen is
+  scaled down to its norm, a smaller one passes unchanged (before
+  `warmup_rounds`, and with no finite nonzero update yet, every update
+  passes).
+
+  Why, in DP training with an adaptive bound C: the noised mean update has
+  norm about C sqrt(a^2 + r^2) (a the bounded mean's share of C, r = z
+  sqrt(d) / n the noise's), so its norm follows C closely. Where the model
+  converges, the clients' updates shrink, C with them, and the hold never
+  acts. Where they grow instead (the noise a round adds to the weights
+  raises the loss, whose larger gradients raise C, and with it the next
+  round's noise), the hold stops the step from growing with them: the
+  step's norm stays at most lr m_t, which keeps the noise entering the
+  weights at its level after the warm-up, as a lower target quantile
+  would have. The warm-up lets the adaptive norm leave its initial value
+  (with norm learning rate 0.2 it can move by e^2 in 10 rounds).
+
+  The update it reads is the aggregate a DP round releases, so the hold is
+  post-processing: it costs no privacy budget. The state holds the inner
+  optimizer's hyperparameters and state, the round count, the floor m_t
+  (`update_norm_floor`, infinite until the warm-up ends) and the last
+  multiplier (`hold_scale`).
+
+  Args:
+    inner_optimizer: a `tff.learning.optimizers.Optimizer` with a
+      `learning_rate` hyperparameter (SGD(M), Adam, `oscillation_damped`,
+      ...).
+    warmup_rounds: a positive int, the first round whose update norm counts.
+
+  Returns:
+    A `tff.learning.optimizers.Optimizer`.
+
+  Raises:
+    TypeError: if `inner_optimizer` is not a TFF optimizer.
+    ValueError: if `warmup_rounds` is not a positive integer.
+  """
+  _check_inner(inner_optimizer)
+  checks.integer(warmup_rounds, 'warmup_rounds', minimum=1)
+  return _GrowthHeld(inner_optimizer, warmup_rounds)
+
+
+def step_scale(state) -> Optional[float]:
+  """The product of the learning-rate multipliers in the state of a server
+  optimizer built here (`learning_rate_scale`, `hold_scale`, through nested
+  wrappers); None for the state of any other optimizer."""
+  scale = None
+  while isinstance(state, collections.abc.Mapping):
+    for key in (_SCALE_KEY, _HOLD_KEY):
+      if key in state:
+        scale = (1.0 if scale is None else scale) * float(state[key])
+    state = state.get(_INNER_KEY)
+  return scale

@@ -135,7 +135,7 @@ def _client_optimizer(config):
 
 
 def resolved_server_step(config: TrainConfig, noise_multiplier) -> str:
-  """'damped' or 'fixed': --server_step, or for 'auto' (the default)
+  """'damped', 'held' or 'fixed': --server_step, or for 'auto' (the default)
   damped in a DP run of tff_clip's own boundings and fixed otherwise (no DP,
   or TFF's baselines, which keep TFF's server step)."""
   if config.server_step != 'auto':
@@ -148,9 +148,12 @@ def resolved_server_step(config: TrainConfig, noise_multiplier) -> str:
 def _server_optimizer(config, noise_multiplier=None):
   from tff_clip.learning import server_step  # pylint: disable=g-import-not-at-top
   optimizer = _plain_server_optimizer(config)
-  if resolved_server_step(config, noise_multiplier) == 'damped':
-    # Reads only the aggregate the round releases: post-processing.
+  step = resolved_server_step(config, noise_multiplier)
+  # Both read only the aggregate the round releases: post-processing.
+  if step in ('damped', 'held'):
     optimizer = server_step.oscillation_damped(optimizer)
+  if step == 'held':
+    optimizer = server_step.growth_held(optimizer)
   return optimizer
 
 

@@ -38,7 +38,7 @@ BOUNDINGS = ((NO_BOUNDING,) + mechanisms.BOUNDINGS.names +
              (TFF_GAUSSIAN, TFF_TREE))
 CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
-SERVER_STEPS = ('auto', 'damped', 'fixed')
+SERVER_STEPS = ('auto', 'damped', 'held', 'fixed')
 EXECUTORS = ('inprocess', 'local', 'gpu', 'remote')
 DATA_SOURCES = ('offline', 'online', 'synthetic')
 EVAL_SPLITS = ('test', 'validation')
@@ -204,7 +204,8 @@ class TrainConfig:
       'auto', 'damped: halve the server learning rate when consecutive '
       '(noised) updates point apart beyond what noise explains '
       '(tff_clip.learning.server_step.oscillation_damped; post-processing, no '
-      'privacy cost); fixed: never. auto: damped in DP runs of tff_clip\'s '
+      'privacy cost); held: damped, and its norm held at the smallest update '
+      'norm since round 10 (server_step.growth_held); fixed: never. auto: damped in DP runs of tff_clip\'s '
       'boundings, fixed without DP and for TFF\'s baselines.',
       SERVER_STEPS)
   local_epochs: int = _field(1, 'Passes over the client data per round.')

@@ -126,12 +126,10 @@ def _train_row(round_num, cohort, metrics, accounting):
 
 
 def _server_step_scale(state):
-  """The damped server step's learning-rate scale in `state`, or None
-  (another server optimizer)."""
-  try:
-    return float(state.finalizer['learning_rate_scale'])
-  except (AttributeError, KeyError, TypeError, ValueError):
-    return None
+  """The server step's learning-rate scale in `state` (the damped and held
+  steps'), or None (another server optimizer)."""
+  from tff_clip.learning import server_step  # pylint: disable=g-import-not-at-top
+  return server_step.step_scale(getattr(state, 'finalizer', None))
 
 
 class _Releases:
