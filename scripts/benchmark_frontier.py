@@ -175,19 +175,24 @@ METHODS = collections.OrderedDict([
 # also TFF FedAvg's default.
 DEFAULT = 'default'
 TFF_DEFAULT = 'tff_default'
+# The default with the server step also held to the smallest update norm
+# since round 10 (--server_step=held; docs/frontier.md, "A step held at the
+# smallest update norm").
+DEFAULT_HELD = 'default_held'
 TFF_GAUSSIAN_ADAPTIVE_DEFAULTS = dict(initial_clip_norm=0.1,
                                       target_quantile=0.5,
                                       clip_learning_rate=0.2,
                                       clipped_count_stddev=None)
 METHODS[DEFAULT] = {}
+METHODS[DEFAULT_HELD] = dict(server_step='held')
 METHODS[TFF_DEFAULT] = dict(TFF_GAUSSIAN_ADAPTIVE_DEFAULTS,
                             bounding='tff_gaussian', clip_norm='adaptive')
-UNTUNED = (DEFAULT, TFF_DEFAULT)
+UNTUNED = (DEFAULT, DEFAULT_HELD, TFF_DEFAULT)
 # Every method but tff_clip's default keeps its server learning rate fixed
 # (a tuned method's step is the learning rate it was tuned to; TFF's keep
 # TFF's); the default's is `TrainConfig`'s (--server_step=auto: damped).
 for _name in METHODS:
-  if _name != DEFAULT:
+  if _name not in (DEFAULT, DEFAULT_HELD):
     METHODS[_name]['server_step'] = 'fixed'
 BASELINE = 'tff_adaptive'  # What `tff.learning.dp_aggregator` builds.
 TUNED_BASELINE = f'{BASELINE} (tuned)'  # Its name in the verdicts.
@@ -474,6 +479,8 @@ def comparisons(runs, methods, epsilons, chosen, tune_epsilons) -> list:
         add(method, BASELINE, TUNED_BASELINE, epsilon)
   for epsilon in epsilons:
     add(DEFAULT, TFF_DEFAULT, f'{TFF_DEFAULT} (untuned)', epsilon)
+    add(DEFAULT_HELD, TFF_DEFAULT, f'{TFF_DEFAULT} (untuned)', epsilon)
+    add(DEFAULT_HELD, DEFAULT, f'{DEFAULT} (damped step)', epsilon)
   for tff, family in ((False, 'tff_clip'), (True, 'TFF')):
     for epsilon in epsilons:
       tuned_at = nearest(epsilon, tune_epsilons)

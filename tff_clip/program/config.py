@@ -203,10 +203,11 @@ class TrainConfig:
   server_step: str = _field(
       'auto', 'damped: halve the server learning rate when consecutive '
       '(noised) updates point apart beyond what noise explains '
-      '(tff_clip.learning.server_step.oscillation_damped; post-processing, no '
-      'privacy cost); held: damped, and its norm held at the smallest update '
-      'norm since round 10 (server_step.growth_held); fixed: never. auto: damped in DP runs of tff_clip\'s '
-      'boundings, fixed without DP and for TFF\'s baselines.',
+      '(tff_clip.learning.server_step.oscillation_damped); held: damped, '
+      'and no longer than the smallest update norm since round 10 '
+      '(server_step.growth_held); both post-processing, no privacy cost; '
+      'fixed: neither. auto: damped in DP runs of tff_clip\'s boundings, '
+      'fixed without DP and for TFF\'s baselines.',
       SERVER_STEPS)
   local_epochs: int = _field(1, 'Passes over the client data per round.')
   local_steps: Optional[int] = _field(
