@@ -7,23 +7,22 @@ public numbers alone (the noise multiplier, the expected cohort size, the
 model's size), so a default chosen from it costs no privacy and needs no
 accounting. From r:
 
-* `noise_following_bounding`: below `NORMALIZE_FROM` (r = 1.15), clipping;
+* `noise_following_quantile`: the target quantile the adaptive norm tracks
+  (Andrew et al. 2021's gamma): the median (0.5, their default and TFF's)
+  below `LOW_QUANTILE_FROM` (r = 1.15), and `LOW_QUANTILE` (0.1) from
+  there on, where a small C keeps the noise z C that enters the weights
+  every round a small fraction of the update norms.
+* `noise_following_bounding`: below `NORMALIZE_FROM` (r = 1.6), clipping;
   from it on, normalization. Where the noise is small next to C, the
   clients' update directions limit the model, and clipping keeps the small
   updates of clients the model already fits small; normalization scales
   them up to C. Where the noise dominates, every update's full share of C
   is signal, and normalization gives it.
-* `noise_following_quantile`: the target quantile the adaptive norm tracks
-  (Andrew et al. 2021's gamma): the median (0.5, their default and TFF's)
-  below 1.15; from there log-linear in r (0.35 at 1.15) down to 0.1 at
-  r = 1.6 and above,
-  where a small C keeps the noise z C that enters the weights every round
-  a small fraction of the update norms.
 
 Below r = 1.15 the default is therefore TFF's own adaptive clipping at the
-median; above it, adaptive normalization at a quantile that falls with the
-noise. The measurements the rule was chosen from are in docs/frontier.md
-("A default that follows the noise"). TensorFlow-free.
+median; from 1.15 adaptive clipping at the 0.1 quantile, and from 1.6
+adaptive normalization at it. The measurements the rule was chosen from
+are in docs/frontier.md ("A default that follows the noise"). TensorFlow-free.
 
 References:
 * Andrew, Thakkar, McMahan, Ramaswamy 2021: "Differentially Private Learning
@@ -39,23 +38,20 @@ import numpy as np
 
 from tff_clip import checks
 
-__all__ = ['MEDIAN', 'NORMALIZE_FROM', 'QUANTILE_AT_HIGH_NOISE',
-           'QUANTILE_AT_LOW_NOISE', 'noise_following_bounding',
-           'noise_following_quantile', 'noise_to_bound_ratio']
+__all__ = ['LOW_QUANTILE', 'LOW_QUANTILE_FROM', 'MEDIAN', 'NORMALIZE_FROM',
+           'noise_following_bounding', 'noise_following_quantile',
+           'noise_to_bound_ratio']
 
-# r from which the default bounding normalizes (below it, it clips). Chosen
-# on the validation splits of the frontier's two settings (MNIST logistic
-# regression, d = 7,850, and the digits MLP, d = 2,410; 1,000 clients, n =
-# 50, 100 rounds): docs/frontier.md, "A default that follows the noise".
-NORMALIZE_FROM = 1.15
-# The target quantile below NORMALIZE_FROM: the median.
+# Chosen on the validation splits of the frontier's two settings (MNIST
+# logistic regression, d = 7,850, and the digits MLP, d = 2,410; 1,000
+# clients, n = 50, 100 rounds): docs/frontier.md, "A default that follows
+# the noise".
+# r from which the target quantile is LOW_QUANTILE (below it, MEDIAN).
+LOW_QUANTILE_FROM = 1.15
 MEDIAN = 0.5
-# From NORMALIZE_FROM on, log gamma is linear in r through these two (r,
-# gamma) anchors, and gamma_lo at or above r_hi: the anchors of the
-# normalization grid's tuning (0.7 best at r = 0.68 and 0.91 on digits, 0.1
-# at 1.64 and 2.32 on MNIST).
-QUANTILE_AT_LOW_NOISE = (0.9, 0.7)
-QUANTILE_AT_HIGH_NOISE = (1.6, 0.1)
+LOW_QUANTILE = 0.1
+# r from which the default bounding normalizes (below it, it clips).
+NORMALIZE_FROM = 1.6
 
 
 def noise_to_bound_ratio(noise_multiplier: float, clients_per_round: float,
@@ -81,7 +77,7 @@ def noise_following_bounding(noise_multiplier: float,
   """The default bounding from the noise: 'clip' or 'normalize'.
 
   'normalize' where `noise_to_bound_ratio` r is at least `NORMALIZE_FROM`
-  (1.15), 'clip' below (z = 0, no noise, included). It reads only public
+  (1.6), 'clip' below (z = 0, no noise, included). It reads only public
   quantities (z, n, d), so it costs no privacy.
   """
   r = noise_to_bound_ratio(noise_multiplier, clients_per_round, dimension)
@@ -93,20 +89,13 @@ def noise_following_quantile(noise_multiplier: float,
                              dimension: int) -> float:
   """The default target quantile gamma of adaptive bounding, from the noise.
 
-  The median (0.5) where `noise_to_bound_ratio` r is below `NORMALIZE_FROM`
-  (1.15; z = 0 included); from there log gamma is linear in r through 0.7
-  at r = 0.9 and 0.1 at 1.6 (0.35 at 1.15, 0.26 at 1.25), and 0.1 above:
-  where the noise dominates, a low quantile keeps C, and with it the noise
-  z C that enters the weights every round, a small fraction of the update
-  norms. It reads only public quantities (z,
-  n, d), so it costs no privacy; the rule and the measurements it was
-  chosen from are in docs/frontier.md ("A default that follows the noise").
+  The median (0.5) where `noise_to_bound_ratio` r is below
+  `LOW_QUANTILE_FROM` (1.15; z = 0 included), and 0.1 from there on: where
+  the noise dominates, a low quantile keeps C, and with it the noise z C
+  that enters the weights every round, a small fraction of the update
+  norms. It reads only public quantities (z, n, d), so it costs no
+  privacy; the rule and the measurements it was chosen from are in
+  docs/frontier.md ("A default that follows the noise").
   """
   r = noise_to_bound_ratio(noise_multiplier, clients_per_round, dimension)
-  (r_lo, q_hi), (r_hi, q_lo) = QUANTILE_AT_LOW_NOISE, QUANTILE_AT_HIGH_NOISE
-  if r < NORMALIZE_FROM:
-    return MEDIAN
-  if r >= r_hi:
-    return q_lo
-  t = (r - r_lo) / (r_hi - r_lo)
-  return float(math.exp((1 - t) * math.log(q_hi) + t * math.log(q_lo)))
+  return MEDIAN if r < LOW_QUANTILE_FROM else LOW_QUANTILE
