@@ -2,13 +2,11 @@
 
 From r = z sqrt(d) / n, the norm of the noise on the mean update in units
 of C (docs/frontier.md, "A default that follows the noise"):
-`noise_following_bounding` clips below r = 1.15 and normalizes from it on;
-`noise_following_quantile` is the median (0.5) below 1.15, and from there
-log-linear in r through 0.7 at r = 0.9 and 0.1 at 1.6, 0.1 beyond. The
-oracles: the rule's closed form at its anchors and midpoint (the geometric
-mean sqrt(0.7 x 0.1) at r = 1.25), the
-bounding TFF's own factories apply (clipping: `gaussian_adaptive`'s), and
-TFF's signature for its baselines' default.
+`noise_following_quantile` is the median (0.5) below r = 1.15 and 0.1 from
+there on; `noise_following_bounding` clips below r = 1.6 and normalizes from
+it on. The oracles: the rule's values on both sides of its two switches,
+the bounding TFF's own factories apply (clipping: `gaussian_adaptive`'s),
+and TFF's signature for its baselines' default.
 """
 
 import ast
@@ -35,17 +33,17 @@ def test_the_ratio_is_the_norm_of_the_noise_on_the_mean_in_units_of_c():
 
 @pytest.mark.parametrize('ratio, quantile', [
     (0.0, 0.5), (0.5, 0.5), (1.149, 0.5),  # Little noise: the median.
-    # Normalization from here on, at a lower quantile: 0.7 7^-(r - 0.9)/0.7.
-    (1.15, 0.7 * 7 ** (-0.25 / 0.7)),
-    (1.25, math.sqrt(0.7 * 0.1)),  # Midway in r: the geometric mean.
+    # From 1.15 on, whether clipped or normalized, C tracks 0.1.
+    (1.15, 0.1), (1.25, 0.1), (1.599, 0.1),
     (1.6, 0.1), (3.0, 0.1), (100.0, 0.1)])  # Noise dominates: C small.
-def test_the_quantile_at_its_anchors_and_midway(ratio, quantile):
-  assert _quantile(ratio) == pytest.approx(quantile, rel=1e-12)
+def test_the_quantile_is_the_median_below_the_switch_and_0_1_from_it(
+    ratio, quantile):
+  assert _quantile(ratio) == quantile
 
 
 @pytest.mark.parametrize('ratio, bounding', [
-    (0.0, 'clip'), (1.0, 'clip'), (1.149, 'clip'),
-    (1.15, 'normalize'), (1.6, 'normalize'), (100.0, 'normalize')])
+    (0.0, 'clip'), (1.0, 'clip'), (1.15, 'clip'), (1.599, 'clip'),
+    (1.6, 'normalize'), (2.3, 'normalize'), (100.0, 'normalize')])
 def test_the_bounding_clips_below_the_switch_and_normalizes_from_it(
     ratio, bounding):
   n, d = 50, 10_000
@@ -67,9 +65,8 @@ def test_more_noise_never_raises_the_quantile():
   assert all(a >= b for a, b in zip(quantiles, quantiles[1:]))
   assert quantiles[0] > quantiles[-1]
   # The same z: a larger model, or a smaller cohort, is more noise per C.
-  # r = 2.66, 1.47 and 0.74.
-  assert (noise_following.noise_following_quantile(1.5, 50, 7850) <
-          noise_following.noise_following_quantile(1.5, 50, 2410) <
+  # r = 1.47 and 0.74.
+  assert (noise_following.noise_following_quantile(1.5, 50, 2410) <
           noise_following.noise_following_quantile(1.5, 100, 2410))
 
 
@@ -87,9 +84,8 @@ def test_a_given_quantile_is_kept_and_none_follows_the_noise():
               clients_per_round=8, clip_norm='adaptive')
   assert spec.DPSpec(**base, target_quantile=0.9).quantile_for(100) == 0.9
   assert spec.DPSpec(**base, target_quantile=0.0).quantile_for(100) == 0.0
-  # z sqrt(d) / n = 1 x 10 / 8 = 1.25: midway.
-  assert spec.DPSpec(**base).quantile_for(100) == pytest.approx(
-      math.sqrt(0.07), rel=1e-12)
+  # z sqrt(d) / n = 1 x 10 / 8 = 1.25: past the switch, 0.1.
+  assert spec.DPSpec(**base).quantile_for(100) == 0.1
   # 1 x 8 / 8 = 1: below the switch, the median.
   assert spec.DPSpec(**base).quantile_for(64) == 0.5
 
@@ -100,10 +96,10 @@ def test_the_default_is_noise_following_and_the_run_records_what_it_chose():
   assert config.TrainConfig().target_quantile is None
   base = dict(bounding_method='noise_following', clients_per_round=8,
               clip_norm='adaptive')
-  # z sqrt(d) / n = 1 x 10 / 8 = 1.25 >= 1.15, and 0.5 x 10 / 8 < 1.15.
-  assert spec.DPSpec(**base, noise_multiplier=1.0).bounding_for(100).name == (
+  # z sqrt(d) / n = 1.6 x 10 / 8 = 2 >= 1.6, and 1 x 10 / 8 < 1.6.
+  assert spec.DPSpec(**base, noise_multiplier=1.6).bounding_for(100).name == (
       'normalize')
-  assert spec.DPSpec(**base, noise_multiplier=0.5).bounding_for(100).name == (
+  assert spec.DPSpec(**base, noise_multiplier=1.0).bounding_for(100).name == (
       'clip')
 
 
@@ -133,9 +129,9 @@ def test_tffs_baselines_keep_tffs_own_default_quantile():
   assert assembly.baseline_quantile(given) == 0.2
 
 
-@pytest.mark.parametrize('z, chosen', [(1.0, 'clip'), (1.2, 'normalize')])
+@pytest.mark.parametrize('z, chosen', [(1.2, 'clip'), (1.7, 'normalize')])
 def test_dp_factory_bounds_as_the_bounding_the_noise_chooses(z, chosen):
-  """d = 16, n = 4: r = z sqrt(16) / 4 = z, so z = 1.0 clips and 1.2
+  """d = 16, n = 4: r = z sqrt(16) / 4 = z, so z = 1.2 clips and 1.7
   normalizes; the release equals that of the factory named so, same key."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from tff_clip.aggregation import dp  # pylint: disable=g-import-not-at-top

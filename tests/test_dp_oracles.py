@@ -129,13 +129,15 @@ def test_default_without_noise_is_tff_gaussian_adaptive_at_its_defaults(
                              rtol=_NORM_RTOL)
 
 
-def test_default_quantile_is_read_from_the_updates_size_and_the_noise():
-  # d = 6 (VALUE_TYPE), n = 3: z sqrt(6) / 3 = 1.25 at z = 1.25 x 3 / sqrt(6),
-  # midway between the rule's anchors: sqrt(0.7 x 0.1).
-  z = 1.25 * CLIENTS_PER_ROUND / np.sqrt(6)
+@pytest.mark.parametrize('ratio, quantile', [(1.1, 0.5), (1.25, 0.1)])
+def test_default_quantile_is_read_from_the_updates_size_and_the_noise(
+    ratio, quantile):
+  # d = 6 (VALUE_TYPE), n = 3: z sqrt(6) / 3 = ratio at z = ratio x 3 /
+  # sqrt(6); the rule's switch from the median to 0.1 is at 1.15.
+  z = ratio * CLIENTS_PER_ROUND / np.sqrt(6)
   process = dp.dp_factory('normalize', noise_multiplier=z,
                           clients_per_round=CLIENTS_PER_ROUND,
                           clip_norm='adaptive').create(VALUE_TYPE)
   estimator = process.initialize().query_state.numerator_state.estimator_state
-  assert float(estimator.target_quantile) == pytest.approx(
-      np.sqrt(0.07), rel=2**-23)
+  assert float(estimator.target_quantile) == pytest.approx(quantile,
+                                                           rel=2**-23)

@@ -105,7 +105,7 @@ class NoiseFollowing(Bounding):
   """tff_clip's default: clipping or normalization, chosen from the noise.
 
   `resolve(z, n, d)` is `Normalize()` where the noise on the mean update is
-  at least 1.15 C (z sqrt(d) / n >= `noise_following.NORMALIZE_FROM`) and
+  at least 1.6 C (z sqrt(d) / n >= `noise_following.NORMALIZE_FROM`) and
   `Clip()` below (`noise_following.noise_following_bounding`: public
   numbers only, no privacy cost). The aggregators resolve it when they are
   created for an update type (its size is d), before any value is bounded.

@@ -156,7 +156,7 @@ class TrainConfig:
   bounding: str = _field(
       'noise_following', 'How each client update is bounded before '
       'aggregation. noise_following: clip, or normalize where the noise on '
-      'the mean update is at least 1.15 C (z sqrt(d) / n >= 1.15); chosen '
+      'the mean update is at least 1.6 C (z sqrt(d) / n >= 1.6); chosen '
       "from public numbers, recorded as the run summary's `bounding`.",
       BOUNDINGS)
   # The DP parameters, declared in `tff_clip.aggregation.spec.DPSpec` (`dp_spec`).
