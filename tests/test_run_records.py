@@ -513,6 +513,59 @@ def test_rerun_of_a_finished_run_reports_its_records_and_changes_nothing(
   assert _files(copy) == before
 
 
+def test_a_run_records_what_its_defaults_resolved_to(finished):
+  """The default rule's choices, as config.json's `resolved`: the digits MLP
+  (64-32-10: d = 64 x 32 + 32 + 32 x 10 + 10 = 2,410), z = 0.5, n = 6, so
+  z sqrt(d) / n = 4.1: normalization at the 0.1 quantile, the damped step."""
+  run_dir, summary = finished
+  recorded = json.loads((run_dir / 'config.json').read_text())['resolved']
+  assert recorded == dict(bounding='normalize', target_quantile=0.1,
+                          server_step='damped', noise_multiplier=0.5,
+                          dimension=2410)
+  assert {k: summary[k] for k in ('bounding', 'target_quantile',
+                                  'server_step', 'noise_multiplier')} == {
+                                      k: recorded[k] for k in (
+                                          'bounding', 'target_quantile',
+                                          'server_step', 'noise_multiplier')}
+
+
+def _resolved_earlier(run_dir, **choices):
+  """config.json as a tff_clip whose default rule chose `choices` wrote it."""
+  path = run_dir / 'config.json'
+  recorded = json.loads(path.read_text())
+  recorded['resolved'].update(choices)
+  path.write_text(json.dumps(recorded))
+
+
+@pytest.mark.parametrize('finished_run', [True, False])
+def test_a_run_whose_defaults_resolved_otherwise_is_refused_untouched(
+    copy, finished_run):
+  """Started when the rule chose clipping at 0.13 (as a rule that changed
+  since might have): reported as finished, it would be read as today's
+  default; resumed, it would change its bounding mid-run."""
+  _resolved_earlier(copy, bounding='clip', target_quantile=0.13)
+  if not finished_run:
+    (copy / 'summary.json').unlink()
+  before = _files(copy)
+  with pytest.raises(training.ConfigError) as error:
+    program.run(_config(copy.parent))
+  message = str(error.value)
+  assert "bounding='clip', target_quantile=0.13" in message
+  assert "bounding='normalize', target_quantile=0.1" in message
+  assert '\n' not in message and 'nothing was changed' in message
+  assert _files(copy) == before
+
+
+def test_a_run_that_recorded_no_resolution_is_reported_as_before(
+    copy, finished):
+  _, summary = finished
+  path = copy / 'config.json'
+  recorded = json.loads(path.read_text())
+  del recorded['resolved']
+  path.write_text(json.dumps(recorded))
+  assert program.run(_config(copy.parent)) == summary
+
+
 # ----------------------------------------------------------------------------
 # Atomic, durable writes; a full disk is one line naming the path.
 

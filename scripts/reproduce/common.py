@@ -179,6 +179,7 @@ def train(output_dir: str, name: str, **config_fields) -> dict:
   from scripts import program  # pylint: disable=g-import-not-at-top
   from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
   from tff_clip.program import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import run_directory  # pylint: disable=g-import-not-at-top
   from tff_clip.program import plotting  # pylint: disable=g-import-not-at-top
   from tff_clip.program import training  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
@@ -191,7 +192,8 @@ def train(output_dir: str, name: str, **config_fields) -> dict:
   if os.path.exists(summary_path) and os.path.exists(config_path):
     with open(config_path) as f:
       stored = {k: v for k, v in json.load(f).items()
-                if k not in config_lib.EXECUTION_KEYS}
+                if k not in config_lib.EXECUTION_KEYS and
+                k != run_directory.RESOLVED_KEY}
     done = stored == config.identity()
   if done:
     with open(summary_path) as f:

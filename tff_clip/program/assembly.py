@@ -297,32 +297,44 @@ def _dimension(weights) -> int:
 
 
 def _tracked_quantile(config: TrainConfig, noise_multiplier,
-                      weights) -> Optional[float]:
+                      dimension: int) -> Optional[float]:
   """The target quantile the run's adaptive norm tracks (None: no adaptive
   norm): --target_quantile, else TFF's default for a TFF baseline, else
-  `noise_following.noise_following_quantile` of z, n and the model's size (what
-  `dp.DPBoundingFactory` resolves from the update's type)."""
+  `noise_following.noise_following_quantile` of z, n and the model's size d
+  (what `dp.DPBoundingFactory` resolves from the update's type)."""
   if config.clip_norm != 'adaptive' or config.bounding == config_lib.NO_BOUNDING:
     return None
   if config_lib.baseline(config) is not None:
     return baseline_quantile(config)
-  return config.dp_spec(noise_multiplier or 0.0).quantile_for(
-      _dimension(weights))
+  return config.dp_spec(noise_multiplier or 0.0).quantile_for(dimension)
 
 
 def _resolved_bounding(config: TrainConfig, noise_multiplier,
-                       weights) -> str:
+                       dimension: int) -> str:
   """The bounding the run's aggregator applies: --bounding, or for
   'noise_following' (the default) the one it chooses from z, n and the
-  model's size (what `dp.DPBoundingFactory` resolves from the update's
+  model's size d (what `dp.DPBoundingFactory` resolves from the update's
   type)."""
   if (config.bounding == config_lib.NO_BOUNDING or
       config_lib.baseline(config) is not None):
     return config.bounding
   from tff_clip.aggregation import mechanisms  # pylint: disable=g-import-not-at-top
   return mechanisms.bounding(config.bounding).resolve(
-      noise_multiplier or 0.0, config.clients_per_round,
-      _dimension(weights)).name
+      noise_multiplier or 0.0, config.clients_per_round, dimension).name
+
+
+def resolved_choices(config: TrainConfig, noise_multiplier,
+                     dimension: int) -> dict:
+  """What this tff_clip resolves the run's defaults to, from public numbers
+  (the noise multiplier z, the cohort n, the model's size d): the bounding
+  (--bounding=noise_following), the tracked target quantile (None without
+  an adaptive norm) and the server step (--server_step=auto). A run records
+  them when it starts (`run_directory.RESOLVED_KEY`), so that a rerun under
+  another rule refuses rather than mixes the two. TensorFlow-free."""
+  return collections.OrderedDict(
+      bounding=_resolved_bounding(config, noise_multiplier, dimension),
+      target_quantile=_tracked_quantile(config, noise_multiplier, dimension),
+      server_step=resolved_server_step(config, noise_multiplier))
 
 
 def _eval_dataset(task, split: str):
@@ -432,11 +444,15 @@ class Session:
       except ValueError as e:  # E.g. explicit count noise too small.
         raise ConfigError(str(e).splitlines()[0]) from e
     self.initial_weights = initial_model_weights(self.task, config.seed)
-    self.target_quantile = _tracked_quantile(config, self.noise_multiplier,
-                                             self.initial_weights)
-    self.bounding = _resolved_bounding(config, self.noise_multiplier,
-                                       self.initial_weights)
-    self.server_step = resolved_server_step(config, self.noise_multiplier)
+    self.dimension = _dimension(self.initial_weights)
+    choices = resolved_choices(config, self.noise_multiplier, self.dimension)
+    self.bounding = choices['bounding']
+    self.target_quantile = choices['target_quantile']
+    self.server_step = choices['server_step']
+    # What the run records when it starts (`run_directory.RESOLVED_KEY`).
+    self.resolved = collections.OrderedDict(
+        choices, noise_multiplier=self.noise_multiplier,
+        dimension=self.dimension)
     if cached is None:
       from tff_clip.runtime import runner_cache  # pylint: disable=g-import-not-at-top
       (self.process,) = runners(config, self.process)

@@ -35,10 +35,18 @@ from tff_clip.program.config import EXECUTION_KEYS, LEGACY_DEFAULTS
 from tff_clip.program.config import NO_BOUNDING, RENAMED_KEYS
 
 __all__ = [
-    'RunState', 'check_released', 'check_writable', 'epsilons',
-    'existing_run', 'finished_summary', 'last_eval', 'ledger_of',
-    'prepare_output_dir', 'refusal',
+    'RESOLVED_KEY', 'RunState', 'check_released', 'check_resolved',
+    'check_writable', 'epsilons', 'existing_run', 'finished_summary',
+    'last_eval', 'ledger_of', 'prepare_output_dir', 'recorded_resolution',
+    'refusal',
 ]
+
+# config.json's entry for what the run's defaults resolved to when it
+# started (`assembly.resolved_choices`: bounding, target quantile, server
+# step, and the noise multiplier and model size they were read from). Not
+# part of the configuration: a record of what this tff_clip made of it.
+RESOLVED_KEY = 'resolved'
+_CHOICES = ('bounding', 'target_quantile', 'server_step')
 
 
 def _nearest_existing(path: str) -> str:
@@ -83,7 +91,7 @@ def existing_run(config: TrainConfig) -> str:
     raise run_records.RunRecordError(
         f'{config_path} is not a run configuration (damaged).')
   previous = {RENAMED_KEYS.get(k, k): v for k, v in recorded.items()
-              if k not in EXECUTION_KEYS}
+              if k not in EXECUTION_KEYS and k != RESOLVED_KEY}
   current = config.identity()
   # A run recorded before a knob existed ran with that knob's default.
   defaults = TrainConfig().identity()
@@ -132,8 +140,13 @@ def check_writable(config: TrainConfig) -> None:
                       f'({e.strerror}).') from None
 
 
-def prepare_output_dir(config: TrainConfig) -> bool:
-  """Creates the directory and config.json; True when a run can resume there."""
+def prepare_output_dir(config: TrainConfig,
+                       resolved: Optional[dict] = None) -> bool:
+  """Creates the directory and config.json; True when a run can resume there.
+
+  A new run's config.json records `resolved` (`assembly.resolved_choices`
+  with the noise multiplier and the model's size) under `RESOLVED_KEY`.
+  """
   status = existing_run(config)
   try:
     os.makedirs(config.output_dir, exist_ok=True)
@@ -141,9 +154,51 @@ def prepare_output_dir(config: TrainConfig) -> bool:
     raise run_records.RunRecordError(
         f'cannot create {config.output_dir}: {e.strerror}.') from None
   if status == 'new':
+    recorded = config.to_json()
+    if resolved is not None:
+      recorded[RESOLVED_KEY] = dict(resolved)
     run_records.write_json(os.path.join(config.output_dir, 'config.json'),
-                           config.to_json())
+                           recorded)
   return status != 'new'
+
+
+def recorded_resolution(config: TrainConfig) -> Optional[dict]:
+  """What the run in `config.output_dir` resolved its defaults to when it
+  started (config.json's `RESOLVED_KEY`); None for a run recorded before
+  runs kept it, or no run."""
+  path = os.path.join(config.output_dir, 'config.json')
+  if not os.path.lexists(path):
+    return None
+  recorded = run_records.read_json(path, 'run configuration')
+  resolved = recorded.get(RESOLVED_KEY) if isinstance(recorded, dict) else None
+  return resolved if isinstance(resolved, dict) else None
+
+
+def _same_choice(a, b) -> bool:
+  if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+  return a == b
+
+
+def check_resolved(config: TrainConfig, current: dict) -> None:
+  """Refuses to resume or report a run whose defaults this tff_clip resolves
+  otherwise than when it started (its bounding, target quantile or server
+  step: a changed default rule), which would mix two configurations in one
+  run or report one as the other. `ConfigError` naming both; nothing is
+  changed. A run that did not record them is let through."""
+  recorded = recorded_resolution(config)
+  if recorded is None:
+    return
+  differs = [k for k in _CHOICES if not _same_choice(recorded.get(k),
+                                                     current.get(k))]
+  if differs:
+    was = ', '.join(f'{k}={recorded.get(k)!r}' for k in differs)
+    now = ', '.join(f'{k}={current.get(k)!r}' for k in differs)
+    raise ConfigError(
+        f'{config.output_dir!r} holds a run whose defaults resolved to {was} '
+        f'when it started; this tff_clip resolves them to {now}: going on '
+        'would mix the two (nothing was changed). Choose another '
+        '--experiment_name or --root_output_dir.')
 
 
 # ----------------------------------------------------------------------------

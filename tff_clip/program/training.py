@@ -33,7 +33,8 @@ clients' data) and round timings are not: they are withheld unless
 only), so the ledger counts what happened.
 
 Outputs under `root_output_dir/experiment_name/` (docs/run_directory.md):
-  config.json     the configuration (a rerun must match it to resume)
+  config.json     the configuration (a rerun must match it to resume) and
+                  what its defaults resolved to (`run_directory.RESOLVED_KEY`)
   releases.jsonl  the released rows and DP events, hash-chained (`run_records`)
   metrics.csv     the released rows, a view of releases.jsonl
   tensorboard/    the same rows (`tff.program.TensorBoardReleaseManager`)
@@ -101,6 +102,11 @@ def run(config: TrainConfig, task_builder: TaskBuilder,
   if status != 'new' and config.private:
     run_directory.check_released(config)  # Nothing released is trained again.
   if status == 'finished':
+    recorded = run_directory.recorded_resolution(config)
+    if recorded is not None:  # Read from the numbers it recorded: no model.
+      run_directory.check_resolved(config, assembly.resolved_choices(
+          config, recorded.get('noise_multiplier'),
+          int(recorded.get('dimension', 1))))
     summary = run_directory.finished_summary(config)
     if summary is not None:
       csv_path = os.path.join(out, 'metrics.csv')
@@ -123,7 +129,10 @@ def run(config: TrainConfig, task_builder: TaskBuilder,
     run_records.ReleaseLog(out)  # Damaged records are refused here.
   assembly.set_execution_context(config)
   session = assembly.session(config, task_builder)
-  run_directory.prepare_output_dir(config)  # The first write: all checked.
+  if status == 'resume':
+    run_directory.check_resolved(config, session.resolved)
+  # The first write: all checked.
+  run_directory.prepare_output_dir(config, session.resolved)
   with run_records.exclusive(out):  # One process trains a run at a time.
     # Read again under the lock: another process may have run rounds since.
     return _train(config, session, run_records.ReleaseLog(out),
