@@ -174,12 +174,6 @@ def recorded_resolution(config: TrainConfig) -> Optional[dict]:
   return resolved if isinstance(resolved, dict) else None
 
 
-def _same_choice(a, b) -> bool:
-  if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
-  return a == b
-
-
 def check_resolved(config: TrainConfig, current: dict) -> None:
   """Refuses to resume or report a run whose defaults this tff_clip resolves
   otherwise than when it started (its bounding, target quantile or server
@@ -189,8 +183,8 @@ def check_resolved(config: TrainConfig, current: dict) -> None:
   recorded = recorded_resolution(config)
   if recorded is None:
     return
-  differs = [k for k in _CHOICES if not _same_choice(recorded.get(k),
-                                                     current.get(k))]
+  differs = [k for k in _CHOICES if not _same(recorded.get(k),
+                                              current.get(k))]
   if differs:
     was = ', '.join(f'{k}={recorded.get(k)!r}' for k in differs)
     now = ', '.join(f'{k}={current.get(k)!r}' for k in differs)

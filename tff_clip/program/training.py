@@ -103,10 +103,10 @@ def run(config: TrainConfig, task_builder: TaskBuilder,
     run_directory.check_released(config)  # Nothing released is trained again.
   if status == 'finished':
     recorded = run_directory.recorded_resolution(config)
-    if recorded is not None:  # Read from the numbers it recorded: no model.
+    if recorded is not None and isinstance(recorded.get('dimension'), int):
+      # From the z and d it recorded: no model is built.
       run_directory.check_resolved(config, assembly.resolved_choices(
-          config, recorded.get('noise_multiplier'),
-          int(recorded.get('dimension', 1))))
+          config, recorded.get('noise_multiplier'), recorded['dimension']))
     summary = run_directory.finished_summary(config)
     if summary is not None:
       csv_path = os.path.join(out, 'metrics.csv')
