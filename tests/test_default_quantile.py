@@ -2,8 +2,8 @@
 
 From r = z sqrt(d) / n, the norm of the noise on the mean update in units
 of C (docs/frontier.md, "A default that follows the noise"):
-`noise_following_quantile` is the median (0.5) below r = 1.15 and 0.1 from
-there on; `noise_following_bounding` clips below r = 1.6 and normalizes from
+`noise_following_quantile` is the median (0.5) below r = 1.15, 0.1 from
+there and 0.03 from r = 2; `noise_following_bounding` clips below r = 1.6 and normalizes from
 it on. The oracles: the rule's values on both sides of its two switches,
 the bounding TFF's own factories apply (clipping: `gaussian_adaptive`'s),
 and TFF's signature for its baselines' default.
@@ -35,7 +35,9 @@ def test_the_ratio_is_the_norm_of_the_noise_on_the_mean_in_units_of_c():
     (0.0, 0.5), (0.5, 0.5), (1.149, 0.5),  # Little noise: the median.
     # From 1.15 on, whether clipped or normalized, C tracks 0.1.
     (1.15, 0.1), (1.25, 0.1), (1.599, 0.1),
-    (1.6, 0.1), (3.0, 0.1), (100.0, 0.1)])  # Noise dominates: C small.
+    (1.6, 0.1), (1.999, 0.1),
+    # From 2 on the noise dominates: C smaller still.
+    (2.0, 0.03), (3.0, 0.03), (100.0, 0.03)])
 def test_the_quantile_is_the_median_below_the_switch_and_0_1_from_it(
     ratio, quantile):
   assert _quantile(ratio) == quantile
@@ -86,6 +88,8 @@ def test_a_given_quantile_is_kept_and_none_follows_the_noise():
   assert spec.DPSpec(**base, target_quantile=0.0).quantile_for(100) == 0.0
   # z sqrt(d) / n = 1 x 10 / 8 = 1.25: past the switch, 0.1.
   assert spec.DPSpec(**base).quantile_for(100) == 0.1
+  # 1 x 20 / 8 = 2.5: past the second switch, 0.03.
+  assert spec.DPSpec(**base).quantile_for(400) == 0.03
   # 1 x 8 / 8 = 1: below the switch, the median.
   assert spec.DPSpec(**base).quantile_for(64) == 0.5
 

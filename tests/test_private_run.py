@@ -195,10 +195,10 @@ def test_the_run_reports_the_quantile_its_norm_tracked(private_run):
   """No --target_quantile: the noise-following default, from public numbers
   only. digits' MLP (64-32-10: d = 2,410), z = 0.5, n = 6: the noise on the
   mean update is z sqrt(d) / n = 4.1 C, past the rule's switch to the 0.1
-  quantile (1.15) and to normalization (1.6)."""
+  quantile (1.15), to normalization (1.6) and to the 0.03 quantile (2)."""
   summary, run_dir = private_run
   assert json.loads((run_dir / 'config.json').read_text())[
       'target_quantile'] is None
   assert Z * math.sqrt(64 * 32 + 32 + 32 * 10 + 10) / CLIENTS > 1.6
-  assert summary['target_quantile'] == 0.1
+  assert summary['target_quantile'] == 0.03
   assert summary['bounding'] == 'normalize'

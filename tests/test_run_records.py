@@ -516,10 +516,10 @@ def test_rerun_of_a_finished_run_reports_its_records_and_changes_nothing(
 def test_a_run_records_what_its_defaults_resolved_to(finished):
   """The default rule's choices, as config.json's `resolved`: the digits MLP
   (64-32-10: d = 64 x 32 + 32 + 32 x 10 + 10 = 2,410), z = 0.5, n = 6, so
-  z sqrt(d) / n = 4.1: normalization at the 0.1 quantile, the damped step."""
+  z sqrt(d) / n = 4.1: normalization at the 0.03 quantile, the damped step."""
   run_dir, summary = finished
   recorded = json.loads((run_dir / 'config.json').read_text())['resolved']
-  assert recorded == dict(bounding='normalize', target_quantile=0.1,
+  assert recorded == dict(bounding='normalize', target_quantile=0.03,
                           server_step='damped', noise_multiplier=0.5,
                           dimension=2410)
   assert {k: summary[k] for k in ('bounding', 'target_quantile',
@@ -551,7 +551,7 @@ def test_a_run_whose_defaults_resolved_otherwise_is_refused_untouched(
     program.run(_config(copy.parent))
   message = str(error.value)
   assert "bounding='clip', target_quantile=0.13" in message
-  assert "bounding='normalize', target_quantile=0.1" in message
+  assert "bounding='normalize', target_quantile=0.03" in message
   assert '\n' not in message and 'nothing was changed' in message
   assert _files(copy) == before
 
