@@ -3,10 +3,10 @@
 From r = z sqrt(d) / n, the norm of the noise on the mean update in units
 of C (docs/frontier.md, "A default that follows the noise"):
 `noise_following_quantile` is the median (0.5) below r = 1.15, 0.1 from
-there and 0.03 from r = 2; `noise_following_bounding` clips below r = 1.6 and normalizes from
-it on. The oracles: the rule's values on both sides of its two switches,
-the bounding TFF's own factories apply (clipping: `gaussian_adaptive`'s),
-and TFF's signature for its baselines' default.
+there and 0.03 from r = 2; `noise_following_bounding` clips below r = 1.6
+and normalizes from it on. The oracles: the rule's values on both sides of
+its three switches, the bounding TFF's own factories apply (clipping:
+`gaussian_adaptive`'s), and TFF's signature for its baselines' default.
 """
 
 import ast
@@ -38,7 +38,7 @@ def test_the_ratio_is_the_norm_of_the_noise_on_the_mean_in_units_of_c():
     (1.6, 0.1), (1.999, 0.1),
     # From 2 on the noise dominates: C smaller still.
     (2.0, 0.03), (3.0, 0.03), (100.0, 0.03)])
-def test_the_quantile_is_the_median_below_the_switch_and_0_1_from_it(
+def test_the_quantile_is_the_median_then_0_1_then_0_03_as_the_noise_grows(
     ratio, quantile):
   assert _quantile(ratio) == quantile
 

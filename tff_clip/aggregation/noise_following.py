@@ -24,8 +24,8 @@ Below r = 1.15 the default is therefore TFF's own adaptive clipping at the
 median; from 1.15 adaptive clipping at the 0.1 quantile, from 1.6
 adaptive normalization at it, and from 2 adaptive normalization at 0.03.
 The measurements the rule was chosen from are in docs/frontier.md ("A
-default that follows the noise", "The switch from the median, on
-validation and held out"). TensorFlow-free.
+default that follows the noise", "The 0.03 quantile where the noise
+dominates"). TensorFlow-free.
 
 References:
 * Andrew, Thakkar, McMahan, Ramaswamy 2021: "Differentially Private Learning
