@@ -520,8 +520,8 @@ def test_a_run_records_what_its_defaults_resolved_to(finished):
   run_dir, summary = finished
   recorded = json.loads((run_dir / 'config.json').read_text())['resolved']
   assert recorded == dict(bounding='normalize', target_quantile=0.03,
-                          server_step='damped', noise_multiplier=0.5,
-                          dimension=2410)
+                          quantile_switch=None, server_step='damped',
+                          noise_multiplier=0.5, dimension=2410)
   assert {k: summary[k] for k in ('bounding', 'target_quantile',
                                   'server_step', 'noise_multiplier')} == {
                                       k: recorded[k] for k in (

@@ -574,9 +574,10 @@ def test_poisson_run_releases_no_cohort_size_nor_client_metrics(
     sparse_poisson_run):
   summary, run_dir, _ = sparse_poisson_run
   rows = _rows(run_dir / 'metrics.csv')
-  # The damped server step's scale: computed from released aggregates.
-  assert set(rows[0]) == {'round', 'clip_norm', 'epsilon', 'server_step_scale',
-                          'eval_loss', 'eval_accuracy'}
+  # The damped server step's scale and the adaptive norm's target quantile:
+  # computed from released aggregates.
+  assert set(rows[0]) == {'round', 'clip_norm', 'epsilon', 'target_quantile',
+                          'server_step_scale', 'eval_loss', 'eval_accuracy'}
   assert 'not_covered_by_epsilon' not in summary
   for name in ('summary.json', 'ledger.json'):
     text = (run_dir / name).read_text()

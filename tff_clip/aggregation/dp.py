@@ -182,7 +182,7 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
       estimator = CountQuantileEstimatorQuery(
           initial, spec.quantile_for(dimension), spec.clip_learning_rate,
           None if z == 0 else count_stddev, n, geometric_update=True,
-          noise_seed=count_seed)
+          noise_seed=count_seed, switch=spec.switch_for(dimension))
       query = AdaptiveBoundedSumQuery(sum_query, estimator,
                                       per_layer_quantiles)
     # The products the mechanism computes, in the dtypes it computes them.

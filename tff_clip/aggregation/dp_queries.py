@@ -285,15 +285,28 @@ class CountQuantileEstimatorQuery(tfp.QuantileEstimatorQuery):
   value noise (`noise_seed`), which tensorflow-privacy's stateful
   `GaussianSumQuery` cannot. `below_estimate_stddev=None` gives the
   noise-free (exact count) estimator.
+
+  `switch` (a `noise_following.QuantileSwitch`, one norm only) moves the
+  target quantile once, from the released estimates alone: the state then
+  also counts the rounds and keeps the estimate released at the switch's
+  reference round, and its `target_quantile` is the one tracked next.
   """
+
+  _SwitchState = collections.namedtuple('_SwitchState', [
+      'current_estimate', 'target_quantile', 'learning_rate',
+      'below_estimate_state', 'round', 'reference_estimate'])
 
   def __init__(self, initial_estimate, target_quantile, learning_rate,
                below_estimate_stddev, expected_num_records,
-               geometric_update=True, noise_seed=None):
+               geometric_update=True, noise_seed=None, switch=None):
     initial_estimate = np.asarray(initial_estimate, np.float32)
     self._shape = initial_estimate.shape
     self._num_counts = int(initial_estimate.size)
     self._count_noise_seed = noise_seed
+    if switch is not None and self._shape:
+      raise ValueError('A quantile switch reads one norm; got '
+                       f'{self._num_counts} per-layer estimates.')
+    self._switch = switch
     super().__init__(initial_estimate, target_quantile, learning_rate,
                      below_estimate_stddev, expected_num_records,
                      geometric_update)
@@ -318,6 +331,36 @@ class CountQuantileEstimatorQuery(tfp.QuantileEstimatorQuery):
     below = tf.cast(record <= params.current_estimate, tf.float32) - 0.5
     return self._below_estimate_query.preprocess_record(
         params.below_estimate_params, below)
+
+  def initial_global_state(self):
+    state = super().initial_global_state()
+    if self._switch is None:
+      return state
+    return self._SwitchState(*state, round=tf.constant(0, tf.int32),
+                             reference_estimate=state.current_estimate)
+
+  def get_noised_result(self, sample_state, global_state):
+    estimate, state, event = super().get_noised_result(sample_state,
+                                                       global_state)
+    if self._switch is None:
+      return estimate, state, event
+    # Post-processing of the released estimates: the event is unchanged.
+    switch = self._switch
+    round_num = state.round + 1
+    reference = tf.where(tf.equal(round_num, switch.reference_round),
+                         estimate, state.reference_estimate)
+    moves = tf.logical_and(tf.equal(round_num, switch.at_round),
+                           estimate >= switch.growth * reference)
+    target = tf.where(moves, tf.constant(switch.quantile, tf.float32),
+                      state.target_quantile)
+    return estimate, state._replace(
+        round=round_num, reference_estimate=reference,
+        target_quantile=target), event
+
+  def derive_metrics(self, global_state):
+    metrics = super().derive_metrics(global_state)
+    metrics['target_quantile'] = global_state.target_quantile
+    return metrics
 
 
 class AdaptiveBoundedSumQuery(tfp.SumAggregationDPQuery):
@@ -377,7 +420,11 @@ class AdaptiveBoundedSumQuery(tfp.SumAggregationDPQuery):
     return noised, self.GlobalState(sum_state, estimator_state), event
 
   def derive_metrics(self, global_state):
-    return self._sum_query.derive_metrics(global_state.sum_state)
+    metrics = self._sum_query.derive_metrics(global_state.sum_state)
+    if not self._per_layer_quantiles:
+      metrics['target_quantile'] = self._estimator.derive_metrics(
+          global_state.estimator_state)['target_quantile']
+    return metrics
 
 
 class ResultDtypeQuery(tfp.SumAggregationDPQuery):

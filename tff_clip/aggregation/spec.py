@@ -38,6 +38,7 @@ from tff_clip import checks
 from tff_clip.aggregation import blt
 from tff_clip.aggregation import mechanisms
 from tff_clip.aggregation.noise_following import noise_following_quantile
+from tff_clip.aggregation.noise_following import noise_following_switch
 from tff_clip.names import DENOMINATORS, NOISE_PLACEMENTS, SPLITS
 
 __all__ = ['DPSpec', 'ExplicitBudgets', 'MAX_VALUE_NOISE_INFLATION',
@@ -234,9 +235,11 @@ class DPSpec:
       'Adaptive clipping: the starting C (Andrew et al. 2021: 0.1).', 0.1)
   target_quantile: Optional[float] = _parameter(
       'Adaptive clipping: gamma in [0, 1], the fraction of clients left '
-      'unclipped. None: follow the noise (tff_clip.aggregation.noise_following: 0.7 '
-      'where the noise on the mean update is small next to C, down to 0.1 '
-      'where it dominates, from z, n and the model\'s size).', None)
+      'unclipped. None: follow the noise (tff_clip.aggregation.noise_following, '
+      'from z, n and the model\'s size: the median where the noise on the '
+      'mean update is small next to C, moving to 0.1 after round 20 if C has '
+      'doubled since round 10; 0.1 where the noise is larger, 0.03 where it '
+      'dominates).', None)
   clip_learning_rate: float = _parameter(
       'Adaptive clipping: eta_C > 0, the learning rate of the geometric '
       'update C <- C exp(-eta_C (b - gamma)).', 0.2)
@@ -438,6 +441,17 @@ class DPSpec:
       return self.target_quantile
     return noise_following_quantile(self.noise_multiplier,
                                     self.clients_per_round, dimension)
+
+  def switch_for(self, dimension: int):
+    """The `noise_following.QuantileSwitch` of the adaptive norm (one norm,
+    not per-layer quantiles), or None: only a quantile that follows the
+    noise (`target_quantile` None) has one, `noise_following_switch` of z,
+    n and `dimension`; a quantile given is tracked for the whole run."""
+    if (self.target_quantile is not None or not self.adaptive or
+        (self.per_layer and self.per_layer_quantiles)):
+      return None
+    return noise_following_switch(self.noise_multiplier,
+                                  self.clients_per_round, dimension)
 
   def bounding_for(self, dimension: int):
     """The bounding that runs for an update of `dimension` numbers: the one

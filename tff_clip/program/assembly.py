@@ -309,6 +309,18 @@ def _tracked_quantile(config: TrainConfig, noise_multiplier,
   return config.dp_spec(noise_multiplier or 0.0).quantile_for(dimension)
 
 
+def _tracked_switch(config: TrainConfig, noise_multiplier,
+                    dimension: int) -> Optional[dict]:
+  """The move of the tracked quantile (`noise_following.QuantileSwitch` as
+  a dict), or None: only tff_clip's quantile that follows the noise has one
+  (what `dp.DPBoundingFactory` resolves from the update's type)."""
+  if (_tracked_quantile(config, noise_multiplier, dimension) is None or
+      config_lib.baseline(config) is not None):
+    return None
+  switch = config.dp_spec(noise_multiplier or 0.0).switch_for(dimension)
+  return None if switch is None else dataclasses.asdict(switch)
+
+
 def _resolved_bounding(config: TrainConfig, noise_multiplier,
                        dimension: int) -> str:
   """The bounding the run's aggregator applies: --bounding, or for
@@ -328,12 +340,14 @@ def resolved_choices(config: TrainConfig, noise_multiplier,
   """What this tff_clip resolves the run's defaults to, from public numbers
   (the noise multiplier z, the cohort n, the model's size d): the bounding
   (--bounding=noise_following), the tracked target quantile (None without
-  an adaptive norm) and the server step (--server_step=auto). A run records
+  an adaptive norm), its switch (`noise_following.QuantileSwitch` as a
+  dict; None where it has none) and the server step (--server_step=auto). A run records
   them when it starts (`run_directory.RESOLVED_KEY`), so that a rerun under
   another rule refuses rather than mixes the two. TensorFlow-free."""
   return collections.OrderedDict(
       bounding=_resolved_bounding(config, noise_multiplier, dimension),
       target_quantile=_tracked_quantile(config, noise_multiplier, dimension),
+      quantile_switch=_tracked_switch(config, noise_multiplier, dimension),
       server_step=resolved_server_step(config, noise_multiplier))
 
 

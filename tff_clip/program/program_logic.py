@@ -39,10 +39,12 @@ __all__ = ['Accounting', 'NOT_COVERED', 'RELEASED', 'Schedule',
            'flatten_metrics', 'released_metric', 'train_model']
 
 # Per-round columns a DP run releases: covered by epsilon (or public).
-# The damped server step's learning-rate scale (`server_step`) is computed
-# from the released aggregates only: post-processing, covered too.
-RELEASED = ('round', 'epsilon', 'clip_norm', 'server_step_scale', 'eval_loss',
-            'eval_accuracy')
+# The damped server step's learning-rate scale (`server_step`) and the
+# adaptive norm's target quantile (moved, if at all, by the released norms:
+# `noise_following.QuantileSwitch`) are computed from released aggregates
+# only: post-processing, covered too.
+RELEASED = ('round', 'epsilon', 'clip_norm', 'target_quantile',
+            'server_step_scale', 'eval_loss', 'eval_accuracy')
 # Data-dependent columns epsilon does not cover: the realised cohort size
 # (Poisson), client-side training metrics, a synthetic task's objective
 # (computed on the clients' data) and round timings (which grow with the
@@ -55,6 +57,8 @@ NOT_COVERED = ('clients', 'train_loss', 'train_accuracy', 'objective',
 _CLIP_NORM_METRICS = ('aggregator/dp_query_metrics/clip_norm',
                       'aggregator/dp_query_metrics/clip',
                       'aggregator/clip_norm')
+# The quantile tff_clip's adaptive norm tracks in the round.
+_TARGET_QUANTILE_METRIC = 'aggregator/dp_query_metrics/target_quantile'
 
 
 def released_metric(private: bool, release_uncovered_metrics: bool = False):
@@ -120,6 +124,8 @@ def _train_row(round_num, cohort, metrics, accounting):
       metrics.get('client_work/train/accuracy', math.nan))
   row['clip_norm'] = next((metrics[k] for k in _CLIP_NORM_METRICS
                            if k in metrics), math.nan)
+  if _TARGET_QUANTILE_METRIC in metrics:
+    row['target_quantile'] = metrics[_TARGET_QUANTILE_METRIC]
   row['epsilon'] = (math.inf if accounting is None else
                     accounting.ledger.guarantee(accounting.delta).epsilon)
   return row

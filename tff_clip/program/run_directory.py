@@ -46,7 +46,7 @@ __all__ = [
 # step, and the noise multiplier and model size they were read from). Not
 # part of the configuration: a record of what this tff_clip made of it.
 RESOLVED_KEY = 'resolved'
-_CHOICES = ('bounding', 'target_quantile', 'server_step')
+_CHOICES = ('bounding', 'target_quantile', 'quantile_switch', 'server_step')
 
 
 def _nearest_existing(path: str) -> str:

@@ -280,6 +280,9 @@ def _summary(config, session, ledger, last_eval, last_row):
   if session.target_quantile is not None:
     # As resolved (--target_quantile unset: it follows the noise).
     summary['target_quantile'] = session.target_quantile
+  if session.resolved.get('quantile_switch') and 'target_quantile' in last_row:
+    # Where it could move (`noise_following.QuantileSwitch`): where it ended.
+    summary['final_target_quantile'] = last_row['target_quantile']
   # As resolved (--server_step=auto: damped in DP runs of tff_clip's
   # boundings).
   summary['server_step'] = session.server_step
