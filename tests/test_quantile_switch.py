@@ -184,3 +184,15 @@ def test_a_run_releases_the_quantile_each_round_and_where_it_ended(tmp_path):
       'resolved']
   assert resolved['quantile_switch'] == dict(reference_round=10, at_round=20,
                                              growth=2.0, quantile=0.1)
+
+
+def test_a_quantile_given_releases_what_it_released_before():
+  """No switch (a quantile given): the round reports no target quantile, so
+  such a run's released rows are those of a tff_clip without the switch."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  process = dp.dp_factory('clip', noise_multiplier=0.01, clients_per_round=4,
+                          target_quantile=0.5, noise_seed=1).create(
+                              tff.TensorType(np.float32, [100]))
+  output = process.next(process.initialize(), [np.ones([100], np.float32)])
+  metrics = output.measurements['dp_query_metrics']
+  assert 'clip_norm' in metrics and 'target_quantile' not in metrics

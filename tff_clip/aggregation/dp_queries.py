@@ -359,7 +359,8 @@ class CountQuantileEstimatorQuery(tfp.QuantileEstimatorQuery):
 
   def derive_metrics(self, global_state):
     metrics = super().derive_metrics(global_state)
-    metrics['target_quantile'] = global_state.target_quantile
+    if self._switch is not None:  # Where it can move: the one tracked next.
+      metrics['target_quantile'] = global_state.target_quantile
     return metrics
 
 
@@ -421,9 +422,10 @@ class AdaptiveBoundedSumQuery(tfp.SumAggregationDPQuery):
 
   def derive_metrics(self, global_state):
     metrics = self._sum_query.derive_metrics(global_state.sum_state)
-    if not self._per_layer_quantiles:
-      metrics['target_quantile'] = self._estimator.derive_metrics(
-          global_state.estimator_state)['target_quantile']
+    quantile = self._estimator.derive_metrics(
+        global_state.estimator_state).get('target_quantile')
+    if quantile is not None:
+      metrics['target_quantile'] = quantile
     return metrics
 
 

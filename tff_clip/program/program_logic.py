@@ -57,7 +57,7 @@ NOT_COVERED = ('clients', 'train_loss', 'train_accuracy', 'objective',
 _CLIP_NORM_METRICS = ('aggregator/dp_query_metrics/clip_norm',
                       'aggregator/dp_query_metrics/clip',
                       'aggregator/clip_norm')
-# The quantile tff_clip's adaptive norm tracks in the round.
+# The quantile tff_clip's adaptive norm tracks next, where it can move.
 _TARGET_QUANTILE_METRIC = 'aggregator/dp_query_metrics/target_quantile'
 
 
