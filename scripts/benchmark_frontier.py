@@ -50,7 +50,8 @@ calibrated for it; the `cohort` column of `frontier.csv` and `frontier.md`
 records the cohorts each method ran with.
 
 A non-private run of the same model, tuned on the same server learning
-rates, gives the ceiling. Every run is an ordinary run directory under
+rates, gives the ceiling (`--noceiling` leaves it out: a comparison of
+untuned methods then trains only its final runs). Every run is an ordinary run directory under
 `--root_output_dir/<setting>/` (`tune/` and `final/`): a rerun skips finished
 runs and resumes interrupted ones, so the command can be stopped and started
 again (and `--final_seeds` raised: only the new seeds train). `--jobs` runs
@@ -63,7 +64,8 @@ Writes, next to the runs: `tuning.csv` (every cell's validation accuracy),
 seeds, and the paired difference from tuned TFF `dp_aggregator`: difference,
 interval, seeds, fresh keys, verdict), `verdicts.csv` (every comparison,
 one per row), `frontier.md` (both tables) and `frontier.png` (accuracy
-against epsilon with error bars, one std, and the non-private ceiling).
+against epsilon with error bars, one std, and the non-private ceiling where
+it ran).
 """
 
 import collections
@@ -119,6 +121,10 @@ _JOBS = flags.DEFINE_integer(
 _QUICK = flags.DEFINE_bool('quick', False, 'CI size: 2 rounds, 1 seed, one '
                            'epsilon, two methods, two grid cells.')
 _ROOT = flags.DEFINE_string('root_output_dir', 'runs/frontier', 'Output root.')
+_CEILING = flags.DEFINE_bool(
+    'ceiling', True, 'Tune and report the non-private ceiling (3 tuning '
+    'cells and --final_seeds runs); --noceiling leaves it out, so comparing '
+    'untuned methods trains only their final runs.')
 
 # Seeds of the tuning runs: disjoint from the final runs' 0, 1, 2, ...
 TUNING_SEED_BASE = 1000
@@ -289,7 +295,8 @@ def tuning_plan(setting, methods, cells, tune_epsilons, tuning_seeds, root,
                 quick):
   """(method, epsilon, cell index, TrainConfig) of every tuning run.
 
-  The untuned methods (`UNTUNED`) have none.
+  The untuned methods (`UNTUNED`) have none; the ceiling's (`CEILING`) are
+  there where `cells` has its grid.
   """
   plan = [(m, e, i, make_config(setting, m, cell, e, seed, 'tune', root,
                                 quick))
@@ -297,7 +304,7 @@ def tuning_plan(setting, methods, cells, tune_epsilons, tuning_seeds, root,
           for i, cell in enumerate(cells[m]) for seed in tuning_seeds]
   return plan + [(CEILING, None, i, make_config(setting, CEILING, cell, None,
                                                 seed, 'tune', root, quick))
-                 for i, cell in enumerate(cells[CEILING])
+                 for i, cell in enumerate(cells.get(CEILING, ()))
                  for seed in tuning_seeds]
 
 
@@ -584,7 +591,8 @@ def main(argv):
     return cli.fail('--target_quantiles must be numbers in [0, 1] or '
                     f"'{NOISE_FOLLOWING}'; got {_QUANTILES.value}.")
   cells = {m: grid(m, learning_rates, quantiles) for m in methods}
-  cells[CEILING] = grid(CEILING)  # The ceiling: always the frontier's grid.
+  if _CEILING.value:
+    cells[CEILING] = grid(CEILING)  # The ceiling: always the frontier's grid.
   if quick:
     cells = {m: cell[:2] for m, cell in cells.items()}
 
@@ -596,7 +604,8 @@ def main(argv):
     return cli.fail(e)
   tuned = run_all([plan[3] for plan in tune_plan], jobs, 'tune')
   chosen, tuning_rows = choose(tune_plan, [acc for acc, _ in tuned], cells)
-  outputs.write_csv(os.path.join(root, 'tuning.csv'), tuning_rows)
+  if tuning_rows:  # None where only untuned methods run, without a ceiling.
+    outputs.write_csv(os.path.join(root, 'tuning.csv'), tuning_rows)
 
   # 2. Report: each method's chosen cell on fresh seeds, on the test set.
   try:
@@ -608,9 +617,14 @@ def main(argv):
         final_plan += [(method, epsilon, make_config(
             setting, method, cells[method][i], epsilon, seed, 'final', root,
             quick)) for seed in final_seeds]
-    final_plan += [(CEILING, None, make_config(
-        setting, CEILING, cells[CEILING][chosen[CEILING, None][0]], None,
-        seed, 'final', root, quick)) for seed in final_seeds]
+    if _CEILING.value:
+      final_plan += [(CEILING, None, make_config(
+          setting, CEILING, cells[CEILING][chosen[CEILING, None][0]], None,
+          seed, 'final', root, quick)) for seed in final_seeds]
+    # The title's population, rounds and cohort: the setting's (a ceiling
+    # run's, trained or not; a correlated method's cohort is smaller).
+    first = make_config(setting, CEILING, {}, None, final_seeds[0], 'final',
+                        root, quick)
   except config_lib.ConfigError as e:
     return cli.fail(e)
   finals = run_all([plan[2] for plan in final_plan], jobs, 'final')
@@ -647,9 +661,10 @@ def main(argv):
     # smallest group of each seed, `separated_cohort`).
     row['cohort'] = benchmark_settings.cohort_range(cohorts[method])
     rows.append(row)
-  ceiling = _mean_std([run.accuracy for run in runs[CEILING, None].values()])
+  ceiling = (_mean_std([run.accuracy for run in runs[CEILING, None].values()])
+             if _CEILING.value else None)
   outputs.write_csv(os.path.join(root, 'frontier.csv'), rows)
-  written = ['tuning.csv', 'chosen.md', 'frontier.csv']
+  written = ['tuning.csv'] * bool(tuning_rows) + ['chosen.md', 'frontier.csv']
   if compared:
     outputs.write_csv(os.path.join(root, 'verdicts.csv'), [
         collections.OrderedDict(method=method, against=against,
@@ -660,7 +675,8 @@ def main(argv):
   table = (f'Test accuracy, mean ± std over {seeds}:\n\n' +
            format_frontier(rows, epsilons))
   ceiling_line = (f'Non-private ceiling (same model and rounds, tuned server '
-                  f'learning rate): {ceiling[0]:.4f} ± {ceiling[1]:.4f}.')
+                  f'learning rate): {ceiling[0]:.4f} ± {ceiling[1]:.4f}.'
+                  if ceiling else 'Non-private ceiling: not run (--noceiling).')
   under = [f'{row["method"]}: ' + ' / '.join(
       f'{row[f"eps{e:g}_spent"]:.3g}' for e in epsilons) for row in rows
            if any(row[f'eps{e:g}_spent'] < e * (1 - 1e-3) for e in epsilons)]
@@ -693,7 +709,6 @@ def main(argv):
                    same_cell]
   with open(os.path.join(root, 'chosen.md'), 'w') as f:
     f.write('\n'.join(chosen_lines) + '\n')
-  first = final_plan[-1][2]  # The ceiling's: the setting's cohort.
   plot(rows, epsilons, ceiling, os.path.join(root, 'frontier.png'),
        f'{setting}: {first.num_clients} clients, {first.rounds} rounds x '
        f'{first.clients_per_round}, δ = {first.delta:g}, {seeds}')

@@ -378,6 +378,28 @@ def test_quick_run_tunes_reports_and_resumes(tmp_path):
 
 
 @pytest.mark.slow
+def test_without_the_ceiling_untuned_methods_train_only_their_final_runs(
+    tmp_path):
+  result = as_a_user.run(['-m', 'scripts.benchmark_frontier', '--quick',
+                          '--methods=default,tff_default', '--noceiling',
+                          f'--root_output_dir={tmp_path}'])
+  assert result.returncode == 0, result.stderr[-3000:]
+  root = tmp_path / 'mnist1000'
+  # Nothing is tuned: one final run per method, no ceiling run anywhere.
+  assert not (root / 'tune').exists() and not (root / 'tuning.csv').exists()
+  assert sorted(p.name.split('_eps')[0] for p in (root / 'final').iterdir()) == [
+      'default', 'tff_default']
+  report = (root / 'frontier.md').read_text()
+  assert 'Non-private ceiling: not run (--noceiling).' in report
+  with open(root / 'verdicts.csv', newline='') as f:
+    verdicts_ = [(r['method'], r['against'], r['seeds'])
+                 for r in csv.DictReader(f)]
+  assert verdicts_ == [('default', 'tff_default (untuned)', '1')]
+  assert (root / 'frontier.png').exists()
+  assert 'tuning.csv' not in result.stdout.splitlines()[-1]
+
+
+@pytest.mark.slow
 def test_ctrl_c_stops_every_parallel_run_at_once_in_one_line(tmp_path):
   command = ['-m', 'scripts.benchmark_frontier', '--quick',
              '--setting=digits1000', '--jobs=2',
