@@ -51,12 +51,12 @@ records the cohorts each method ran with.
 
 A non-private run of the same model, tuned on the same server learning
 rates, gives the ceiling (`--noceiling` leaves it out: a comparison of
-untuned methods then trains only its final runs). Every run is an ordinary run directory under
-`--root_output_dir/<setting>/` (`tune/` and `final/`): a rerun skips finished
-runs and resumes interrupted ones, so the command can be stopped and started
-again (and `--final_seeds` raised: only the new seeds train). `--jobs` runs
-that many trainings side by side, each in its own process (default: one per
-core).
+untuned methods then trains only its final runs). Every run is an ordinary
+run directory under `--root_output_dir/<setting>/` (`tune/` and `final/`):
+a rerun skips finished runs and resumes interrupted ones, so the command can
+be stopped and started again (and `--final_seeds` raised: only the new seeds
+train). `--jobs` runs that many trainings side by side, each in its own
+process (default: one per core).
 
 Writes, next to the runs: `tuning.csv` (every cell's validation accuracy),
 `chosen.md` (the grid and the chosen cell per method and epsilon),

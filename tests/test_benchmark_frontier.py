@@ -387,8 +387,8 @@ def test_without_the_ceiling_untuned_methods_train_only_their_final_runs(
   root = tmp_path / 'mnist1000'
   # Nothing is tuned: one final run per method, no ceiling run anywhere.
   assert not (root / 'tune').exists() and not (root / 'tuning.csv').exists()
-  assert sorted(p.name.split('_eps')[0] for p in (root / 'final').iterdir()) == [
-      'default', 'tff_default']
+  finals = sorted(p.name.split('_eps')[0] for p in (root / 'final').iterdir())
+  assert finals == ['default', 'tff_default']
   report = (root / 'frontier.md').read_text()
   assert 'Non-private ceiling: not run (--noceiling).' in report
   with open(root / 'verdicts.csv', newline='') as f:
