@@ -439,9 +439,8 @@ def test_anchor_slugs_are_githubs():
   # Anchors as GitHub renders them for headings of these pages.
   assert _slug("tff_clip's default against TFF's default, 20 seeds") == (
       'tff_clips-default-against-tffs-default-20-seeds')
-  assert _slug('Accuracy at equal privacy (`python -m scripts.'
-               'benchmark_utility`)') == (
-                   'accuracy-at-equal-privacy-python--m-scriptsbenchmark_utility')
+  assert _slug('Accuracy at equal privacy (`python -m scripts.X`)') == (
+      'accuracy-at-equal-privacy-python--m-scriptsx')
   assert _slug('The 0.03 quantile where the noise dominates') == (
       'the-003-quantile-where-the-noise-dominates')
   assert _anchors('# A\n## B\n```\n## C\n```\n## B\n') == {'a', 'b', 'b-1'}
