@@ -818,7 +818,7 @@ def _as_root_only(reason):
 
 @pytest.mark.parametrize('where, change', [
     ('run', 'chmod 777'),       # The attack: an empty runs/x others wrote.
-    ('run', 'chmod 775'),       # Group-writable.
+    ('run', 'chmod 775'),       # Writable by a group others belong to.
     ('run', 'chown nobody'),
     ('root', 'chmod 777'),      # runs/, the root the program creates into.
     ('root', 'chown nobody'),
@@ -829,13 +829,15 @@ def test_a_run_directory_another_user_controls_is_refused_unread(
   parsed is not what the refusal names (reading it would have said
   'config.json ... not valid JSON'); one line naming the directory and its
   mode or owner; nothing created, nothing changed."""
-  if 'chown' in change:
-    _as_root_only('Another owner')
+  if 'chown' in change or change == 'chmod 775':
+    _as_root_only('Another owner or group')
   root = tmp_path / 'runs'
   run_dir = root / 'x'
   run_dir.mkdir(parents=True)
   (run_dir / 'config.json').write_text('{"an attacker\'s')
   target = run_dir if where == 'run' else root
+  if change == 'chmod 775':
+    os.chown(target, -1, 65534)  # A group of other users (nogroup).
   if change == 'chown nobody':
     os.chown(target, 65534, 65534)
     expected = 'belongs to '
@@ -868,6 +870,21 @@ def test_an_empty_world_writable_run_directory_is_refused(tmp_path):
                                      experiment_name='x', rounds=1,
                                      progress=False))
   assert list(run_dir.iterdir()) == []
+
+
+def test_a_directory_writable_by_the_users_own_group_is_allowed(tmp_path):
+  """A user private group (umask 002's premise): group-writable directories
+  of a group no one else is in are the user's alone; not refused."""
+  from tff_clip.program import ownership  # pylint: disable=g-import-not-at-top
+  gid = os.getegid()
+  if not ownership._private_group(gid):  # pylint: disable=protected-access
+    pytest.skip(f'group {gid} of this user has other members here')
+  root = tmp_path / 'runs'
+  root.mkdir()
+  os.chmod(root, 0o775)
+  os.chown(root, -1, gid)
+  config = training.TrainConfig(root_output_dir=str(root), experiment_name='x')
+  assert run_directory.existing_run(config) == 'new'
 
 
 def test_a_sticky_directory_above_the_run_is_allowed(tmp_path):

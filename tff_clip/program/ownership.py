@@ -4,8 +4,9 @@ its files are opened.
 Whoever can write a run directory (or a directory above it) can replace its
 records and checkpoints, and with them the DP noise key. As ssh's
 StrictModes treats `~/.ssh`, `check_location` refuses a run directory that
-another user owns or may write in, or one under such a directory (a sticky
-directory such as /tmp above it excepted), and `open_file` opens a run file
+another user owns or may write in (others, or a group that is not the
+user's alone), or one under such a directory (a sticky directory such as
+/tmp above it excepted), and `open_file` opens a run file
 only as a regular file owned by the user (or root) that no one else may
 write, never through a symbolic link (`O_NOFOLLOW`, then `fstat`).
 `check_tree` does the same for a directory a third-party writer fills
@@ -19,6 +20,8 @@ which re-exports these names. None of this imports TensorFlow.
 from __future__ import annotations
 
 import errno
+import functools
+import grp
 import os
 import pwd
 import stat
@@ -40,7 +43,6 @@ class RunRecordError(Exception):
 # only narrow them).
 DIR_MODE = 0o755
 FILE_MODE = 0o644
-_WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 
 
 class LocationError(RunRecordError):
@@ -59,25 +61,49 @@ def _owner(uid: int) -> str:
     return f'uid {uid}'
 
 
+def _group(gid: int) -> str:
+  try:
+    return f'{grp.getgrgid(gid).gr_name} (gid {gid})'
+  except KeyError:
+    return f'gid {gid}'
+
+
 def _trusted_owner(uid: int) -> bool:
   return uid in (os.geteuid(), 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _private_group(gid: int) -> bool:
+  """Whether group `gid` is this user's alone (a user private group, as a
+  umask of 002 assumes): no other user is a member of it or has it as their
+  primary group."""
+  me = os.geteuid()
+  try:
+    members = set(grp.getgrgid(gid).gr_mem)
+    names = {pwd.getpwuid(me).pw_name}
+    others = [u for u in pwd.getpwall() if u.pw_gid == gid and u.pw_uid != me]
+  except KeyError:
+    return False
+  return members <= names and not others
 
 
 def _others_control(st: os.stat_result, sticky_ok: bool = False
                     ) -> Optional[str]:
   """Why another user could change what has this `stat`, or None.
 
-  Owned by someone other than this user or root; or writable by the group
-  or others (a sticky directory excepted where `sticky_ok`: there no one
-  renames or removes another user's entries).
+  Owned by someone other than this user or root; or writable by others, or
+  by a group that is not this user's alone (a sticky directory excepted
+  where `sticky_ok`: there no one renames or removes another user's
+  entries).
   """
   if not _trusted_owner(st.st_uid):
     you = 'root' if os.geteuid() == 0 else f'{_owner(os.geteuid())} or root'
     return f'belongs to {_owner(st.st_uid)}, not to you ({you})'
-  if st.st_mode & _WRITABLE_BY_OTHERS and not (
-      sticky_ok and st.st_mode & stat.S_ISVTX):
+  writable = st.st_mode & stat.S_IWOTH or (
+      st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid))
+  if writable and not (sticky_ok and st.st_mode & stat.S_ISVTX):
     return (f'is writable by others (mode {stat.S_IMODE(st.st_mode):04o}, '
-            f'owner {_owner(st.st_uid)})')
+            f'owner {_owner(st.st_uid)}, group {_group(st.st_gid)})')
   return None
 
 
