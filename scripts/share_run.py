@@ -6,8 +6,9 @@ A run directory holds two kinds of files. What its rounds released
 what epsilon covers. `checkpoints/` must never be shared: a DP run's
 checkpoints hold the noise key, from which every round's noise can be
 regenerated and subtracted from the released model (docs/privacy.md).
-This command copies the first kind only, into a directory that must not
-exist yet:
+This command copies the first kind only, regular files alone (never
+through a symbolic link; what it leaves out it names), into a directory
+that must not exist yet:
 
   python -m scripts.share_run --run_dir=runs/digits_demo \
       --output_dir=runs/digits_demo_shared
@@ -37,12 +38,15 @@ def main(argv) -> int:
     return cli.fail('--output_dir is required: a new directory for the '
                     'released outputs.')
   try:
-    copied = checkpoints.share(_RUN_DIR.value, _OUTPUT_DIR.value)
+    copied, skipped = checkpoints.share(_RUN_DIR.value, _OUTPUT_DIR.value)
   except run_records.RunRecordError as e:
     return cli.fail(e)
   print(f'{_OUTPUT_DIR.value}/: {", ".join(copied)} (the released outputs; '
         'checkpoints/, which hold the noise key, stay in '
         f'{_RUN_DIR.value}/).')
+  if skipped:
+    print(f'Not copied (only regular files are, never through a link): '
+          f'{", ".join(skipped)}.')
   return 0
 
 

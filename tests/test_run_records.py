@@ -433,12 +433,13 @@ def test_share_run_hands_over_the_released_outputs_without_secrets(
 
 
 def test_released_files_are_readable_by_others(finished):
-  """What a run releases stays shareable (the umask decides, as before)."""
+  """What a run releases stays readable by others (the umask may narrow it),
+  and writable by its owner only."""
   run_dir, _ = finished
   umask = os.umask(0)
   os.umask(umask)
   for name in ('metrics.csv', 'summary.json', 'ledger.json', 'config.json'):
-    assert os.stat(run_dir / name).st_mode & 0o777 == 0o666 & ~umask
+    assert os.stat(run_dir / name).st_mode & 0o777 == 0o644 & ~umask
 
 
 # ----------------------------------------------------------------------------
@@ -765,6 +766,7 @@ def test_a_kill_between_any_two_writes_resumes_bit_for_bit(tmp_path,
       break
     resumed = checkpoints.Checkpoints(directory)
     found = resumed.load_latest(warn=pytest.fail)
+    resumed.tidy()  # As a run does once it goes on (`RunState.restore`).
     version = found[0] if found else 0
     assert version in (done, done + 1), (change, version, done)
     if found:
@@ -782,3 +784,333 @@ def test_a_kill_between_any_two_writes_resumes_bit_for_bit(tmp_path,
       for a, b in zip(got, want, strict=True):
         assert a.tobytes() == b.tobytes()
   assert change > len(states) * 2  # Each round renamed and removed something.
+
+
+# ----------------------------------------------------------------------------
+# Only its owner controls a run directory (ssh's StrictModes): one that
+# another user owns or may write in, or one under such a directory, is
+# refused before anything in it is read or written; no run file is ever
+# opened through a symbolic link.
+
+
+def _hashes(directory):
+  """SHA-256 of every file under `directory` (links as their target path)."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  found = {}
+  for root, dirs, files in os.walk(directory):
+    for name in dirs + files:
+      path = pathlib.Path(root) / name
+      key = str(path.relative_to(directory))
+      if path.is_symlink():
+        found[key] = 'link to ' + os.readlink(path)
+      elif path.is_file():
+        found[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+      else:
+        found[key] = 'directory'
+  return found
+
+
+def _as_root_only(reason):
+  if os.geteuid() != 0:
+    pytest.skip(f'{reason} needs root (chown to another uid); the same '
+                'check on the mode runs as any user')
+
+
+@pytest.mark.parametrize('where, change', [
+    ('run', 'chmod 777'),       # The attack: an empty runs/x others wrote.
+    ('run', 'chmod 775'),       # Writable by a group others belong to.
+    ('run', 'chown nobody'),
+    ('root', 'chmod 777'),      # runs/, the root the program creates into.
+    ('root', 'chown nobody'),
+])
+def test_a_run_directory_another_user_controls_is_refused_unread(
+    tmp_path, where, change):
+  """Refused before any file is read: a config.json there that cannot be
+  parsed is not what the refusal names (reading it would have said
+  'config.json ... not valid JSON'); one line naming the directory and its
+  mode or owner; nothing created, nothing changed."""
+  if 'chown' in change or change == 'chmod 775':
+    _as_root_only('Another owner or group')
+  root = tmp_path / 'runs'
+  run_dir = root / 'x'
+  run_dir.mkdir(parents=True)
+  (run_dir / 'config.json').write_text('{"an attacker\'s')
+  target = run_dir if where == 'run' else root
+  if change == 'chmod 775':
+    os.chown(target, -1, 65534)  # A group of other users (nogroup).
+  if change == 'chown nobody':
+    os.chown(target, 65534, 65534)
+    expected = 'belongs to '
+  else:
+    os.chmod(target, int(change.split()[1], 8))
+    expected = f'mode 0{change.split()[1]}'
+  before = _hashes(tmp_path)
+  config = training.TrainConfig(root_output_dir=str(root),
+                                experiment_name='x', rounds=1,
+                                progress=False)
+  with pytest.raises(training.ConfigError) as error:
+    program.run(config)
+  message = str(error.value)
+  assert '\n' not in message
+  assert repr(str(target)) in message and expected in message
+  assert 'config.json' not in message
+  assert _hashes(tmp_path) == before
+
+
+def test_an_empty_world_writable_run_directory_is_refused(tmp_path):
+  """The attack's first step: another user pre-creates an empty, writable
+  runs/x; the victim's run must not start there (today's record of the
+  attack: it trained there without a word)."""
+  run_dir = tmp_path / 'runs' / 'x'
+  run_dir.mkdir(parents=True)
+  os.chmod(run_dir, 0o777)
+  with pytest.raises(training.ConfigError, match=r"writable by others \(mode "
+                     r'0777'):
+    program.run(training.TrainConfig(root_output_dir=str(run_dir.parent),
+                                     experiment_name='x', rounds=1,
+                                     progress=False))
+  assert list(run_dir.iterdir()) == []
+
+
+def test_a_directory_writable_by_the_users_own_group_is_allowed(tmp_path):
+  """A user private group (umask 002's premise): group-writable directories
+  of a group no one else is in are the user's alone; not refused."""
+  from tff_clip.program import ownership  # pylint: disable=g-import-not-at-top
+  gid = os.getegid()
+  if not ownership._private_group(gid):  # pylint: disable=protected-access
+    pytest.skip(f'group {gid} of this user has other members here')
+  root = tmp_path / 'runs'
+  root.mkdir()
+  os.chmod(root, 0o775)
+  os.chown(root, -1, gid)
+  config = training.TrainConfig(root_output_dir=str(root), experiment_name='x')
+  assert run_directory.existing_run(config) == 'new'
+
+
+def test_a_sticky_directory_above_the_run_is_allowed(tmp_path):
+  """/tmp-like (1777) above the run directory: no one else can rename or
+  remove the victim's entries there, so it is not refused. The directories
+  the program makes are writable by their owner only, even under a umask
+  that lets the group write (002), so that a rerun finds them its own."""
+  shared = tmp_path / 'tmp'
+  shared.mkdir()
+  os.chmod(shared, 0o1777)
+  config = training.TrainConfig(root_output_dir=str(shared / 'runs'),
+                                experiment_name='x')
+  assert run_directory.existing_run(config) == 'new'
+  umask = os.umask(0o002)
+  try:
+    run_directory.prepare_output_dir(config)
+  finally:
+    os.umask(umask)
+  for directory in (shared / 'runs', shared / 'runs' / 'x'):
+    assert os.stat(directory).st_mode & 0o022 == 0
+  assert os.stat(shared / 'runs' / 'x' / 'config.json').st_mode & 0o022 == 0
+  assert run_directory.existing_run(config) == 'resume'
+
+
+def test_a_second_user_cannot_plant_the_run_directory(tmp_path):
+  """The attack as a second user (`nobody`), with the program's command line:
+  in a sticky directory both may write, the attacker makes the victim's
+  run directory first (mode 777); the victim's `scripts.train` refuses it
+  in one line naming the directory and its owner, exit 2, nothing in it."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  _as_root_only('Being a second user')
+  shared = pathlib.Path(tempfile.mkdtemp())
+  try:
+    os.chmod(shared, 0o1777)
+    planted = subprocess.run(['mkdir', '-m', '777', str(shared / 'x')],
+                             user=65534, capture_output=True, check=False)
+    if planted.returncode != 0:
+      pytest.skip('this machine does not let user nobody (65534) run mkdir: '
+                  f'{planted.stderr.decode().strip()}')
+    assert os.stat(shared / 'x').st_uid == 65534
+    result = as_a_user.run(['-m', 'scripts.train', f'--root_output_dir={shared}',
+                            '--experiment_name=x', '--rounds=1'], timeout=120)
+    line = as_a_user.refusal(result, shared / 'x' / 'config.json')
+    assert repr(str(shared / 'x')) in line and 'nobody' in line
+    assert 'TensorFlow' not in result.stderr
+    assert list((shared / 'x').iterdir()) == []
+  finally:
+    shutil.rmtree(shared)
+
+
+def test_the_lock_is_never_opened_through_a_link(tmp_path):
+  """`.lock` replaced by a link to a file of the victim's, or to a path that
+  does not exist: refused, the file neither truncated nor written, nothing
+  created where the link points."""
+  run_dir = tmp_path / 'run'
+  run_dir.mkdir()
+  victim = tmp_path / 'precious'
+  victim.write_bytes(b'the victim\'s file')
+  for target in (victim, tmp_path / 'made_through_the_link'):
+    (run_dir / '.lock').unlink(missing_ok=True)
+    os.symlink(target, run_dir / '.lock')
+    with pytest.raises(run_records.RunRecordError,
+                       match='symbolic link') as error:
+      with run_records.exclusive(str(run_dir)):
+        pass
+    assert '\n' not in str(error.value)
+  assert victim.read_bytes() == b'the victim\'s file'
+  assert not (tmp_path / 'made_through_the_link').exists()
+
+
+@pytest.mark.parametrize('name', [
+    'releases.jsonl', 'metrics.csv', 'config.json', 'ledger.json',
+    'summary.json', 'checkpoints/round_000003.npz', 'tensorboard/events',
+    'checkpoints', 'tensorboard'])
+def test_no_run_file_is_opened_through_a_link(copy, tmp_path, name):
+  """A run file (or its directory) replaced by a symbolic link to an exact
+  copy of itself elsewhere: following it would read or write the copy
+  without a word. Refused in one line naming the link; not a byte changed,
+  here or where it points."""
+  if name != 'summary.json':
+    (copy / 'summary.json').unlink()  # Killed before the end: resumes.
+  if name == 'tensorboard/events':
+    name = str(next((copy / 'tensorboard').rglob('events.*')).relative_to(
+        copy))
+  path = copy / name
+  elsewhere = tmp_path / 'elsewhere'
+  elsewhere.mkdir()
+  moved = elsewhere / path.name
+  shutil.move(path, moved)
+  os.symlink(moved, path)
+  before, before_elsewhere = _hashes(copy), _hashes(elsewhere)
+  with pytest.raises(run_records.RunRecordError) as error:
+    program.run(_config(copy.parent))
+  message = str(error.value)
+  assert '\n' not in message
+  assert f'{path} is a symbolic link' in message
+  assert _hashes(copy) == before and _hashes(elsewhere) == before_elsewhere
+
+
+def test_a_run_file_of_another_user_is_refused(copy):
+  """A file that another user owns (planted while the directory was open to
+  them, say) is theirs to rewrite at will: refused, never read."""
+  _as_root_only('A file of another owner')
+  (copy / 'summary.json').unlink()
+  os.chown(copy / 'releases.jsonl', 65534, 65534)
+  before = _hashes(copy)
+  with pytest.raises(run_records.RunRecordError,
+                     match=r'releases.jsonl belongs to nobody'):
+    program.run(_config(copy.parent))
+  assert _hashes(copy) == before
+
+
+# ----------------------------------------------------------------------------
+# A run without DP never rewrites the records of DP rounds; a refusal never
+# changes a byte.
+
+
+def _edit_to_no_dp(run_dir):
+  """The edit: config.json says no DP, and what would contradict it at once
+  (`resolved`, checkpoints/, summary.json) is removed."""
+  recorded = json.loads((run_dir / 'config.json').read_text())
+  recorded['noise_multiplier'] = None
+  del recorded['resolved']
+  (run_dir / 'config.json').write_text(json.dumps(recorded))
+  shutil.rmtree(run_dir / 'checkpoints')
+  (run_dir / 'summary.json').unlink()
+
+
+@pytest.mark.parametrize('survivor', [
+    None,  # Every other file: releases.jsonl (with noise), metrics.csv, ...
+    'metrics.csv', 'ledger.json', 'tensorboard', 'releases.jsonl'])
+def test_a_dp_record_edited_to_no_dp_is_refused_unchanged(copy, survivor):
+  """DP rounds, then config.json edited to `noise_multiplier: null` (its
+  `resolved`, checkpoints/ and summary.json removed), rerun with
+  `--noise_multiplier=none`: today "rounds 1-3 run again (no DP)" rewrote
+  releases.jsonl without noise and the summary's epsilon became null.
+  Refused like any lost record, with the epsilon spent; with only one of
+  the files that prove DP rounds left, too. Every byte stays in place."""
+  _edit_to_no_dp(copy)
+  if survivor is not None:
+    for name in ('releases.jsonl', 'metrics.csv', 'ledger.json',
+                 'tensorboard', 'plot.png'):
+      if name != survivor:
+        path = copy / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+  before = _hashes(copy)
+  with pytest.raises(run_records.RunRecordError) as error:
+    program.run(_config(copy.parent, noise_multiplier=None))
+  message = str(error.value)
+  assert '\n' not in message
+  assert 'DP rounds were released' in message and 'has no DP' in message
+  assert _refused_epsilon(message) > 0
+  assert _hashes(copy) == before
+
+
+def test_the_edit_to_no_dp_is_refused_by_the_command_line(copy):
+  """The same edit, rerun as a user would: `--noise_multiplier=none`."""
+  _edit_to_no_dp(copy)
+  before = _hashes(copy)
+  result = as_a_user.run([
+      '-m', 'scripts.train', f'--root_output_dir={copy.parent}',
+      '--experiment_name=run', f'--rounds={ROUNDS}', '--clients_per_round=6',
+      '--eval_every=1', '--seed=3', '--noprogress',
+      '--noise_multiplier=none'], timeout=600)
+  assert result.returncode != 0, result.stdout
+  assert 'DP rounds were released' in result.stderr
+  assert 'run again' not in result.stdout
+  assert _hashes(copy) == before
+
+
+@pytest.mark.parametrize('refusal', ['cut_log_no_checkpoints',
+                                     'killed_save_behind_the_log'])
+def test_a_refusal_changes_no_byte(copy, refusal):
+  """A refusal leaves every file as it found it: a releases.jsonl cut mid-line
+  (which a run that goes on drops) is not rewritten (it was, 1000 -> 977
+  bytes, by a refusal that said nothing changed); a killed save's temporary
+  file and the checkpoints are not tidied away before the refusal."""
+  (copy / 'summary.json').unlink()
+  if refusal == 'cut_log_no_checkpoints':
+    text = (copy / 'releases.jsonl').read_bytes()
+    (copy / 'releases.jsonl').write_bytes(text[:-25])  # Mid-line.
+    shutil.rmtree(copy / 'checkpoints')
+  else:
+    newest = sorted((copy / 'checkpoints').glob('round_*'))[-1]
+    newest.rename(newest.parent / f'.{newest.name}.tmp')  # A killed save.
+  before = _hashes(copy)
+  with pytest.raises(run_records.RunRecordError) as error:
+    program.run(_config(copy.parent))
+  assert 'nothing was changed' in str(error.value)
+  assert _hashes(copy) == before
+
+
+# ----------------------------------------------------------------------------
+# What is shared: regular files only, never through a link.
+
+
+def test_share_run_never_follows_a_link_into_the_checkpoints(copy, tmp_path):
+  """A symbolic link inside tensorboard/ (and one in the run directory's
+  place of metrics.csv) to a checkpoint: following it (as the copy did)
+  puts the noise key into the shared copy. Only regular files are copied;
+  the links are named as left out; no shared file holds a checkpoint's
+  bytes or its int64 key leaves."""
+  checkpoint = sorted((copy / 'checkpoints').glob('round_*'))[-1]
+  os.symlink(checkpoint, copy / 'tensorboard' / 'events.out.tfevents.leak')
+  (copy / 'metrics.csv').unlink()
+  os.symlink(checkpoint, copy / 'metrics.csv')
+  shared = tmp_path / 'shared'
+  result = as_a_user.run(['-m', 'scripts.share_run', f'--run_dir={copy}',
+                          f'--output_dir={shared}'], timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert 'tensorboard/events.out.tfevents.leak (a symbolic link)' in (
+      result.stdout)
+  assert 'metrics.csv (a symbolic link)' in result.stdout
+  assert not (shared / 'metrics.csv').exists()
+  assert not (shared / 'tensorboard' / 'events.out.tfevents.leak').exists()
+  assert (shared / 'tensorboard').is_dir() and (shared / 'ledger.json').exists()
+  with np.load(checkpoint) as data:
+    keys = [data[n].tobytes() for n in data.files
+            if data[n].dtype == np.int64 and data[n].shape == (2,)]
+  assert keys
+  secret = checkpoint.read_bytes()
+  for path in shared.rglob('*'):
+    assert not path.is_symlink()
+    if path.is_file():
+      content = path.read_bytes()
+      assert content != secret
+      if path.name != 'model.npz':
+        assert not any(key in content for key in keys), path

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -92,14 +93,24 @@ class Checkpoints:
     self._last: list[list[tuple[bytes, Optional[tuple[int, int]]]]] = []
 
   def _make_private(self) -> None:
-    """Creates the directory (0700), or narrows an existing one and its files."""
+    """Creates the directory (0700), or narrows an existing one and its files.
+
+    Never through a link: the directory and its entries are checked first
+    (`run_records.check_tree`), each file narrowed through a descriptor
+    opened with `O_NOFOLLOW`."""
     try:
-      os.makedirs(self.directory, mode=SECRET_DIR_MODE, exist_ok=True)
+      if not os.path.lexists(self.directory):
+        os.makedirs(self.directory, mode=SECRET_DIR_MODE)
+      run_records.check_tree(self.directory)
       os.chmod(self.directory, SECRET_DIR_MODE)
       for name in os.listdir(self.directory):
-        path = os.path.join(self.directory, name)
-        if os.path.isfile(path) and not os.path.islink(path):
-          os.chmod(path, SECRET_FILE_MODE)
+        fd = os.open(os.path.join(self.directory, name),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK |
+                     os.O_CLOEXEC)
+        try:
+          os.fchmod(fd, SECRET_FILE_MODE)
+        finally:
+          os.close(fd)
     except OSError as e:
       raise run_records.write_error(self.directory, e) from None
 
@@ -112,8 +123,9 @@ class Checkpoints:
     return os.path.join(self.directory, f'slices_{round_num:06d}.npz')
 
   def _listed(self, pattern) -> list[int]:
-    if not os.path.isdir(self.directory):
+    if not os.path.lexists(self.directory):
       return []
+    run_records.check_tree(self.directory)  # No link, nothing foreign.
     return sorted(int(m.group(1)) for m in map(
         pattern.match, os.listdir(self.directory)) if m)
 
@@ -174,7 +186,8 @@ class Checkpoints:
     referenced = set()
     for version in self.versions():
       try:
-        with np.load(self.path(version), allow_pickle=False) as data:
+        with _open(self.path(version)) as f, np.load(
+            f, allow_pickle=False) as data:
           refs = _slice_refs(data)
       except Exception:  # pylint: disable=broad-except
         return
@@ -189,11 +202,13 @@ class Checkpoints:
   def load(self, round_num: int) -> tuple[list[np.ndarray], dict[str, Any]]:
     path = self.path(round_num)
     try:
-      with np.load(path, allow_pickle=False) as data:
+      with _open(path) as f, np.load(f, allow_pickle=False) as data:
         header = json.loads(str(data['header']))
         refs = _slice_refs(data)
         stored = {int(n[len('leaf_'):]): data[n] for n in data.files
                   if n.startswith('leaf_')}
+    except run_records.UnsafeFileError:
+      raise  # A link or a foreign file: refused, never read.
     except Exception as e:  # pylint: disable=broad-except
       raise run_records.RunRecordError(f'{path} is damaged ({type(e).__name__}).'
                            ) from None
@@ -221,29 +236,42 @@ class Checkpoints:
     """The vectors of leaf `leaf` that round `at` wrote, for `path`."""
     source = self.slices_path(at)
     try:
-      with np.load(source, allow_pickle=False) as data:
+      with _open(source) as f, np.load(f, allow_pickle=False) as data:
         return data[f'leaf_{leaf:05d}']
+    except run_records.UnsafeFileError:
+      raise
     except Exception as e:  # pylint: disable=broad-except
       raise run_records.RunRecordError(f'{path} refers to {source}, which is missing or '
                            f'damaged ({type(e).__name__}).') from None
 
   def load_latest(self, warn=print):
-    """(round, leaves, header) of the newest readable checkpoint, or None."""
-    if os.path.isdir(self.directory):
-      self._make_private()  # Checkpoints written by an older version.
-      for name in os.listdir(self.directory):
-        if name.startswith('.') and name.endswith('.tmp'):
-          os.remove(os.path.join(self.directory, name))  # A killed save.
+    """(round, leaves, header) of the newest readable checkpoint, or None.
+
+    Reads only: what a killed save left is removed by `tidy`, once the
+    caller has decided to go on (a refusal changes nothing)."""
     for version in reversed(self.versions()):
       try:
         leaves, header = self.load(version)
+      except run_records.UnsafeFileError:
+        raise  # A link or a foreign file: refused, never passed over.
       except run_records.RunRecordError as e:
         warn(f'{e} Trying an older checkpoint.')
         continue
-      if version == self.versions()[-1]:
-        self._remove_old()  # What a save killed before its removals left.
       return version, leaves, header
     return None
+
+  def tidy(self) -> None:
+    """Before a run goes on from its checkpoints: narrows the directory and
+    its files to their owner (as an older version may have left them),
+    removes what a killed save left (its temporary files, the checkpoints
+    and slices files its removals did not reach)."""
+    if not os.path.lexists(self.directory):
+      return
+    self._make_private()
+    for name in os.listdir(self.directory):
+      if name.startswith('.') and name.endswith('.tmp'):
+        os.remove(os.path.join(self.directory, name))  # A killed save.
+    self._remove_old()
 
 
 # ----------------------------------------------------------------------------
@@ -259,6 +287,11 @@ SHAREABLE = ('config.json', run_records.RELEASES) + RELEASED_FILES
 
 
 MODEL = 'model.npz'
+
+
+def _open(path: str):
+  """A checkpoint's file, opened with `run_records.open_file`."""
+  return run_records.open_file(path, 'rb')
 
 
 def _write_released_model(run_dir: str, path: str) -> bool:
@@ -291,16 +324,64 @@ def _write_released_model(run_dir: str, path: str) -> bool:
   return True
 
 
-def share(run_dir: str, destination: str) -> list[str]:
+def _copy_regular(source: str, target: str, name: str,
+                  copied: list[str], skipped: list[str]) -> None:
+  """Copies the regular files under `source` to `target`, never through a
+  link: a link, or anything but a regular file or a directory, is left out
+  and named in `skipped` (as `name`, the path within the run directory)."""
+  try:
+    st = os.lstat(source)
+  except OSError as e:
+    skipped.append(f'{name} ({e.strerror})')
+    return
+  if stat.S_ISDIR(st.st_mode):
+    os.mkdir(target, 0o755)
+    for entry in sorted(os.listdir(source)):
+      _copy_regular(os.path.join(source, entry), os.path.join(target, entry),
+                    f'{name}/{entry}', copied, skipped)
+    return
+  if stat.S_ISLNK(st.st_mode):
+    skipped.append(f'{name} (a symbolic link)')
+    return
+  if not stat.S_ISREG(st.st_mode):
+    skipped.append(f'{name} (not a regular file)')
+    return
+  if os.path.basename(name).startswith('.'):
+    skipped.append(f'{name} (a hidden file)')
+    return
+  try:
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK |
+                 os.O_CLOEXEC)
+  except OSError as e:  # Replaced by a link meanwhile: ELOOP.
+    skipped.append(f'{name} ({e.strerror})')
+    return
+  with open(fd, 'rb') as f:
+    st = os.fstat(f.fileno())
+    if not stat.S_ISREG(st.st_mode):
+      skipped.append(f'{name} (not a regular file)')
+      return
+    out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL |
+                  os.O_NOFOLLOW | os.O_CLOEXEC, stat.S_IMODE(st.st_mode))
+    with open(out, 'wb') as g:
+      shutil.copyfileobj(f, g)
+  copied.append(name)
+
+
+def share(run_dir: str, destination: str) -> tuple[list[str], list[str]]:
   """Copies a run's released outputs, and nothing secret, to `destination`.
 
   `destination` must not exist (nothing is overwritten); it appears whole or
   not at all (the copy is made beside it and renamed). The last released
-  round's model weights, alone, go to `model.npz`. Returns the names
-  written. `checkpoints/` (the DP noise key, and the row of a round not yet
-  released) and anything `SHAREABLE` does not name stay behind.
+  round's model weights, alone, go to `model.npz`. Returns (the names
+  written, what was left out and why). `checkpoints/` (the DP noise key,
+  and the row of a round not yet released) and anything `SHAREABLE` does
+  not name stay behind; of what it names only regular files are copied,
+  never through a symbolic link (a link in `tensorboard/` to a checkpoint
+  copies nothing of it): links, hidden files and anything else are left
+  out and named.
   """
-  if not os.path.isfile(os.path.join(run_dir, 'config.json')):
+  config = os.path.join(run_dir, 'config.json')
+  if not os.path.isfile(config) or os.path.islink(config):
     raise run_records.RunRecordError(f'{run_dir!r} holds no tff_clip run (no '
                          'config.json); nothing was copied.')
   if os.path.lexists(destination):
@@ -312,22 +393,20 @@ def share(run_dir: str, destination: str) -> list[str]:
     if os.path.lexists(tmp):
       shutil.rmtree(tmp)
     os.makedirs(tmp)
-    copied = []
+    copied, skipped, names = [], [], []
     for name in SHAREABLE:
       source = os.path.join(run_dir, name)
-      if os.path.islink(source) or not os.path.exists(source):
+      if not os.path.lexists(source):
         continue
-      if os.path.isdir(source):
-        shutil.copytree(source, os.path.join(tmp, name), symlinks=False,
-                        ignore=shutil.ignore_patterns('.*'))
-      else:
-        shutil.copy2(source, os.path.join(tmp, name))
-      copied.append(name)
+      before = len(copied)
+      _copy_regular(source, os.path.join(tmp, name), name, copied, skipped)
+      if len(copied) > before or os.path.isdir(os.path.join(tmp, name)):
+        names.append(name)
     if _write_released_model(run_dir, os.path.join(tmp, MODEL)):
-      copied.append(MODEL)
+      names.append(MODEL)
     os.rename(tmp, destination)
   except OSError as e:
     shutil.rmtree(tmp, ignore_errors=True)
     raise run_records.write_error(destination, e) from None
   run_records.fsync_dir(parent)
-  return copied
+  return names, skipped

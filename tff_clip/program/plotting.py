@@ -75,8 +75,9 @@ def import_in_background() -> None:
 
 
 def read_metrics(csv_path: str) -> dict[str, list[float]]:
-  """Columns of a metrics CSV as floats (empty cells are NaN)."""
-  with open(csv_path, newline='') as f:
+  """Columns of a metrics CSV as floats (empty cells are NaN); read with
+  `run_records.open_file` (never through a link)."""
+  with run_records.open_file(csv_path, 'r', newline='') as f:
     rows = list(csv.DictReader(f))
   columns = {}
   for row in rows:

@@ -6,8 +6,11 @@ a run writes after releasing a round is evidence that it did: a checkpoint
 of round r (written before r's release), the rows of `metrics.csv`,
 TensorBoard's steps, `summary.json`, `ledger.json` and `plot.png`.
 `release_evidence` reads them all, however damaged, and gives the most they
-prove (`tff_clip.program.run_directory.check_released` refuses on it). TensorBoard's
-files are read with its protocol buffers alone: no TensorFlow.
+prove (`tff_clip.program.run_directory.check_released` refuses on it), and
+whether any proves a DP round (`check_no_dp_lost`). TensorBoard's
+files are read with its protocol buffers alone: no TensorFlow. Every file
+is read with `run_records.open_file` (never through a symbolic link:
+`RunRecordError`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import dataclasses
 import json
 import math
 import os
-import struct
 from typing import Any, Mapping, Optional
 
 from tff_clip.program import checkpoints
@@ -37,11 +39,14 @@ class ReleaseEvidence:
     epsilon: the largest epsilon any file recorded as spent (None: none did).
     event: a round's DP event as a checkpoint or the ledger recorded it
       (`privacy_ledger.event_to_dict`), for rounds no log line describes.
+    dp_proof: a file that proves a DP round was released (an epsilon or a
+      DP event recorded), '' when none does.
   """
   rounds: int = 0
   proof: str = ''
   epsilon: Optional[float] = None
   event: Optional[Mapping[str, Any]] = None
+  dp_proof: str = ''
 
 
 def _number(value) -> Optional[float]:
@@ -56,7 +61,7 @@ def _csv_evidence(path):
   """(last round, largest epsilon) of a metrics.csv, however damaged."""
   rounds, epsilon = 0, None
   try:
-    with open(path, newline='', errors='replace') as f:
+    with run_records.open_file(path, 'r', newline='', errors='replace') as f:
       for row in csv.DictReader(f):
         r = _number(row.get('round'))
         if r is not None and r == int(r):
@@ -71,30 +76,16 @@ def _csv_evidence(path):
 
 def _json_or_none(path):
   try:
-    with open(path, 'rb') as f:
-      return json.loads(f.read())
+    return json.loads(run_records.read_bytes(path))
   except (OSError, ValueError):
     return None
 
 
 def _tfrecords(path):
-  """The records of a TFRecord file (TensorBoard's events), torn tail skipped.
-
-  The framing: uint64 length, uint32 CRC of it, the data, uint32 CRC.
-  """
   try:
-    with open(path, 'rb') as f:
-      data = f.read()
+    yield from run_records.tfrecords(path)
   except OSError:
     return
-  offset = 0
-  while offset + 12 <= len(data):
-    (length,) = struct.unpack_from('<Q', data, offset)
-    start = offset + 12
-    if start + length + 4 > len(data):
-      return
-    yield data[start:start + length]
-    offset = start + length + 4
 
 
 def _tensorboard_evidence(directory):
@@ -103,6 +94,7 @@ def _tensorboard_evidence(directory):
   from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
   from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
   rounds, epsilon = 0, None
+  run_records.check_tree(directory)
   for root, _, files in os.walk(directory):
     for name in files:
       if 'tfevents' not in name:
@@ -144,6 +136,7 @@ def release_evidence(run_dir: str) -> ReleaseEvidence:
   """
   found = [(0, '', None)]  # (rounds, file, epsilon)
   event = None
+  event_proof = ''
   store = checkpoints.Checkpoints(os.path.join(run_dir, 'checkpoints'))
   versions = store.versions()
   if versions:
@@ -156,9 +149,10 @@ def release_evidence(run_dir: str) -> ReleaseEvidence:
       pending = header.get('pending')
       if isinstance(pending, Mapping) and pending.get('event'):
         event = pending['event']
+        event_proof = store.path(version)
         break
   path = os.path.join(run_dir, 'metrics.csv')
-  if os.path.isfile(path):
+  if os.path.lexists(path):
     rounds, epsilon = _csv_evidence(path)
     found.append((rounds, path, epsilon))
   path = os.path.join(run_dir, 'summary.json')
@@ -192,6 +186,7 @@ def release_evidence(run_dir: str) -> ReleaseEvidence:
         if event is None and group.get('event', {}).get('type') not in (
             None, 'NoOpDpEvent'):
           event = group['event']
+          event_proof = path
     found.append((max(rounds, 1), path, epsilon))
   elif os.path.lexists(path):
     found.append((1, path, None))
@@ -199,11 +194,12 @@ def release_evidence(run_dir: str) -> ReleaseEvidence:
   if os.path.lexists(path):
     found.append((1, path, None))
   path = os.path.join(run_dir, 'tensorboard')
-  if os.path.isdir(path):
+  if os.path.lexists(path):
     rounds, epsilon = _tensorboard_evidence(path)
     found.append((rounds, path, epsilon))
   rounds, proof, _ = max(found, key=lambda f: f[0])
   epsilons = [e for _, _, e in found if e is not None]
+  dp_proof = next((f for _, f, e in found if e is not None), event_proof)
   return ReleaseEvidence(rounds=rounds, proof=proof if rounds else '',
                          epsilon=max(epsilons) if epsilons else None,
-                         event=event)
+                         event=event, dp_proof=dp_proof)

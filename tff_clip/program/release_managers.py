@@ -7,12 +7,20 @@ rerun trusts). Both are views of that log: on resume `metrics.csv` is
 rebuilt from it, and TensorBoard is given the released rounds it lacks (a
 kill between the record and the view). A write that fails is one
 `run_records.RunRecordError` line, never a TensorFlow traceback.
+
+`metrics.csv` is written by `run_records` (atomic files, appends opened
+with `O_NOFOLLOW`). TensorBoard's files are written by TensorFlow's
+summary writer, which opens them by name: `tensorboard/` is made here
+(writable by its owner only) and checked before the writer is created
+(`run_records.check_tree`: a real directory of this user's, no symbolic
+link and nothing of another user's in it), and its event files are read
+back with `run_records.open_file`. The writer keeps its file open, so the
+rounds after that check write to what it checked.
 """
 
 from __future__ import annotations
 
 import asyncio
-import glob
 import math
 import os
 
@@ -59,6 +67,12 @@ class TensorBoardView(tff.program.ReleaseManager):
   def __init__(self, tb_dir: str, log: run_records.ReleaseLog,
                resuming: bool):
     self._dir = tb_dir
+    try:
+      if not os.path.lexists(tb_dir):
+        os.mkdir(tb_dir, run_records.DIR_MODE)
+    except OSError as e:
+      raise run_records.write_error(tb_dir, e) from None
+    run_records.check_tree(tb_dir)  # Before TensorFlow opens a file in it.
     self._steps = tensorboard_steps(tb_dir) if resuming else set()
     try:
       self._writer = tff.program.TensorBoardReleaseManager(tb_dir)
@@ -93,15 +107,22 @@ class TensorBoardView(tff.program.ReleaseManager):
 
 
 def tensorboard_steps(tb_dir: str) -> set[int]:
-  """The steps with values in the event files under `tb_dir`."""
+  """The steps with values in the event files under `tb_dir`.
+
+  No link is followed (`run_records.check_tree`, `run_records.tfrecords`);
+  a record torn by a kill mid-write is skipped.
+  """
   steps = set()
-  for path in glob.glob(os.path.join(tb_dir, '**', 'events.out.tfevents.*'),
-                        recursive=True):
-    try:
-      for record in tf.data.TFRecordDataset(path):
-        event = tf.compat.v1.Event.FromString(record.numpy())
+  run_records.check_tree(tb_dir)
+  for root, _, files in os.walk(tb_dir):
+    for name in files:
+      if not name.startswith('events.out.tfevents.'):
+        continue
+      for record in run_records.tfrecords(os.path.join(root, name)):
+        try:
+          event = tf.compat.v1.Event.FromString(record)
+        except Exception:  # pylint: disable=broad-except
+          continue  # Damaged: not a released step.
         if event.summary.value:
           steps.add(int(event.step))
-    except tf.errors.DataLossError:  # A kill mid-write: the tail is torn.
-      pass
   return steps

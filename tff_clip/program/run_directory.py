@@ -1,12 +1,17 @@
 """The run directory's lifecycle: is there a run, may it go on, what it spent.
 
 A run directory (`root_output_dir/experiment_name/`, docs/run_directory.md)
-is a record, never silently changed. Before anything is built or written,
-`existing_run` says whether `config` starts, resumes or is finished there
-(refusing another configuration or a foreign directory),
+is a record, never silently changed, that only its owner controls. Before
+anything is read, `check_location` refuses a run directory another user
+could change (`run_records.check_location`: owned by another user, or
+writable by others, it or any directory above it). Before anything is
+built or written, `existing_run` says whether `config` starts, resumes or
+is finished there (refusing another configuration or a foreign directory),
 `check_writable` whether this process can create it, and `check_released`
 whether a DP run's surviving files prove releases that its log
-(`releases.jsonl`) lost, which must never be trained again. A finished
+(`releases.jsonl`) lost, which must never be trained again, and
+`check_no_dp_lost` whether a run without DP would rewrite the records of
+DP rounds. A finished
 run's report is `finished_summary`, recomputed from its records. A run
 that trains keeps its state in `RunState`: checkpoints that name the
 release they follow, and the log of released rounds.
@@ -35,10 +40,10 @@ from tff_clip.program.config import EXECUTION_KEYS, LEGACY_DEFAULTS
 from tff_clip.program.config import NO_BOUNDING, RENAMED_KEYS
 
 __all__ = [
-    'RESOLVED_KEY', 'RunState', 'check_released', 'check_resolved',
-    'check_writable', 'epsilons', 'existing_run', 'finished_summary',
-    'last_eval', 'ledger_of', 'prepare_output_dir', 'recorded_resolution',
-    'refusal',
+    'RESOLVED_KEY', 'RunState', 'check_location', 'check_no_dp_lost',
+    'check_released', 'check_resolved', 'check_writable', 'epsilons',
+    'existing_run', 'finished_summary', 'last_eval', 'ledger_of',
+    'prepare_output_dir', 'recorded_resolution', 'refusal',
 ]
 
 # config.json's entry for what the run's defaults resolved to when it
@@ -62,13 +67,25 @@ def _reads_quantile(fields: dict) -> bool:
           fields.get('bounding') != NO_BOUNDING)
 
 
+def check_location(config: TrainConfig) -> None:
+  """Refuses a run directory that another user could change, before
+  anything in it is read: `ConfigError` naming `--root_output_dir`, the
+  directory and its owner or mode (`run_records.check_location`)."""
+  try:
+    run_records.check_location(config.output_dir)
+  except run_records.LocationError as e:
+    raise ConfigError(str(e)) from None
+
+
 def existing_run(config: TrainConfig) -> str:
   """'new', 'resume' or 'finished' for `config.output_dir`; writes nothing.
 
-  Raises `ConfigError` when the directory holds another configuration or
-  something else, or cannot be created, and `run_records.RunRecordError`
-  when its config.json cannot be read.
+  Raises `ConfigError` when the directory (or one above it) is another
+  user's to change (`check_location`, asked first), holds another
+  configuration or something else, or cannot be created, and
+  `run_records.RunRecordError` when its config.json cannot be read.
   """
+  check_location(config)
   out = config.output_dir
   if not os.path.exists(out):
     parent = _nearest_existing(out)
@@ -128,6 +145,7 @@ def check_writable(config: TrainConfig) -> None:
   directory is made and removed at once in the run directory, or where it
   would be created. `ConfigError` naming `--root_output_dir` and the reason.
   """
+  check_location(config)
   out = config.output_dir
   where = out if os.path.isdir(out) else _nearest_existing(out)
   if not os.path.isdir(where):
@@ -148,11 +166,9 @@ def prepare_output_dir(config: TrainConfig,
   with the noise multiplier and the model's size) under `RESOLVED_KEY`.
   """
   status = existing_run(config)
-  try:
-    os.makedirs(config.output_dir, exist_ok=True)
-  except OSError as e:
-    raise run_records.RunRecordError(
-        f'cannot create {config.output_dir}: {e.strerror}.') from None
+  # Each directory made writable by its owner only, then checked again:
+  # one another user made meanwhile (in a sticky /tmp) is refused.
+  run_records.ensure_dir(config.output_dir)
   if status == 'new':
     recorded = config.to_json()
     if resolved is not None:
@@ -356,6 +372,8 @@ def check_released(config: TrainConfig) -> None:
       if header.get('pending') and header.get('log_hash') == log.hash_at(
           covered):
         covered += 1
+    except run_records.UnsafeFileError:
+      raise
     except run_records.RunRecordError:
       pass
   if evidence.rounds > covered:
@@ -364,6 +382,31 @@ def check_released(config: TrainConfig) -> None:
     raise refusal(config, log, f'{evidence.proof} shows that rounds up to '
                   f'{evidence.rounds} were released but '
                   f'{run_records.RELEASES} {listed}', evidence)
+
+
+def check_no_dp_lost(config: TrainConfig) -> None:
+  """Refuses a run without DP in a directory whose files prove DP rounds.
+
+  Its records say the run has no DP (config.json's `noise_multiplier` is
+  null, perhaps edited so), yet `releases.jsonl` holds a DP event, or
+  another surviving file (`metrics.csv`'s or TensorBoard's epsilon,
+  `ledger.json`, `summary.json`, a checkpoint's pending event) proves a DP
+  round was released. Going on would train and release those rounds again
+  without noise and rewrite their records with no epsilon, erasing what
+  they spent: refused like any other loss of records, before anything is
+  written.
+  """
+  log = run_records.ReleaseLog(config.output_dir)
+  proof = next((log.path for _, event in log.events() if event is not None),
+               '')
+  evidence = release_evidence.release_evidence(config.output_dir)
+  proof = proof or evidence.dp_proof
+  if proof:
+    raise refusal(config, log, f'{proof} shows that DP rounds were released, '
+                  'but this run has no DP (config.json and the flags say '
+                  'noise_multiplier is none): it would release them again '
+                  'without noise and rewrite their records with no epsilon',
+                  evidence)
 
 
 # ----------------------------------------------------------------------------
@@ -412,6 +455,7 @@ class RunState:
         warn=lambda message: print(message, file=sys.stderr, flush=True))
     if found is None:
       if released == 0:
+        self._checkpoints.tidy()
         return initial_state(), 1, None
       if self._private:
         raise refusal(config, log, f'rounds 1-{released} were released '
@@ -419,6 +463,7 @@ class RunState:
                       'covers them (checkpoints/ is missing or damaged)')
       print(f'No loadable checkpoint: rounds 1-{released} run again (no '
             'DP).', flush=True)
+      self._checkpoints.tidy()
       log.truncate(0)
       return initial_state(), 1, None
     version, leaves, header = found
@@ -450,6 +495,8 @@ class RunState:
                  privacy_ledger.event_from_dict(pending['event']))
     else:
       pending = None
+    # Decided: what a killed save left goes (a refusal changed nothing).
+    self._checkpoints.tidy()
     print(f'Resuming {config.output_dir}/ from its checkpoint after round '
           f'{version} of {config.rounds}.', flush=True)
     return state, version + 1, pending

@@ -21,6 +21,12 @@ returns. A write that fails (a full disk, a read-only file system) raises
 Each per-round operation costs O(1) in the number of rounds: one line
 appended to the log and to `metrics.csv`, one checkpoint of fixed size.
 
+Only its owner controls a run directory (`tff_clip.program.ownership`,
+whose names this module re-exports): every file here is opened with
+`open_file` (never through a symbolic link, a regular file of the user's
+that no one else may write) and created writable by its owner alone (0644,
+the lock and checkpoints 0600).
+
 None of this imports TensorFlow.
 """
 
@@ -39,17 +45,22 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
+# Re-exported: the records are opened and placed as `ownership` says.
+from tff_clip.program.ownership import DIR_MODE, FILE_MODE
+from tff_clip.program.ownership import LocationError, RunRecordError
+from tff_clip.program.ownership import UnsafeFileError, check_location
+from tff_clip.program.ownership import check_tree, ensure_dir, open_file
+from tff_clip.program.ownership import read_bytes, tfrecords
+
 __all__ = [
-    'ReleaseLog', 'RunRecordError', 'atomic_write', 'atomic_write_with',
-    'fsync_dir', 'read_json', 'strict_json', 'write_error', 'write_json',
+    'DIR_MODE', 'FILE_MODE', 'LocationError', 'ReleaseLog', 'RunRecordError',
+    'UnsafeFileError', 'atomic_write', 'atomic_write_with', 'check_location',
+    'check_tree', 'ensure_dir', 'fsync_dir', 'open_file', 'read_bytes',
+    'read_json', 'strict_json', 'tfrecords', 'write_error', 'write_json',
 ]
 
 RELEASES = 'releases.jsonl'
 _GENESIS = '0' * 64
-
-
-class RunRecordError(Exception):
-  """A run-directory file cannot be read, trusted or written (one line)."""
 
 
 # ----------------------------------------------------------------------------
@@ -67,12 +78,18 @@ def exclusive(directory: str):
   draw); the records notice afterwards, this refuses before. The lock is an
   advisory `flock` on `directory/.lock`, released by the kernel however the
   holder ends, so a killed run never leaves a stale lock.
+
+  The directory is checked first (`check_location`), and the lock is opened
+  with `open_file`: a `.lock` that is a symbolic link is refused, and
+  nothing is created or truncated through one.
   """
+  check_location(directory)
   path = os.path.join(directory, LOCK)
   try:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    lock = open_file(path, 'r+b', create_mode=0o600, buffering=0)
   except OSError as e:
     raise write_error(path, e) from None
+  fd = lock.fileno()
   try:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -85,7 +102,7 @@ def exclusive(directory: str):
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     yield
   finally:
-    os.close(fd)  # Releases the lock.
+    lock.close()  # Releases the lock.
 
 
 # ----------------------------------------------------------------------------
@@ -113,7 +130,7 @@ def write_error(path: str, error: OSError) -> RunRecordError:
                         f'written was changed.{hint}')
 
 
-def atomic_write(path: str, data: bytes, mode: int = 0o666) -> None:
+def atomic_write(path: str, data: bytes, mode: int = FILE_MODE) -> None:
   """Writes `data` to `path` atomically and durably (tmp, fsync, rename).
 
   The file has permissions `mode` from its first byte (the temporary file is
@@ -123,16 +140,21 @@ def atomic_write(path: str, data: bytes, mode: int = 0o666) -> None:
   atomic_write_with(path, lambda f: f.write(data), mode)
 
 
-def atomic_write_with(path: str, write, mode: int = 0o666) -> None:
+def atomic_write_with(path: str, write, mode: int = FILE_MODE) -> None:
   """`atomic_write` of what `write(file)` writes to the open binary file:
   written as it is produced, never held whole in memory (a checkpoint is
-  the size of the model and the noise mechanism's state)."""
+  the size of the model and the noise mechanism's state).
+
+  The temporary file is created with `O_EXCL | O_NOFOLLOW` (never through a
+  link), and the rename replaces `path` itself, a link included, never
+  what a link points to."""
   directory = os.path.dirname(os.path.abspath(path))
   tmp = os.path.join(directory, f'.{os.path.basename(path)}.tmp')
   try:
     with contextlib.suppress(FileNotFoundError):
       os.remove(tmp)  # A killed write's leftover, perhaps with other modes.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL |
+                 os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     with open(fd, 'wb') as f:
       write(f)
       f.flush()
@@ -175,10 +197,12 @@ def write_json(path: str, data) -> None:
 
 
 def read_json(path: str, what: str = 'file'):
-  """The JSON at `path`, or `RunRecordError` naming it (never a traceback)."""
+  """The JSON at `path`, or `RunRecordError` naming it (never a traceback).
+
+  Read with `open_file`: a link or a file another user may write is refused.
+  """
   try:
-    with open(path, 'rb') as f:
-      text = f.read()
+    text = read_bytes(path)
   except OSError as e:
     raise RunRecordError(f'{path}: cannot read this {what} '
                          f'({os.strerror(e.errno) if e.errno else e}).'
@@ -209,10 +233,13 @@ class ReleaseLog:
   Each line is `{"round", "row", "event", "hash"}`: `event` is the round's
   DP event as `privacy_ledger.event_to_dict` writes it (None without DP),
   `hash` the SHA-256 of the previous line's hash and this line's other
-  fields. Opening a log verifies every line. A last line cut by a kill
-  (no newline, or not JSON) was never released: it is dropped, and the
-  caller's checkpoint still holds that round's row. A complete line that
-  does not verify raises `RunRecordError` naming the file and line.
+  fields. Opening a log verifies every line and writes nothing. A last line
+  cut by a kill (no newline, or not JSON) was never released: it is left
+  out, and the caller's checkpoint still holds that round's row; the file
+  loses it only when a round is appended (or the log truncated), so a run
+  refused after reading the log leaves every byte of it in place. A
+  complete line that does not verify raises `RunRecordError` naming the file
+  and line.
   """
 
   def __init__(self, run_dir: str):
@@ -220,16 +247,15 @@ class ReleaseLog:
     self._records: list[dict[str, Any]] = []
     self._hashes: list[str] = []
     self.dropped_torn_line = False
-    if os.path.isdir(self.path):
+    if os.path.isdir(self.path) and not os.path.islink(self.path):
       raise RunRecordError(f'{self.path} is a directory, not the log of '
                            'released rounds.')
-    if os.path.exists(self.path):
+    if os.path.lexists(self.path):
       self._load()
 
   def _load(self) -> None:
     try:
-      with open(self.path, 'rb') as f:
-        data = f.read()
+      data = read_bytes(self.path)
     except OSError as e:
       raise RunRecordError(f'{self.path}: cannot read the log of released '
                            f'rounds ({os.strerror(e.errno)}).') from None
@@ -254,9 +280,7 @@ class ReleaseLog:
       self._hashes.append(previous)
       self._records.append(record)
     if tail:
-      self.dropped_torn_line = True
-    if self.dropped_torn_line:
-      self._rewrite()
+      self.dropped_torn_line = True  # Cut from the file at the next append.
 
   def _rewrite(self) -> None:
     atomic_write(self.path, b''.join(
@@ -302,8 +326,11 @@ class ReleaseLog:
     body = _dumps(fields)
     record = dict(fields, hash=_line_hash(self.hash_at(self.last_round), body))
     line = (json.dumps(record) + '\n').encode()
+    if self.dropped_torn_line:
+      self._rewrite()  # The cut line goes before the next one is appended.
+      self.dropped_torn_line = False
     try:
-      with open(self.path, 'ab') as f:
+      with open_file(self.path, 'ab') as f:
         f.write(line)
         f.flush()
         os.fsync(f.fileno())
@@ -324,10 +351,11 @@ class ReleaseLog:
 
   def truncate(self, last_round: int) -> None:
     """Forgets rounds after `last_round` (only for runs without DP)."""
-    if last_round < self.last_round:
+    if last_round < self.last_round or self.dropped_torn_line:
       del self._records[last_round:]
       del self._hashes[last_round:]
       self._rewrite()
+      self.dropped_torn_line = False
 
 
 def metrics_csv(rows: Iterable[Mapping[str, Any]]) -> bytes:
@@ -350,9 +378,8 @@ def write_metrics_csv(path: str, rows: Iterable[Mapping[str, Any]]) -> None:
 def repair_metrics_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> bool:
   """Rebuilds `path` from `rows` unless it already holds them; True if so."""
   try:
-    with open(path, 'rb') as f:
-      if f.read() == metrics_csv(rows):
-        return False
+    if read_bytes(path) == metrics_csv(rows):
+      return False
   except OSError:
     pass
   write_metrics_csv(path, rows)
@@ -367,8 +394,8 @@ def append_metrics_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
   column it lacks.
   """
   header = None
-  if os.path.exists(path):
-    with open(path, newline='') as f:
+  if os.path.lexists(path):
+    with open_file(path, 'r', newline='') as f:
       header = next(csv.reader(f), None)
   if not header or header[0] != 'round' or any(
       k not in header for k in rows[-1]):
@@ -379,7 +406,7 @@ def append_metrics_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
   csv.DictWriter(buffer, fieldnames=fields, lineterminator='\n').writerow(
       {k: rows[-1].get(k, '') for k in fields})
   try:
-    with open(path, 'a', newline='') as f:
+    with open_file(path, 'a', newline='') as f:
       f.write(buffer.getvalue())
       f.flush()
       os.fsync(f.fileno())

@@ -101,6 +101,8 @@ def run(config: TrainConfig, task_builder: TaskBuilder,
   status = run_directory.existing_run(config)
   if status != 'new' and config.private:
     run_directory.check_released(config)  # Nothing released is trained again.
+  elif status != 'new':
+    run_directory.check_no_dp_lost(config)  # No DP record is rewritten.
   if status == 'finished':
     recorded = run_directory.recorded_resolution(config)
     if recorded is not None and isinstance(recorded.get('dimension'), int):
