@@ -341,14 +341,18 @@ def resolved_choices(config: TrainConfig, noise_multiplier,
   (the noise multiplier z, the cohort n, the model's size d): the bounding
   (--bounding=noise_following), the tracked target quantile (None without
   an adaptive norm), its switch (`noise_following.QuantileSwitch` as a
-  dict; None where it has none) and the server step (--server_step=auto). A run records
+  dict; None where it has none), the server step (--server_step=auto) and
+  how --sampling=min_separation groups the clients
+  (`sampling.GROUP_SCHEME`; None under other samplings). A run records
   them when it starts (`run_directory.RESOLVED_KEY`), so that a rerun under
   another rule refuses rather than mixes the two. TensorFlow-free."""
   return collections.OrderedDict(
       bounding=_resolved_bounding(config, noise_multiplier, dimension),
       target_quantile=_tracked_quantile(config, noise_multiplier, dimension),
       quantile_switch=_tracked_switch(config, noise_multiplier, dimension),
-      server_step=resolved_server_step(config, noise_multiplier))
+      server_step=resolved_server_step(config, noise_multiplier),
+      client_groups=(sampling_lib.GROUP_SCHEME
+                     if config.sampling == MIN_SEPARATION else None))
 
 
 def _eval_dataset(task, split: str):
