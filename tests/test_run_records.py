@@ -522,7 +522,7 @@ def test_a_run_records_what_its_defaults_resolved_to(finished):
   assert recorded == dict(bounding='normalize', target_quantile=0.03,
                           quantile_switch=None, server_step='damped',
                           client_groups=None, noise_multiplier=0.5,
-                          dimension=2410)
+                          dimension=2410, clients_per_round=6)
   assert {k: summary[k] for k in ('bounding', 'target_quantile',
                                   'server_step', 'noise_multiplier')} == {
                                       k: recorded[k] for k in (

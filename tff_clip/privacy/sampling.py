@@ -44,7 +44,8 @@ from tff_clip import checks
 from tff_clip.names import FIXED_SIZE, MIN_SEPARATION, POISSON, SAMPLINGS
 
 __all__ = ['FIXED_SIZE', 'GROUP_SCHEME', 'MIN_SEPARATION', 'POISSON',
-           'SAMPLINGS', 'ClientSampler', 'group_sizes', 'separation_groups']
+           'SAMPLINGS', 'ClientSampler', 'group_scheme', 'group_sizes',
+           'separation_groups']
 
 # The name a run records for how `separation_groups` assigns clients to
 # groups (`run_directory.RESOLVED_KEY`): a resumed run must find its groups
@@ -54,6 +55,12 @@ GROUP_SCHEME = 'equal_permuted'
 # Domain separation of the group permutation's stream from the per-round
 # streams (`np.random.default_rng([seed, round])`).
 _GROUPS_STREAM = 0x67726f757073  # b'groups'
+
+
+def group_scheme(sampling: str):
+  """How `sampling` groups the clients, as a run records it: `GROUP_SCHEME`
+  under min_separation, else None (no groups)."""
+  return GROUP_SCHEME if sampling == MIN_SEPARATION else None
 
 
 def group_sizes(population_size: int, separation: int) -> tuple[int, int]:
