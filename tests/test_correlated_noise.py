@@ -433,7 +433,7 @@ def test_adaptive_bounding_with_banded_noise_composes_the_count_noise(method):
       a=(np.float32, [3]), b=(np.float32, [2])))
   factory = dp.dp_factory(method, noise_multiplier=1.0, clients_per_round=2,
                           clip_norm='adaptive', noise_seed=1,
-                          noise_mechanism='banded', bands=3)
+                          noise_mechanism='banded', bands=3, min_separation=3)
   process = factory.create(value_type)
   state = process.initialize()
   client = collections.OrderedDict(a=np.ones(3, np.float32),
