@@ -264,7 +264,6 @@ class TrainConfig:
 
   def __post_init__(self):
     if self.clients_per_round is None and not self.participation_separation:
-      # Separated: the smallest group (`preflight.with_population`).
       object.__setattr__(self, 'clients_per_round', DEFAULT_CLIENTS_PER_ROUND)
     if not self.experiment_name:
       object.__setattr__(self, 'experiment_name',
@@ -312,7 +311,8 @@ class TrainConfig:
     declared = self._dp_parameters()
     declared.update(bounding_method=bounding_method or self.bounding,
                     noise_multiplier=noise_multiplier,
-                    clients_per_round=self.clients_per_round or 1,
+                    clients_per_round=1 if self.clients_per_round is None
+                    else self.clients_per_round,  # None: `with_population`.
                     min_separation=self.participation_separation)
     return spec.DPSpec(**declared)
 
