@@ -36,6 +36,8 @@ later ones); each beside the plain-TF floor of the same rounds.
       --rounds=8 --train
 """
 
+import collections
+import dataclasses
 import json
 import os
 import statistics
@@ -52,6 +54,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # pylint: disable=g-import-not-at-top
 import numpy as np
 import tensorflow as tf
+import tensorflow_federated as tff
 
 from scripts import cli
 from scripts import program
@@ -83,8 +86,10 @@ _BOOKKEEPING = flags.DEFINE_integer(
 _COHORTS = flags.DEFINE_list(
     'cohort_sizes', [], 'Also time in-process DP rounds of these cohort sizes '
     'drawn from a population of --population clients of the heterogeneous '
-    'quadratic (seconds per round and per client, resident memory after the '
-    'second and the last round, peak); e.g. 20,100,1000.')
+    'quadratic, each generated when sampled (`GeneratedQuadraticClients`: '
+    'the population is never held), (seconds per round and per client, '
+    'resident memory after the second and the last round, peak); e.g. '
+    '20,100,1000.')
 _POPULATION = flags.DEFINE_integer('population', 10_000, 'Population of '
                                    '--cohort_sizes.')
 _TRAIN = flags.DEFINE_bool('train', False, 'Also time scripts.train end to '
@@ -356,6 +361,70 @@ def _memory_mib(field):
   return float('nan')
 
 
+class GeneratedQuadraticClients(tff.simulation.datasets.ClientData):
+  """Clients of the heterogeneous quadratic, each generated when sampled.
+
+  Client i holds the `rank` examples (a_j, <a_j, w_i*>) of Das et al.,
+  Sec. 5.3 (`tasks.synthetic.build_heterogeneous_quadratic`: a_j the
+  columns of A_i, entries N(0, 1/20^2), w_i* ~ N(0, I)), drawn by
+  TensorFlow's stateless generators from (seed, i): a pure function of
+  them, so a population of any size costs only its sampled clients' data
+  (as `tasks.stackoverflow.GeneratedClientData` does for its users). The
+  round's work is the task's; its problem (the optimum over all clients)
+  is not built.
+  """
+
+  def __init__(self, num_clients: int, *, dimension: int = 200,
+               rank: int = 20, seed: int = 0):
+    super().__init__()
+    from tasks import stackoverflow  # pylint: disable=g-import-not-at-top
+    self._client_ids = stackoverflow.GeneratedClientIds(num_clients)
+    self._dimension, self._rank, self._seed = dimension, rank, int(seed)
+    self._element_type_structure = self._dataset(
+        self._client_ids[0]).element_spec
+
+  @property
+  def client_ids(self):
+    return self._client_ids
+
+  @property
+  def serializable_dataset_fn(self):
+    return self._dataset
+
+  @property
+  def element_type_structure(self):
+    return self._element_type_structure
+
+  def _dataset(self, client_id) -> tf.data.Dataset:
+    key = tf.stack([tf.constant(self._seed, tf.int64),
+                    tf.strings.to_number(client_id, tf.int64)])
+    keys = tf.random.experimental.stateless_split(key, 2)
+    features = tf.random.stateless_normal(
+        [self._rank, self._dimension], keys[0], stddev=1.0 / 20.0)
+    optimum = tf.random.stateless_normal([self._dimension, 1], keys[1])
+    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+        features=features, targets=tf.matmul(features, optimum)))
+
+
+def _generated_quadratic_task(config):
+  """The heterogeneous quadratic with `config.num_clients` generated clients
+  (`GeneratedQuadraticClients`): its model, preprocessing and evaluation
+  data are the task's own, built for 100 clients."""
+  from tasks import task as task_lib  # pylint: disable=g-import-not-at-top
+  small = program.build_task(dataclasses.replace(config, num_clients=100))
+  datasets = tff.simulation.baselines.BaselineTaskDatasets(
+      train_data=GeneratedQuadraticClients(config.num_clients,
+                                           seed=config.seed),
+      test_data=small.datasets.test_data,
+      train_preprocess_fn=small.datasets.train_preprocess_fn,
+      eval_preprocess_fn=small.datasets.eval_preprocess_fn)
+  return task_lib.Task(
+      datasets, small.model_fn, name=small.name,
+      data_source=small.data_source,
+      model_description=small.model_description,
+      data_description=f'{config.num_clients:,} generated clients')
+
+
 def _cohort_rows(sizes, population, rounds):
   """[(clients, s/round, ms/client, RSS round 2, RSS last, peak)] per size."""
   from tff_clip.program import assembly, training
@@ -366,16 +435,17 @@ def _cohort_rows(sizes, population, rounds):
         task='heterogeneous_quadratic', num_clients=population,
         clients_per_round=size, sampling='fixed_size', bounding='clip',
         noise_multiplier=0.5, progress=False)
-    task = program.build_task(config)
+    task = _generated_quadratic_task(config)
     clients = client_data.ClientDatasets(task, config.seed)
     runner = simulation.InProcessRunner(
         assembly.build_process(config, task, config.noise_multiplier))
     state = runner.initialize()
-    client_ids = list(task.datasets.train_data.client_ids)
+    client_ids = task.datasets.train_data.client_ids
     rng = np.random.default_rng(0)
     times, memory = [], []
     for round_num in range(1, rounds + 1):
-      cohort = rng.choice(client_ids, size, replace=False)
+      cohort = [client_ids[i]
+                for i in rng.choice(population, size, replace=False)]
       started = time.perf_counter()
       state = runner.next(state, clients.datasets(cohort, round_num)).state
       times.append(time.perf_counter() - started)

@@ -80,16 +80,17 @@ def separated_cohort(config) -> int:
   """The largest cohort `config`'s minimum-separation groups can honour.
 
   `tff_clip.privacy.sampling.ClientSampler` puts every client in one of
-  `config.separation` groups, a hash of (seed, client id)
-  (`sampling.separation_group`), trains group t mod b in round t and refuses
-  a `clients_per_round` larger than the smallest group (the mean would be
-  divided by more clients than take part). The benchmarks' correlated-noise
-  runs therefore use min(clients_per_round, the smallest group's size),
-  computed here from the same public client ids, separation and seed as the
-  sampler's; the accountant calibrates z for that cohort. The groups, and so
-  the cohort, differ from seed to seed.
+  `config.separation` groups of equal sizes (`sampling.separation_groups`:
+  floor(N / b) or ceil(N / b) clients), trains group t mod b in round t and
+  refuses a `clients_per_round` larger than the smallest group (the mean
+  would be divided by more clients than take part). The benchmarks'
+  correlated-noise runs therefore use min(clients_per_round, floor(N / b))
+  (`sampling.group_sizes`); the accountant calibrates z for that cohort.
+  With b = N / clients_per_round, as the benchmarks choose it, that is
+  clients_per_round itself. (Runs before the groups were equal drew a
+  seeded hash of each id, and trained the smallest group, smaller.)
   """
-  # TensorFlow-free: the task's client ids and the sampler's group hash.
+  # TensorFlow-free: the task's client ids and the sampler's group sizes.
   from tasks import names as task_names  # pylint: disable=g-import-not-at-top
   from tff_clip.privacy import sampling  # pylint: disable=g-import-not-at-top
   ids = task_names.client_ids(config.task, config.data_source,
@@ -98,14 +99,11 @@ def separated_cohort(config) -> int:
     raise ValueError(f'{config.task!r} ({config.data_source}): its clients '
                      'are known only once its data is read; the benchmarks '
                      'need a population of numbered clients.')
-  sizes = [0] * config.separation
-  for client_id in ids:
-    sizes[sampling.separation_group(client_id, config.separation,
-                                    config.seed)] += 1
-  cohort = min(config.clients_per_round, min(sizes))
+  smallest, _ = sampling.group_sizes(len(ids), config.separation)
+  cohort = min(config.clients_per_round, smallest)
   if cohort < 1:
     raise ValueError(f'{len(ids)} clients leave a minimum-separation group '
-                     f'of {config.separation} empty (seed {config.seed}).')
+                     f'of {config.separation} empty.')
   # The sampler itself accepts it (it refuses a cohort its groups cannot
   # honour): the same groups as the run's.
   sampling.ClientSampler(ids, cohort, sampling.MIN_SEPARATION, config.seed,

@@ -13,8 +13,9 @@ vocabulary (`tasks.models.create_stackoverflow_lstm`, 4,050,748 parameters),
 part at most k = 6 times in 2,052 rounds. The users are
 `tasks.stackoverflow.GeneratedClientData`: each one's sentences are
 generated on demand from (seed, user id), so the population is never held.
-The sampler (`tff_clip.privacy.sampling`, min_separation) hashes the users into b
-groups and refuses a cohort larger than the smallest group: the cohort is
+The sampler (`tff_clip.privacy.sampling`, min_separation) deals the users into
+b groups of equal sizes (342,477 users, b = 342: 1,001 or 1,002) and refuses
+a cohort larger than the smallest group: the cohort is
 min(--clients_per_round, the smallest group), printed with the groups.
 
 Each mechanism (independent, banded with each of --bands, and BLT once the
@@ -234,14 +235,12 @@ def refusal(name: str, vectors: int, parameters: int,
 @functools.lru_cache(maxsize=4)
 def separated_cohort(shape: Shape) -> tuple[int, int, int]:
   """(cohort, smallest group, largest group) of the min-separation sampler
-  (`tff_clip.privacy.sampling.separation_group`, a hash of seed and user id)."""
-  from tasks import stackoverflow  # pylint: disable=g-import-not-at-top
+  (`tff_clip.privacy.sampling.group_sizes`: b groups of equal sizes, within
+  one of each other)."""
   from tff_clip.privacy import sampling  # pylint: disable=g-import-not-at-top
-  sizes = [0] * shape.min_separation
-  for client_id in stackoverflow.GeneratedClientIds(shape.num_clients):
-    sizes[sampling.separation_group(client_id, shape.min_separation,
-                                    shape.seed)] += 1
-  return min(shape.clients_per_round, min(sizes)), min(sizes), max(sizes)
+  smallest, largest = sampling.group_sizes(shape.num_clients,
+                                           shape.min_separation)
+  return min(shape.clients_per_round, smallest), smallest, largest
 
 
 def task_builder(shape: Shape):

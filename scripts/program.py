@@ -71,6 +71,11 @@ def _check_population(config):
   from tff_clip.privacy import sampling  # pylint: disable=g-import-not-at-top
   population = task_names.population(config.task, config.data_source,
                                      config.num_clients)
+  if population is not None:  # A separated run's default: its smallest group.
+    from tff_clip.program import preflight as checks_before_build  # pylint: disable=g-import-not-at-top
+    config = checks_before_build.with_population(config, population)
+  if config.clients_per_round is None:
+    return  # Resolved once the task counts its clients.
   if population is not None and config.clients_per_round > population:
     raise ConfigError(
         f'--clients_per_round ({config.clients_per_round}) exceeds the '
@@ -78,7 +83,7 @@ def _check_population(config):
   ids = task_names.client_ids(config.task, config.data_source,
                               config.num_clients)
   if ids is not None and config.sampling == sampling.MIN_SEPARATION:
-    try:  # The groups are a hash of (seed, client id): known already.
+    try:  # The groups are a function of (seed, client ids): known already.
       sampling.ClientSampler(ids, config.clients_per_round, config.sampling,
                              config.seed, config.separation)
     except ValueError as e:

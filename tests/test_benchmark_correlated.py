@@ -32,10 +32,9 @@ for name, epsilon, seed, c in plan:
   assert c.sampling == ('poisson' if name == 'independent' else
                         'min_separation'), name
   assert c.bands == (1 if name == 'independent' else 5)
-  # A separated variant's cohort is the smallest of its seed's 5 groups of
-  # the 100 clients (16 for seed 0, 14 for seed 1): the sampler refuses 20.
-  assert c.clients_per_round == (20 if name == 'independent' else
-                                 {{0: 16, 1: 14}}[seed]), (name, seed)
+  # A separated variant's cohort is the smallest of the 5 equal groups of
+  # the 100 clients, 20, as under independent noise, whatever the seed.
+  assert c.clients_per_round == 20, (name, seed)
 print(sorted(table))
 ''', REPO)
   assert result.returncode == 0, result.stderr[-2000:]
@@ -85,7 +84,7 @@ def test_quick_run_prints_the_table(tmp_path):
       capture_output=True, text=True, timeout=900, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   assert '| tff_tree_2 |' in result.stdout
-  # Seed 0's 2 groups hold 48 and 52 of the 100 clients: 20 fit, in each
+  # The 2 groups hold 50 of the 100 clients each: 20 fit, in each
   # of the 5 variants (independent, banded, tree, BLT, TFF's tree).
   assert result.stdout.count(' | 20 |') == 5, result.stdout
   # One line per training, not the trainings' own per-round lines.

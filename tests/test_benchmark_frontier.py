@@ -27,7 +27,7 @@ def _python(code):
 def test_every_method_is_tuned_on_the_same_grid_on_validation_data(
     tmp_path, setting):
   _python(f'''
-import collections
+import numpy as np
 from scripts import benchmark_frontier as b
 from tasks import names
 from tff_clip.privacy import sampling
@@ -55,15 +55,13 @@ for method, epsilon, i, config in plan:
     assert config.separation == config.bands == (
         config.num_clients // setting_cohort)
     assert config.noise_mechanism in ('banded', 'blt', 'tree')
-    # The cohort is the smallest of this seed's groups (the sampler refuses
-    # a larger one), computed as the sampler groups them.
-    groups = collections.Counter(
-        sampling.separation_group(c, config.separation, config.seed)
-        for c in names.client_ids(config.task, config.data_source,
-                                  config.num_clients))
-    assert len(groups) == config.separation
-    assert config.clients_per_round == min(
-        setting_cohort, min(groups.values())) < setting_cohort
+    # b = N / cohort equal groups (`sampling.separation_groups`): the
+    # whole setting's cohort trains, as under independent noise.
+    groups = np.bincount(sampling.separation_groups(
+        names.client_ids(config.task, config.data_source, config.num_clients),
+        config.separation, config.seed))
+    assert groups.tolist() == [setting_cohort] * config.separation
+    assert config.clients_per_round == setting_cohort
     sampling.ClientSampler(names.client_ids(config.task, config.data_source,
                                             config.num_clients),
                            config.clients_per_round, config.sampling,
@@ -436,12 +434,12 @@ def test_correlated_methods_run_under_the_same_protocol(tmp_path):
   config = json.loads((run / 'config.json').read_text())
   assert (config['sampling'], config['noise_mechanism'], config['bands']) == (
       'min_separation', 'banded', 20)
-  # Seed 0's 20 groups hold 31 to 65 of the 1,000 clients: the cohort is the
-  # smallest group (not 50, which the sampler refuses), and it is recorded.
-  assert config['clients_per_round'] == 31
-  assert rows['banded_normalize_adaptive']['cohort'] == '31'
-  assert rows['tff_tree_adaptive']['cohort'] == '31'
-  assert '| 31 |' in (root / 'frontier.md').read_text()
+  # The 20 groups hold 50 of the 1,000 clients each: the cohort is the
+  # setting's 50, as under independent noise, and it is recorded.
+  assert config['clients_per_round'] == 50
+  assert rows['banded_normalize_adaptive']['cohort'] == '50'
+  assert rows['tff_tree_adaptive']['cohort'] == '50'
+  assert '| 50 |' in (root / 'frontier.md').read_text()
 
 
 @pytest.mark.parametrize('flag, message', [

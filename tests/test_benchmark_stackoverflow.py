@@ -74,17 +74,21 @@ def test_published_population_is_generated_on_demand_not_held():
   assert not np.array_equal(user['tokens'][:100], other_seed['tokens'][:100])
 
 
-def test_sampler_separates_the_published_population_into_groups_too_small():
-  # The cohort is the smallest of the 342 hashed groups: the library's own
-  # sampler (the oracle) refuses the published 1,000 and names the groups.
+def test_sampler_separates_the_published_population_into_equal_groups():
+  # 342,477 = 342 x 1,001 + 135: groups of 1,001 or 1,002, so the
+  # published 1,000 a round trains; the library's own sampler (the oracle)
+  # takes 1,001 and refuses 1,002, naming the groups.
   cohort, smallest, largest = b.separated_cohort(b.Shape())
-  assert (cohort, smallest, largest) == (920, 920, 1091)
+  assert (cohort, smallest, largest) == (1_000, 1_001, 1_002)
   ids = list(stackoverflow.GeneratedClientIds(PUBLISHED_USERS))
   before = _rss()
-  with pytest.raises(ValueError, match='groups of 920 to 1091.*Use at most '
-                     '920 clients per round'):
-    sampling.ClientSampler(ids, 1_000, sampling.MIN_SEPARATION, 0, 342)
+  sampler = sampling.ClientSampler(ids, 1_001, sampling.MIN_SEPARATION, 0,
+                                   342)
+  assert len(sampler.sample(7)) == 1_001
   assert _rss() - before < 64 * 2**20  # Groups of indices, no huge array.
+  with pytest.raises(ValueError, match='groups of 1001 to 1002.*Use at most '
+                     '1001 clients per round'):
+    sampling.ClientSampler(ids, 1_002, sampling.MIN_SEPARATION, 0, 342)
 
 
 def test_published_banded_noise_is_refused_up_front_with_its_memory_need(

@@ -364,43 +364,41 @@ def test_calibration_meets_the_target(mechanism, bands):
 # Participation with minimum separation.
 
 
+def _group_of(ids, separation, seed):
+  return dict(zip(ids, sampling.separation_groups(ids, separation, seed)))
+
+
 def test_min_separation_sampler_keeps_clients_apart():
   ids = [f'client_{i}' for i in range(60)]
   separation, rounds = 4, 21
-  groups = collections.Counter(
-      sampling.separation_group(c, separation, 3) for c in ids)
-  smallest = min(groups.values())
-  sampler = sampling.ClientSampler(ids, smallest, 'min_separation', seed=3,
+  group_of = _group_of(ids, separation, 3)
+  # 60 clients in 4 groups: 15 each, every one of them trained each round.
+  sampler = sampling.ClientSampler(ids, 15, 'min_separation', seed=3,
                                    separation=separation)
   seen = collections.defaultdict(list)
   for t in range(rounds):
     cohort = sampler.sample(t)
-    assert len(cohort) == smallest
-    assert all(sampling.separation_group(c, separation, 3) == t % separation
-               for c in cohort)
+    assert len(cohort) == 15
+    assert all(group_of[c] == t % separation for c in cohort)
     for client in cohort:
       seen[client].append(t)
+  assert len(seen) == 60
   k = correlated_noise.participations(rounds, separation)
   for rounds_of_client in seen.values():
     assert len(rounds_of_client) <= k
     assert all(b - a >= separation
                for a, b in zip(rounds_of_client, rounds_of_client[1:]))
-  # A client's group does not depend on who else is in the population.
-  smaller = sampling.ClientSampler(ids[10:], 1, 'min_separation', seed=3,
-                                   separation=separation)
-  for t in range(separation):
-    assert all(sampling.separation_group(c, separation, 3) == t
-               for c in smaller.sample(t))
 
 
 def test_min_separation_refuses_a_cohort_larger_than_a_group():
-  # 50 clients in 4 groups hold 9 to 17 each: 20 per round cannot be
-  # honoured, and dividing a group's sum by 20 would shrink every update.
+  # 50 clients in 4 groups hold 12 or 13: 13 per round cannot be honoured,
+  # and dividing a group of 12's sum by 13 would shrink every update.
   ids = [str(i).zfill(2) for i in range(50)]
-  with pytest.raises(ValueError, match=r'`clients_per_round` \(20\) exceeds '
-                     r'the smallest minimum-separation group.*at most 9'):
-    sampling.ClientSampler(ids, 20, 'min_separation', seed=0, separation=4)
-  sampling.ClientSampler(ids, 9, 'min_separation', seed=0, separation=4)
+  with pytest.raises(ValueError, match=r'`clients_per_round` \(13\) exceeds '
+                     r'the smallest minimum-separation group.*groups of 12 '
+                     r'to 13.*at most 12'):
+    sampling.ClientSampler(ids, 13, 'min_separation', seed=0, separation=4)
+  sampling.ClientSampler(ids, 12, 'min_separation', seed=0, separation=4)
 
 
 @pytest.mark.parametrize('scheme', sampling.SAMPLINGS)
@@ -419,7 +417,8 @@ def test_min_separation_sampler_subsamples_a_group_to_the_cohort_size():
                                    separation=2)
   cohort = sampler.sample(1)
   assert len(cohort) == 5
-  assert all(sampling.separation_group(c, 2, 0) == 1 for c in cohort)
+  group_of = _group_of(ids, 2, 0)
+  assert all(group_of[c] == 1 for c in cohort)
   with pytest.raises(ValueError, match='`separation`'):
     sampling.ClientSampler(ids, 5, 'min_separation', separation=0)
 
@@ -434,7 +433,7 @@ def test_adaptive_bounding_with_banded_noise_composes_the_count_noise(method):
       a=(np.float32, [3]), b=(np.float32, [2])))
   factory = dp.dp_factory(method, noise_multiplier=1.0, clients_per_round=2,
                           clip_norm='adaptive', noise_seed=1,
-                          noise_mechanism='banded', bands=3)
+                          noise_mechanism='banded', bands=3, min_separation=3)
   process = factory.create(value_type)
   state = process.initialize()
   client = collections.OrderedDict(a=np.ones(3, np.float32),

@@ -77,12 +77,53 @@ def test_noise_std_is_z_c_over_n_in_every_layer(method, placement):
   server adds N(0, (z C)^2) to the sum or each of the n clients adds
   N(0, (z C)^2 / n) (here exactly n = 4 clients take part)."""
   z, clip_norm, n = 1.5, 2.0, 4
+  split = {'split': 'dim'} if method.startswith('per_layer') else {}
   factory = dp.dp_factory(method, noise_multiplier=z, clients_per_round=n,
-                          clip_norm=clip_norm, split='dim',
-                          noise_placement=placement, noise_seed=1)
+                          clip_norm=clip_norm, noise_placement=placement,
+                          noise_seed=1, **split)
   process = factory.create(BIG_TYPE)
   output = process.next(process.initialize(), _big_clients(n))
   _assert_noise_std(output.result, z * clip_norm / n)
+
+
+# ----------------------------------------------------------------------------
+# What a TFF user could pass that would run, silently, as something else.
+
+ACCEPTED = dict(noise_multiplier=1.0, clients_per_round=10, clip_norm=1.0)
+
+
+@pytest.mark.parametrize('split', ['dim', 'uniform', [1.0, 2.0]])
+@pytest.mark.parametrize('method', ['clip', 'normalize'])
+def test_split_given_to_a_global_bounding_is_refused(method, split):
+  """One norm over the whole update has no layer budgets: the split would
+  be ignored without a word."""
+  with pytest.raises(ValueError, match=r'^`split` applies to per-layer '
+                     f'boundings; {method!r} bounds the whole update'):
+    dp.dp_factory(method, split=split, **ACCEPTED)
+  dp.dp_factory(method, **ACCEPTED)
+  dp.dp_factory(f'per_layer_{method}', split=split, **ACCEPTED)
+
+
+@pytest.mark.parametrize('mechanism', ['banded', 'tree', 'blt'])
+def test_correlated_noise_without_a_separation_is_refused(mechanism):
+  """Correlated noise is private only under minimum separation, which the
+  caller's sampler enforces: without it the factory would add noise whose
+  guarantee no participation pattern of the caller's is known to meet."""
+  correlated = dict(ACCEPTED, noise_mechanism=mechanism, bands=4, rounds=8)
+  with pytest.raises(ValueError, match=r'^`min_separation`: noise_mechanism='
+                     f"'{mechanism}' correlates"):
+    dp.dp_factory('clip', **correlated)
+  dp.dp_factory('clip', min_separation=4, **correlated)
+
+
+def test_blt_without_rounds_is_refused():
+  """BLT's factorization is optimized for the run's length: without it, it
+  failed only when the process was created."""
+  with pytest.raises(ValueError, match=r'blt .*needs `rounds`'):
+    dp.dp_factory('clip', noise_mechanism='blt', bands=4, min_separation=4,
+                  **ACCEPTED)
+  dp.dp_factory('clip', noise_mechanism='blt', bands=4, min_separation=4,
+                rounds=8, **ACCEPTED)
 
 
 def test_unseeded_client_noise_std_is_z_c_over_sqrt_n():

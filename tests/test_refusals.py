@@ -74,10 +74,10 @@ def _refusal(tmp_path, *args, not_imported=('tensorflow',)):
 @pytest.fixture(scope='module')
 def early_refusals(tmp_path_factory):
   """`early_refusals(*args)`: `_refusal`'s line for each command line of
-  CHANGES_THE_RUN, BAD_FLAGS and FEASIBLE_COHORT, all refused in turn in
+  CHANGES_THE_RUN, BAD_FLAGS, FEASIBLE_COHORT and DEFAULT_COHORT, all refused in turn in
   one interpreter (`as_a_user.train_each`)."""
   commands = [tuple(args) for args, _ in CHANGES_THE_RUN + BAD_FLAGS]
-  commands.append(FEASIBLE_COHORT)
+  commands += [FEASIBLE_COHORT, DEFAULT_COHORT]
   roots = [tmp_path_factory.mktemp('refused') / 'runs' for _ in commands]
   results = dict(zip(commands, zip(as_a_user.train_each(
       [[f'--root_output_dir={root}', *args]
@@ -114,11 +114,12 @@ CHANGES_THE_RUN = [
     # Each value alone is fine; z C overflows float32 (every output NaN).
     (['--clip_norm=3e38', '--noise_multiplier=10'],
      r'--clip_norm = 3e\+38, --noise_multiplier = 10 .*beyond float32'),
-    # 50 digits clients in 4 groups of 9-17 cannot give 20 per round: the
-    # sum would be divided by 20 (updates shrink by about half).
-    (['--sampling=min_separation', '--noise_mechanism=banded', '--bands=4'],
-     r'--clients_per_round \(20\) exceeds the smallest minimum-separation '
-     r'group.*at most 9'),
+    # 50 digits clients in 4 groups of 12 or 13 cannot give 13 per round:
+    # a group of 12's sum would be divided by 13.
+    (['--sampling=min_separation', '--noise_mechanism=banded', '--bands=4',
+      '--clients_per_round=13'],
+     r'--clients_per_round \(13\) exceeds the smallest minimum-separation '
+     r'group: the 50 clients fall into 4 groups of 12 to 13.*at most 12'),
     (['--clients_per_round=1000'],
      r'--clients_per_round \(1000\) exceeds the number of training clients '
      r'\(50\)'),
@@ -134,13 +135,40 @@ def test_a_value_that_changes_the_run_is_refused_before_tensorflow(
 
 FEASIBLE_COHORT = ('--sampling=min_separation', '--noise_mechanism=banded',
                    '--bands=4', '--clients_per_round=9', '--rounds=0')
+DEFAULT_COHORT = (*FEASIBLE_COHORT[:3], '--rounds=0')
 
 
 def test_a_feasible_minimum_separation_cohort_passes_the_early_checks(
     early_refusals):
-  # Refused only for --rounds: the groups (9 to 17 clients) hold 9.
+  # Refused only for --rounds: the groups (12 or 13 clients) hold 9.
   line = early_refusals(*FEASIBLE_COHORT)
   assert '--rounds' in line
+  # Without --clients_per_round: the smallest group, 12, passes too.
+  line = early_refusals(*DEFAULT_COHORT)
+  assert '--rounds' in line
+
+
+@pytest.mark.parametrize('population, bands, cohort', [
+    (50, 4, 12),  # digits: groups of 12 or 13.
+    (100, 20, 5),  # --task=emnist_cnn --num_clients=100: groups of 5.
+    (1_000, 20, 50),
+    (342_477, 342, 1_001),  # Stack Overflow's shape: 1,001 or 1,002.
+])
+def test_a_separated_run_trains_its_smallest_group_by_default(
+    population, bands, cohort):
+  config = config_lib.TrainConfig(sampling='min_separation', bands=bands,
+                                  noise_mechanism='banded')
+  assert config.clients_per_round is None
+  assert preflight.with_population(config, population).clients_per_round == (
+      cohort)
+  given = dataclasses.replace(config, clients_per_round=3)
+  assert preflight.with_population(given, population) is given
+  # Other samplings keep their default of 20, and its directory: the
+  # command with it given names the same run as the one without.
+  assert config_lib.TrainConfig().clients_per_round == 20
+  for explicit in ({}, {'clients_per_round': 20}):
+    assert config_lib.TrainConfig(**explicit).experiment_name == (
+        'digits_noise_following_dp_seed0')
 
 
 # ----------------------------------------------------------------------------

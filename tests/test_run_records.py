@@ -522,7 +522,8 @@ def test_a_run_records_what_its_defaults_resolved_to(finished):
   recorded = json.loads((run_dir / 'config.json').read_text())['resolved']
   assert recorded == dict(bounding='normalize', target_quantile=0.03,
                           quantile_switch=None, server_step='damped',
-                          noise_multiplier=0.5, dimension=2410)
+                          client_groups=None, noise_multiplier=0.5,
+                          dimension=2410, clients_per_round=6)
   assert {k: summary[k] for k in ('bounding', 'target_quantile',
                                   'server_step', 'noise_multiplier')} == {
                                       k: recorded[k] for k in (
@@ -565,6 +566,40 @@ def test_a_run_that_recorded_no_resolution_is_reported_as_before(
   del recorded['resolved']
   path.write_text(json.dumps(recorded))
   assert program.run(_config(copy.parent)) == summary
+
+
+@pytest.mark.parametrize('record', ['no_resolution', 'hashed_groups'])
+def test_a_separated_run_started_with_hashed_groups_is_not_resumed(
+    tmp_path, record):
+  """A --sampling=min_separation run recorded before the groups were equal
+  (no `resolved`, or one without `client_groups`) had hashed groups:
+  resumed with equal ones, a client could take part twice within b rounds.
+  Refused in one line, its directory untouched; one recorded with today's
+  groups resumes."""
+  from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
+  config = _config(tmp_path, sampling='min_separation',
+                   noise_mechanism='banded', bands=2, clients_per_round=3)
+  current = assembly.resolved_choices(config, 0.5, 2410)
+  assert current['client_groups'] == 'equal_permuted'
+  os.makedirs(config.output_dir)
+  recorded = config.to_json()
+  if record == 'hashed_groups':
+    recorded['resolved'] = dict(current, client_groups=None)
+    del recorded['resolved']['client_groups']
+  run_records.write_json(os.path.join(config.output_dir, 'config.json'),
+                         recorded)
+  before = _files(pathlib.Path(config.output_dir))
+  with pytest.raises(training.ConfigError) as error:
+    run_directory.check_resolved(config, current)
+  message = str(error.value)
+  assert "'equal_permuted'" in message and '\n' not in message
+  assert 'nothing was changed' in message
+  assert ('hash' in message) == (record == 'no_resolution')
+  assert _files(pathlib.Path(config.output_dir)) == before
+  recorded['resolved'] = dict(current)
+  run_records.write_json(os.path.join(config.output_dir, 'config.json'),
+                         recorded)
+  run_directory.check_resolved(config, current)
 
 
 # ----------------------------------------------------------------------------

@@ -228,6 +228,15 @@ def dp_factory(
   bounded records are summed (default `tff.aggregators.SumFactory`; a
   secure sum fits here).
 
+  Refused here, each naming its argument, because they would run without a
+  word and not be what was asked: `split` given to a global bounding (clip,
+  normalize: one norm over the whole update, no layer budgets to split);
+  correlated noise (`noise_mechanism` banded, tree, blt) without
+  `min_separation` (it is private only when each client takes part at most
+  once every `min_separation` >= `bands` rounds, which the caller's sampler
+  must enforce); BLT without `rounds` (its factorization is optimized for
+  the run's length).
+
   Args:
 {parameters}
 
@@ -239,6 +248,19 @@ def dp_factory(
     raise TypeError(f'`{unknown[0]}` is not a parameter of dp_factory; its DP '
                     f'parameters are {spec_lib.PARAMETERS[1:]}.')
   spec = spec_lib.DPSpec(bounding_method=bounding_method, **parameters)
+  if 'split' in parameters and not spec.per_layer:
+    raise ValueError(
+        f'`split` applies to per-layer boundings; {bounding_method!r} bounds '
+        'the whole update by one norm, with no layer budgets to split. Leave '
+        'it out, or use a per_layer_ bounding.')
+  if spec.noise.correlated and spec.min_separation is None:
+    raise ValueError(
+        f'`min_separation`: noise_mechanism={spec.noise.name!r} correlates '
+        'the noise of successive rounds and is private only when each client '
+        f'takes part at most once every min_separation >= bands ({spec.bands})'
+        ' rounds; give the separation your sampler enforces '
+        '(docs/correlated_noise.md).')
+  spec.noise.check_participation()  # E.g. BLT without `rounds`.
   if record_aggregation_factory is not None and not isinstance(
       record_aggregation_factory,
       tff.aggregators.UnweightedAggregationFactory):

@@ -6,13 +6,16 @@ Two schemes, named as in `tff_clip.privacy.accounting`, which accounts each:
   * 'poisson': every client independently with probability
     q = clients_per_round / population (add/remove-one adjacency); the cohort
     size varies and may be zero;
-  * 'min_separation': every client belongs to one of b groups, a seeded hash
-    of (seed, client id), and round t takes part of group t mod b (at most
+  * 'min_separation': every client belongs to one of b groups of equal
+    sizes (they differ by at most one: `separation_groups`, a seeded
+    permutation of the sorted client ids dealt out to the b groups in
+    turn), and round t takes part of group t mod b (at most
     `clients_per_round` of its members, a seeded sample): a client takes
     part at most k = ceil(T / b) times in T rounds, at least b rounds apart.
     Every group must hold at least `clients_per_round` clients: the mean
     divides by `clients_per_round`, and a smaller cohort would shrink every
-    update without a word, so such a sampler is refused.
+    update without a word, so such a sampler is refused; the largest cohort
+    is the smallest group, floor(population / b) (`group_sizes`).
     No amplification is claimed; the privacy comes from correlated noise
     (`tff_clip.aggregation.correlated_noise`) or from composing k participations.
 
@@ -26,6 +29,9 @@ Two schemes, named as in `tff_clip.privacy.accounting`, which accounts each:
 The cohort of round r depends only on (seed, r) and the set of client ids
 (not their order: they are sorted first): no sampler state needs a
 checkpoint, and resuming at round r reproduces the uninterrupted run.
+(Runs before `GROUP_SCHEME` grouped clients by a hash of (seed, id), in
+groups of unequal sizes; a run records its scheme, and one recorded with
+the other is not resumed: `tff_clip.program.run_directory`.)
 """
 
 from __future__ import annotations
@@ -34,21 +40,66 @@ from collections.abc import Sequence
 
 import numpy as np
 
-import hashlib
-
 from tff_clip import checks
 from tff_clip.names import FIXED_SIZE, MIN_SEPARATION, POISSON, SAMPLINGS
 
-__all__ = ['FIXED_SIZE', 'MIN_SEPARATION', 'POISSON', 'SAMPLINGS',
-           'ClientSampler', 'separation_group']
+__all__ = ['FIXED_SIZE', 'GROUP_SCHEME', 'MIN_SEPARATION', 'POISSON',
+           'SAMPLINGS', 'ClientSampler', 'group_scheme', 'group_sizes',
+           'separation_groups']
+
+# The name a run records for how `separation_groups` assigns clients to
+# groups (`run_directory.RESOLVED_KEY`): a resumed run must find its groups
+# unchanged.
+GROUP_SCHEME = 'equal_permuted'
+
+# Domain separation of the group permutation's stream from the per-round
+# streams (`np.random.default_rng([seed, round])`).
+_GROUPS_STREAM = 0x67726f757073  # b'groups'
 
 
-def separation_group(client_id: str, separation: int, seed: int) -> int:
-  """The group (0..separation-1) of a client: a hash of (seed, id), so a
-  client's group does not depend on who else is in the population."""
-  digest = hashlib.blake2b(f'{int(seed)}:{client_id}'.encode(),
-                           digest_size=8).digest()
-  return int.from_bytes(digest, 'little') % int(separation)
+def group_scheme(sampling: str):
+  """How `sampling` groups the clients, as a run records it: `GROUP_SCHEME`
+  under min_separation, else None (no groups)."""
+  return GROUP_SCHEME if sampling == MIN_SEPARATION else None
+
+
+def group_sizes(population_size: int, separation: int) -> tuple[int, int]:
+  """(smallest, largest) group of `separation_groups` over
+  `population_size` clients: floor(N / b) and ceil(N / b)."""
+  population_size = checks.integer(population_size, 'population_size',
+                                   minimum=1)
+  separation = checks.integer(separation, 'separation', minimum=1)
+  return population_size // separation, -(-population_size // separation)
+
+
+def separation_groups(client_ids: Sequence[str], separation: int,
+                      seed: int) -> np.ndarray:
+  """The group (0..separation-1) of each client, aligned with `client_ids`.
+
+  The sorted ids are ranked by a seeded permutation and dealt out to the
+  groups in turn (rank r to group r mod b): the b groups' sizes differ by
+  at most one. A pure function of (seed, set of ids): the order the ids
+  are given in does not matter, and a resumed run finds the same groups.
+  The permutation sorts 64-bit keys drawn from PCG64 seeded by
+  `SeedSequence([_GROUPS_STREAM, seed])` -- a bit generator's raw stream,
+  which numpy keeps stable across versions (NEP 19), unlike `Generator`
+  methods -- ties broken by the sorted ids. Memory: the ids, their sort
+  order and three integer arrays of the population's size (docs/correlated_noise.md
+  measures 10^7 ids).
+  """
+  separation = checks.integer(separation, 'separation', minimum=1)
+  ids = [str(client_id) for client_id in client_ids]
+  order = sorted(range(len(ids)), key=ids.__getitem__)
+  # Sorted by id (ids are distinct): the ranks below are independent of
+  # the given order.
+  order = np.asarray(order, np.int64)
+  keys = np.random.PCG64(np.random.SeedSequence(
+      [_GROUPS_STREAM, int(seed)])).random_raw(len(ids))
+  ranks = np.empty(len(ids), np.int64)
+  ranks[np.argsort(keys, kind='stable')] = np.arange(len(ids))
+  groups = np.empty(len(ids), np.int64)
+  groups[order] = ranks % separation
+  return groups
 
 
 class ClientSampler:
@@ -74,19 +125,21 @@ class ClientSampler:
     self.separation = int(separation)
     self._groups = None
     if sampling == MIN_SEPARATION:
-      self._groups = [[] for _ in range(self.separation)]
-      for i, client_id in enumerate(self._client_ids):
-        self._groups[separation_group(client_id, self.separation,
-                                      self.seed)].append(i)
-      sizes = [len(group) for group in self._groups]
-      if min(sizes) < self.clients_per_round:
+      smallest, largest = group_sizes(len(self._client_ids), self.separation)
+      if smallest < self.clients_per_round:
         raise ValueError(
             f'`clients_per_round` ({self.clients_per_round}) exceeds the '
             f'smallest minimum-separation group: the {len(self._client_ids)}'
-            f' clients fall into {self.separation} groups of {min(sizes)} to '
-            f'{max(sizes)}, and a round samples one group, so its mean would '
+            f' clients fall into {self.separation} groups of {smallest} to '
+            f'{largest}, and a round samples one group, so its mean would '
             f'be divided by more clients than take part. Use at most '
-            f'{min(sizes)} clients per round (or a smaller separation).')
+            f'{smallest} clients per round (or a smaller separation).')
+      # The ids are sorted: group g's members as indices into them.
+      group_of = separation_groups(self._client_ids, self.separation,
+                                   self.seed)
+      members = np.argsort(group_of, kind='stable')
+      bounds = np.cumsum(np.bincount(group_of, minlength=self.separation))
+      self._groups = np.split(members, bounds[:-1])
 
   @property
   def population_size(self) -> int:

@@ -340,15 +340,16 @@ def resolved_choices(config: TrainConfig, noise_multiplier,
   """What this tff_clip resolves the run's defaults to, from public numbers
   (the noise multiplier z, the cohort n, the model's size d): the bounding
   (--bounding=noise_following), the tracked target quantile (None without
-  an adaptive norm), its switch (`noise_following.QuantileSwitch` as a
-  dict; None where it has none) and the server step (--server_step=auto). A run records
-  them when it starts (`run_directory.RESOLVED_KEY`), so that a rerun under
-  another rule refuses rather than mixes the two. TensorFlow-free."""
+  an adaptive norm), its switch (a `noise_following.QuantileSwitch` dict or
+  None), the server step (--server_step=auto), the client groups
+  (`sampling.group_scheme`). A run records them when it starts
+  (`run_directory.RESOLVED_KEY`): a rerun under another rule refuses."""
   return collections.OrderedDict(
       bounding=_resolved_bounding(config, noise_multiplier, dimension),
       target_quantile=_tracked_quantile(config, noise_multiplier, dimension),
       quantile_switch=_tracked_switch(config, noise_multiplier, dimension),
-      server_step=resolved_server_step(config, noise_multiplier))
+      server_step=resolved_server_step(config, noise_multiplier),
+      client_groups=sampling_lib.group_scheme(config.sampling))
 
 
 def _eval_dataset(task, split: str):
@@ -424,6 +425,7 @@ class Session:
           'validation data; hold some out with --validation_fraction.')
     self.client_ids = list(self.task.datasets.train_data.client_ids)
     self.population = len(self.client_ids)
+    config = self.config = preflight.with_population(config, self.population)
     self.noise_multiplier = preflight.resolve_noise_multiplier(config,
                                                      self.population)
     self.private = self.noise_multiplier is not None
@@ -463,10 +465,9 @@ class Session:
     self.bounding = choices['bounding']
     self.target_quantile = choices['target_quantile']
     self.server_step = choices['server_step']
-    # What the run records when it starts (`run_directory.RESOLVED_KEY`).
-    self.resolved = collections.OrderedDict(
+    self.resolved = collections.OrderedDict(  # Recorded at start: RESOLVED_KEY.
         choices, noise_multiplier=self.noise_multiplier,
-        dimension=self.dimension)
+        dimension=self.dimension, clients_per_round=config.clients_per_round)
     if cached is None:
       from tff_clip.runtime import runner_cache  # pylint: disable=g-import-not-at-top
       (self.process,) = runners(config, self.process)

@@ -55,6 +55,7 @@ RENAMED_KEYS = {'local_clip': 'local_clip_norm', 'blur_lambda': 'blur_strength'}
 # before them: what those runs did (a run recorded without --server_step
 # kept its server learning rate).
 LEGACY_DEFAULTS = {'server_step': 'fixed'}
+DEFAULT_CLIENTS_PER_ROUND = 20  # Unless separated: the smallest group.
 
 
 # The largest --seed: numpy's and Keras' seeds are 32-bit.
@@ -181,8 +182,8 @@ class TrainConfig:
       False, 'Under DP, also release what epsilon does not cover (cohort '
       'size, client training metrics, synthetic objective, round seconds); '
       'summary.json lists them under not_covered_by_epsilon.')
-  clients_per_round: int = _field(
-      20, 'Clients per round (expected, for Poisson sampling).')
+  clients_per_round: Optional[int] = _field(None, 'Clients per round (expected '
+      'under poisson); default 20, under min_separation its smallest group.')
   sampling: str = _field('poisson', 'Client sampling; the ledger accounts the '
                          'one used. min_separation: round t takes group t mod '
                          'b of b seeded client groups (b = --min_separation), '
@@ -262,6 +263,8 @@ class TrainConfig:
       0.95, "Confidence of the audit's epsilon lower bound.")
 
   def __post_init__(self):
+    if self.clients_per_round is None and not self.participation_separation:
+      object.__setattr__(self, 'clients_per_round', DEFAULT_CLIENTS_PER_ROUND)
     if not self.experiment_name:
       object.__setattr__(self, 'experiment_name',
                          default_experiment_name(self))
@@ -308,7 +311,8 @@ class TrainConfig:
     declared = self._dp_parameters()
     declared.update(bounding_method=bounding_method or self.bounding,
                     noise_multiplier=noise_multiplier,
-                    clients_per_round=self.clients_per_round,
+                    clients_per_round=1 if self.clients_per_round is None
+                    else self.clients_per_round,  # None: `with_population`.
                     min_separation=self.participation_separation)
     return spec.DPSpec(**declared)
 
@@ -358,7 +362,9 @@ def default_experiment_name(config: TrainConfig) -> str:
       field.name: _canonical(getattr(config, field.name))
       for field in dataclasses.fields(config)
       if field.name not in _NAMED + EXECUTION_KEYS
-      and getattr(config, field.name) != field.default}
+      and getattr(config, field.name) != field.default and not (
+          field.name == 'clients_per_round' and config.clients_per_round ==
+          DEFAULT_CLIENTS_PER_ROUND and not config.participation_separation)}
   if changed.get('noise_multiplier', 0) is None:
     del changed['noise_multiplier']  # No `_dp`, or --target_epsilon.
   name = (f'{config.task}_{config.bounding}{"_dp" if config.private else ""}'
@@ -466,7 +472,7 @@ def _check_privacy(config):
 def _check_training(config):
   # numpy's seeds (Keras' set_random_seed) are 32-bit.
   _check(checks.integer, config.seed, 'seed', minimum=0, maximum=SEED_MAX)
-  _count(config.clients_per_round, 'clients_per_round')
+  _count(config.clients_per_round, 'clients_per_round', optional=True)
   _count(config.rounds, 'rounds')
   _positive(config.client_learning_rate, 'client_learning_rate')
   _positive(config.server_learning_rate, 'server_learning_rate')

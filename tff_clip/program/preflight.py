@@ -10,17 +10,19 @@ one line, before anything allocates it. No TensorFlow is imported.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Optional
 
 from tff_clip.names import MIN_SEPARATION
 from tff_clip.privacy import accounting
+from tff_clip.privacy import sampling
 from tff_clip.program import calibration_cache
 from tff_clip.program.config import ConfigError, TrainConfig
 
 __all__ = [
     'STATE_COPIES_AT_PEAK', 'available_memory', 'check_noise_memory',
-    'resolve_noise_multiplier',
+    'resolve_noise_multiplier', 'with_population',
 ]
 
 # Peak memory of a DP round in bytes per byte of the noise mechanism's state:
@@ -29,6 +31,18 @@ __all__ = [
 # (measured 5.5-6.6 on the Stack Overflow LSTM with banded noise:
 # `scripts.benchmark_stackoverflow`).
 STATE_COPIES_AT_PEAK = 7
+
+
+def with_population(config: TrainConfig, population: int) -> TrainConfig:
+  """`config` with --clients_per_round resolved for `population` training
+  clients: under --sampling=min_separation without it, the smallest of the
+  b equal groups (`sampling.group_sizes`), so that every client of a
+  round's group trains; else as given. At least 1: a population smaller
+  than b is then refused by the sampler, naming its empty groups."""
+  if config.clients_per_round is not None:
+    return config
+  smallest, _ = sampling.group_sizes(population, config.separation)
+  return dataclasses.replace(config, clients_per_round=max(smallest, 1))
 
 
 def resolve_noise_multiplier(config: TrainConfig, population: int):

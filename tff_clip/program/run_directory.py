@@ -48,10 +48,12 @@ __all__ = [
 
 # config.json's entry for what the run's defaults resolved to when it
 # started (`assembly.resolved_choices`: bounding, target quantile, server
-# step, and the noise multiplier and model size they were read from). Not
-# part of the configuration: a record of what this tff_clip made of it.
+# step, the client groups of minimum separation, and the noise multiplier
+# and model size they were read from). Not part of the configuration: a
+# record of what this tff_clip made of it.
 RESOLVED_KEY = 'resolved'
-_CHOICES = ('bounding', 'target_quantile', 'quantile_switch', 'server_step')
+_CHOICES = ('bounding', 'target_quantile', 'quantile_switch', 'server_step',
+            'client_groups')
 
 
 def _nearest_existing(path: str) -> str:
@@ -192,12 +194,24 @@ def recorded_resolution(config: TrainConfig) -> Optional[dict]:
 
 def check_resolved(config: TrainConfig, current: dict) -> None:
   """Refuses to resume or report a run whose defaults this tff_clip resolves
-  otherwise than when it started (its bounding, target quantile or server
-  step: a changed default rule), which would mix two configurations in one
-  run or report one as the other. `ConfigError` naming both; nothing is
-  changed. A run that did not record them is let through."""
+  otherwise than when it started (its bounding, target quantile, server
+  step, or how --sampling=min_separation groups the clients: a changed
+  default rule), which would mix two configurations in one run or report
+  one as the other. `ConfigError` naming both; nothing is changed. A run
+  that did not record them is let through, but for one under minimum
+  separation: its groups were a hash of (seed, id), and resuming it with
+  other groups would let a client take part twice within b rounds."""
   recorded = recorded_resolution(config)
   if recorded is None:
+    if config.sampling == MIN_SEPARATION:
+      raise ConfigError(
+          f'{config.output_dir!r} holds a --sampling=min_separation run '
+          'recorded before runs kept their client groups (its groups were a '
+          'hash of seed and client id, of unequal sizes); this tff_clip '
+          f'groups clients as {current.get("client_groups")!r}: going on '
+          'would change the groups mid-way and break the separation '
+          '(nothing was changed). Choose another --experiment_name or '
+          '--root_output_dir.')
     return
   differs = [k for k in _CHOICES if not _same(recorded.get(k),
                                               current.get(k))]

@@ -50,6 +50,7 @@ References:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import os
 import sys
@@ -59,6 +60,7 @@ from tff_clip.names import MIN_SEPARATION
 from tff_clip.privacy import accounting
 from tff_clip.program import assembly
 from tff_clip.program import config as config_lib
+from tff_clip.program import preflight
 from tff_clip.program import program_logic
 from tff_clip.program import run_directory
 from tff_clip.program import run_records
@@ -105,10 +107,15 @@ def run(config: TrainConfig, task_builder: TaskBuilder,
     run_directory.check_no_dp_lost(config)  # No DP record is rewritten.
   if status == 'finished':
     recorded = run_directory.recorded_resolution(config)
-    if recorded is not None and isinstance(recorded.get('dimension'), int):
-      # From the z and d it recorded: no model is built.
+    cohort = config.clients_per_round
+    if cohort is None and recorded is not None:
+      cohort = recorded.get('clients_per_round')  # As the population made it.
+    if (recorded is not None and isinstance(recorded.get('dimension'), int)
+        and isinstance(cohort, int)):
+      # From the z, d and n it recorded: no model is built.
       run_directory.check_resolved(config, assembly.resolved_choices(
-          config, recorded.get('noise_multiplier'), recorded['dimension']))
+          dataclasses.replace(config, clients_per_round=cohort),
+          recorded.get('noise_multiplier'), recorded['dimension']))
     summary = run_directory.finished_summary(config)
     if summary is not None:
       csv_path = os.path.join(out, 'metrics.csv')
@@ -137,7 +144,11 @@ def run(config: TrainConfig, task_builder: TaskBuilder,
   run_directory.prepare_output_dir(config, session.resolved)
   with run_records.exclusive(out):  # One process trains a run at a time.
     # Read again under the lock: another process may have run rounds since.
-    return _train(config, session, run_records.ReleaseLog(out),
+    # Recorded as given (a rerun of the same flags resumes it); trained with
+    # the cohort the population resolves (a separated run's smallest group).
+    return _train(preflight.with_population(config, session.population),
+                  session,
+                  run_records.ReleaseLog(out),
                   status == 'resume', release_managers)
 
 
