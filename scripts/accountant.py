@@ -113,6 +113,9 @@ def _clients_per_round():
 
 def _accountants() -> list[str]:
   names = [name.strip().lower() for name in _ACCOUNTANTS.value]
+  if not names:
+    raise ValueError('`accountants` is empty: name at least one of '
+                     f'{", ".join(accounting.ACCOUNTANTS)}.')
   for name in names:
     if name not in accounting.ACCOUNTANTS:
       raise ValueError(f'`accountants` must be among {accounting.ACCOUNTANTS};'

@@ -20,14 +20,35 @@ import numbers
 
 import numpy as np
 
-__all__ = ['FLOAT32_TINY', 'INT64_MAX', 'boolean', 'integer', 'is_real',
-           'nonnegative_float', 'normal_float', 'one_of', 'positive_float',
-           'probability']
+__all__ = ['FLOAT32_TINY', 'INT64_MAX', 'MAX_AUDIT_CANARIES', 'MAX_DELTA',
+           'MAX_NUM_CLIENTS', 'MAX_ROUNDS',
+           'ascii_number', 'boolean',
+           'delta', 'integer', 'is_real', 'nonnegative_float', 'normal_float',
+           'one_of', 'positive_float', 'probability', 'rounds']
 
 INT64_MAX = 2**63 - 1
 # The smallest normal float32. TensorFlow's CPU kernels flush smaller
 # (subnormal) values to zero, so a noise scale below it adds no noise.
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+# The largest delta accounted. A delta is the chance that the guarantee
+# fails outright; meaningful ones are far below 1/population. Above about
+# 0.01 the epsilon of a noisy round falls towards 0 (at delta = 0.5 it is
+# the loss distribution's median), and PLD accounting, whose grid follows
+# epsilon, then needs a grid too fine to finish (minutes to never: delta
+# 0.1 to 0.5, z 2 to 20). Up to 0.01 every accountant answers in bounded
+# time, and the flags refuse more before anything runs.
+MAX_DELTA = 0.01
+# The most rounds accounted: PLD composes T rounds on a grid that grows with
+# T (10^6 rounds: about 2 s; 10^7: minutes). Far beyond any run of this
+# project (thousands of rounds).
+MAX_ROUNDS = 100_000
+# Sizes beyond which a run cannot start in reasonable time: the clients a
+# task builds (listing 10^9 client ids alone takes minutes; Stack Overflow,
+# the largest population here, has 342,477) and the canaries of an audit
+# (each round draws about 2K model-sized candidates; docs/audit.md uses 50
+# to 100).
+MAX_NUM_CLIENTS = 1_000_000
+MAX_AUDIT_CANARIES = 10_000
 
 
 def is_real(value) -> bool:
@@ -109,6 +130,41 @@ def probability(value, label: str, low_open: bool = True,
     raise ValueError(f'`{label}` must be in {interval}; got {value!r}.')
   if number > 0:
     _cast(number, label, dtype)
+  return number
+
+
+def ascii_number(text: str, kind=float):
+  """`kind(text)` (int or float) of ASCII text only; ValueError otherwise.
+
+  Python's int() and float() also read other scripts' digits ('٣' is 3,
+  a fullwidth '１' is 1) and underscores ('1_0' is 10): on a command line
+  these are typos or look-alikes, and a flag's value must be what it reads.
+  """
+  text = str(text)
+  if not text.isascii() or '_' in text:
+    raise ValueError(f'not an ASCII number without underscores: {text!r}')
+  return kind(text)
+
+
+def delta(value, label: str = 'delta') -> float:
+  """A DP delta: a float in (0, `MAX_DELTA`], where the accountants answer."""
+  number = probability(value, label)
+  if number > MAX_DELTA:
+    raise ValueError(
+        f'`{label}` must be in (0, {MAX_DELTA:g}] (the chance that the '
+        'guarantee fails; meaningful values are far below 1/population, '
+        f'and above {MAX_DELTA:g} the accountants cannot answer in bounded '
+        f'time); got {value!r}.')
+  return number
+
+
+def rounds(value, label: str = 'rounds') -> int:
+  """A number of rounds accounted: an int in [1, `MAX_ROUNDS`]."""
+  number = integer(value, label, minimum=1)
+  if number > MAX_ROUNDS:
+    raise ValueError(
+        f'`{label}` must be at most {MAX_ROUNDS:,} (PLD accounting of more '
+        f'rounds does not finish in bounded time); got {value!r}.')
   return number
 
 

@@ -91,7 +91,7 @@ def _option_value(text: str):
     return lowered == 'true'
   for kind in (int, float):
     try:
-      return kind(text)
+      return checks.ascii_number(text, kind)
     except ValueError:
       pass
   return text.strip()
@@ -113,7 +113,7 @@ def parse_lus_sparsity(text):
   if text is None or str(text).strip().lower() in ('', 'none'):
     return None
   try:
-    values = tuple(float(v) for v in str(text).split(','))
+    values = tuple(checks.ascii_number(v) for v in str(text).split(','))
   except ValueError:
     raise ConfigError('--lus_sparsity must be numbers in [0, 1) (one, or one '
                       f'per layer, comma-separated); got {text!r}.') from None
@@ -173,7 +173,7 @@ class TrainConfig:
       '--target_epsilon.')
   target_epsilon: Optional[float] = _field(
       None, 'Calibrate z to reach this epsilon at --delta after --rounds.')
-  delta: float = _field(1e-5, 'DP delta.')
+  delta: float = _field(1e-5, 'DP delta, in (0, 0.01] (docs/privacy.md).')
   noise_placement: str = _dp('noise_placement')
   denominator: str = _dp('denominator')
   noise_seed: Optional[int] = _dp('noise_seed')
@@ -194,7 +194,7 @@ class TrainConfig:
       None, 'Groups b of --sampling=min_separation: a client takes part at '
       'most every b rounds (default: --bands).')
   # Training.
-  rounds: int = _field(30, 'Training rounds.')
+  rounds: int = _field(30, 'Training rounds, at most 100,000.')
   client_optimizer: str = _field('sgd', 'Client optimizer.', CLIENT_OPTIMIZERS)
   client_learning_rate: float = _field(0.1, 'Client learning rate eta_L.')
   server_optimizer: str = _field('sgd', 'Server optimizer.', SERVER_OPTIMIZERS)
@@ -257,7 +257,7 @@ class TrainConfig:
   # Empirical privacy audit (`tff_clip.privacy.audit`, docs/audit.md).
   audit_canaries: int = _field(
       0, 'Empirical privacy audit: about this many canary clients (0: none, '
-      'nothing changes). See docs/audit.md.')
+      'nothing changes; at most 10,000). See docs/audit.md.')
   audit_confidence: float = _field(
       0.95, "Confidence of the audit's epsilon lower bound.")
 
@@ -460,22 +460,24 @@ def _check_privacy(config):
     raise ConfigError('--denominator=actual releases the cohort size: it is '
                       'private under --sampling=poisson; use '
                       '--sampling=fixed_size or --denominator=expected.')
-  _check(checks.probability, config.delta, 'delta')
+  _check(checks.delta, config.delta, 'delta')
 
 
 def _check_training(config):
   # numpy's seeds (Keras' set_random_seed) are 32-bit.
   _check(checks.integer, config.seed, 'seed', minimum=0, maximum=SEED_MAX)
   _count(config.clients_per_round, 'clients_per_round')
-  _count(config.rounds, 'rounds')
-  _positive(config.client_learning_rate, 'client_learning_rate')
-  _positive(config.server_learning_rate, 'server_learning_rate')
+  _check(checks.rounds, config.rounds, 'rounds')
+  for name in ('client_learning_rate', 'server_learning_rate'):
+    _positive(getattr(config, name), name)  # Not subnormal either:
+    _check(checks.normal_float, getattr(config, name), name)  # flushed to 0.
   _check(checks.probability, config.server_momentum, 'server_momentum',
          low_open=False)
   _count(config.local_epochs, 'local_epochs')
   _count(config.local_steps, 'local_steps', optional=True)
   _count(config.batch_size, 'batch_size')
-  _count(config.num_clients, 'num_clients', optional=True)
+  _check(checks.integer, config.num_clients, 'num_clients', minimum=1,
+         maximum=checks.MAX_NUM_CLIENTS, optional=True)
   _positive(config.partition_alpha, 'partition_alpha', optional=True)
   _check(checks.probability, config.validation_fraction,
          'validation_fraction', optional=True)
@@ -515,6 +517,9 @@ def _check_execution(config):
   _positive(config.worker_timeout_s, 'worker_timeout_s')
   if config.executor == 'remote' and not config.workers:
     raise ConfigError('--executor=remote needs --workers=host:port,...')
+  if config.workers and config.executor != 'remote':
+    raise ConfigError('--workers needs --executor=remote; got --executor='
+                      f'{config.executor}.')
   for worker in config.workers:
     host, _, port = str(worker).rpartition(':')
     if not host or not port.isdigit():
@@ -557,7 +562,7 @@ def _check_path(name: str, path: str) -> None:
 
 def _check_audit(config):
   _check(checks.integer, config.audit_canaries, 'audit_canaries',
-         maximum=_INT32_MAX)
+         maximum=checks.MAX_AUDIT_CANARIES)
   if config.audit_canaries and (not config.private or
                                 config.bounding in BASELINES):
     raise ConfigError('--audit_canaries audits a tff_clip DP run: set '
