@@ -304,7 +304,7 @@ def guarantee(view, relation, delta, accountant, grid) -> PrivacyGuarantee:
       rdp_epsilon = guarantee(view, relation, delta, RDP, None).epsilon
     except dp_accounting.UnsupportedEventError:
       rdp_epsilon = None
-    if rdp_epsilon is not None and rdp_epsilon > PLD_MAX_EPSILON:
+    if rdp_epsilon is not None and PLD_MAX_EPSILON < rdp_epsilon < math.inf:
       raise dp_accounting.UnsupportedEventError(
           f'PLD is not computed above epsilon {PLD_MAX_EPSILON:g} (RDP gives '
           f'{rdp_epsilon:.3g}): its grid would not fit in memory, and the '
