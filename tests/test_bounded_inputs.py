@@ -201,3 +201,17 @@ def test_the_delta_bound_is_stated_where_flags_are_documented():
   from tff_clip.program import config as config_lib  # pylint: disable=g-import-not-at-top
   fields = {field.name: field for field, _ in config_lib.fields()}
   assert f'(0, {checks.MAX_DELTA:g}]' in fields['delta'].metadata['help']
+
+
+def test_dp_factory_reads_minus_zero_as_zero_noise_like_zero():
+  """z = 0 is the library's noise-free aggregator (documented; the flags
+  refuse it for a run): -0.0 is the same number, not a refusal."""
+  from tff_clip.aggregation import spec  # pylint: disable=g-import-not-at-top
+  for z in (0.0, -0.0, 0):
+    made = spec.DPSpec('clip', noise_multiplier=z, clients_per_round=10.0,
+                       clip_norm=1.0)
+    assert made.noise_multiplier == 0 and str(made.noise_multiplier) == '0.0'
+  with pytest.raises(ValueError, match='`noise_multiplier` must be a finite '
+                     'float >= 0; got -1e-30'):
+    spec.DPSpec('clip', noise_multiplier=-1e-30, clients_per_round=10.0,
+                clip_norm=1.0)
