@@ -65,8 +65,9 @@ _CLIENTS_PER_ROUND = flags.DEFINE_float(
     'for fixed-size sampling.')
 _POPULATION_SIZE = flags.DEFINE_integer(
     'population_size', None, 'Number of clients K sampled from.')
-_ROUNDS = flags.DEFINE_integer('rounds', None, 'Number of training rounds.')
-_DELTA = flags.DEFINE_float('delta', None, 'Target delta, in (0, 1).')
+_ROUNDS = flags.DEFINE_integer('rounds', None,
+                               'Number of training rounds (at most 100,000).')
+_DELTA = flags.DEFINE_float('delta', None, 'Target delta, in (0, 0.01].')
 _SAMPLING = flags.DEFINE_enum(
     'sampling', accounting.POISSON, list(accounting.SAMPLINGS),
     'How each cohort is drawn; must be what the training loop does.')
@@ -113,6 +114,9 @@ def _clients_per_round():
 
 def _accountants() -> list[str]:
   names = [name.strip().lower() for name in _ACCOUNTANTS.value]
+  if not names:
+    raise ValueError('`accountants` is empty: name at least one of '
+                     f'{", ".join(accounting.ACCOUNTANTS)}.')
   for name in names:
     if name not in accounting.ACCOUNTANTS:
       raise ValueError(f'`accountants` must be among {accounting.ACCOUNTANTS};'

@@ -10,10 +10,12 @@ benchmarks and reproductions call. The library (`tff_clip`) never imports
 
 import contextlib
 import dataclasses
+import glob
 import math
 import os
 import socket
 
+from tff_clip import checks
 from tff_clip.program import config as config_lib
 from tff_clip.program.config import ConfigError, TrainConfig
 
@@ -39,6 +41,14 @@ def _check_task_options(config):
       raise ConfigError(
           f'--task_option {key!r} is not an option of task {config.task!r}; '
           f'its options are: {", ".join(accepted) or "none"}.')
+  for key, value in config.task_options:
+    bounds = task_names.INTEGER_OPTIONS.get((config.task, key))
+    if bounds is not None:  # A size: refused before TensorFlow builds it.
+      try:
+        checks.integer(value, key, *bounds)
+      except (TypeError, ValueError) as e:
+        raise ConfigError(f'--task_option {str(e).replace("`", "")}'
+                          ) from None
 
 
 def _check_task(config):
@@ -112,6 +122,33 @@ def _check_workers(config):
                         f'({e}).') from None
 
 
+def no_gpu_reason(environ=None, devices='/dev'):
+  """Why TensorFlow would see no GPU, known without importing it; None
+  where one may be visible (TensorFlow's own check then decides).
+
+  TensorFlow's CUDA build sees a GPU through the NVIDIA driver's device
+  files (/dev/nvidia0, ...; /dev/dxg under WSL) and not at all when
+  CUDA_VISIBLE_DEVICES is empty or -1.
+  """
+  environ = os.environ if environ is None else environ
+  visible = environ.get('CUDA_VISIBLE_DEVICES')
+  if visible is not None and visible.strip() in ('', '-1'):
+    return f'CUDA_VISIBLE_DEVICES={visible!r} hides every GPU'
+  if not (glob.glob(os.path.join(devices, 'nvidia[0-9]*')) or
+          os.path.exists(os.path.join(devices, 'dxg'))):
+    return f'this machine has no NVIDIA GPU device ({devices}/nvidia0, ...)'
+  return None
+
+
+def _check_gpu(config):
+  if config.executor != 'gpu':
+    return
+  reason = no_gpu_reason()
+  if reason is not None:
+    raise ConfigError(f'--executor=gpu, but {reason}; use --executor=local '
+                      'or inprocess.')
+
+
 def _check_worker_isolation(config):
   """Refuses at once a local C++ worker this machine cannot isolate.
 
@@ -153,6 +190,7 @@ def preflight(config: TrainConfig) -> None:
   _check_run_directory(config)
   _check_population(config)
   _check_workers(config)
+  _check_gpu(config)
   _check_worker_isolation(config)
 
 

@@ -27,6 +27,7 @@ from absl import logging
 
 from scripts import cli
 from scripts import program
+from tff_clip import checks
 from tff_clip.privacy import rdp_floor
 from tff_clip.program import config as config_lib
 
@@ -60,15 +61,25 @@ def _optional(parse):
 
 def _number_or_word(text):
   try:
-    return float(text)
+    return _float(text)
   except ValueError:
     return text
 
 
+# Numbers in ASCII only ('٣', '１' and '1_0' are refused, not read as 3, 1
+# and 10): `checks.ascii_number`.
+def _int(text):
+  return checks.ascii_number(text, int)
+
+
+def _float(text):
+  return checks.ascii_number(text, float)
+
+
 _PARSERS = {
-    int: int, float: float, str: str,
-    typing.Optional[int]: _optional(int),
-    typing.Optional[float]: _optional(float),
+    int: _int, float: _float, str: str,
+    typing.Optional[int]: _optional(_int),
+    typing.Optional[float]: _optional(_float),
     typing.Optional[str]: _optional(str),
     typing.Union[float, str]: _number_or_word,
 }
@@ -136,12 +147,15 @@ def config_from_flags() -> config_lib.TrainConfig:
       try:
         value = _PARSERS[kind](value)
       except ValueError:
-        empty = not str(FLAGS[field.name].value).strip()
+        text = str(FLAGS[field.name].value)
+        empty = not text.strip()
         raise config_lib.ConfigError(
             f'--{field.name} must be {_describe(kind)}; got '
             f'{FLAGS[field.name].value!r}' + (
                 " (empty: an unset shell variable? Say 'none' for none)"
-                if empty and kind in _OPTIONAL else '') + '.') from None
+                if empty and kind in _OPTIONAL else
+                ' (ASCII digits, no underscores)'
+                if not text.isascii() or '_' in text else '') + '.') from None
     values[field.name] = value
   # DP is the default, unless the user asked for calibration or no bounding.
   if not FLAGS['noise_multiplier'].present and (

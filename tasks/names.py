@@ -51,6 +51,13 @@ TASK_OPTIONS = {
     'eq24_quadratic': ('initial_weights',),
 }
 
+# (task, option) -> (least, largest) of an integer option sizing the model,
+# checked before TensorFlow loads. `digits`' MLP has 75 h + 10 weights
+# (64-h-10), which must fit TensorFlow's int32 sizes.
+INTEGER_OPTIONS = {
+    ('digits', 'hidden_units'): (1, (2**31 - 1 - 10) // 75),
+}
+
 # (task, data source) -> its training clients when `num_clients` is not
 # given, where the task fixes that number without reading data: centralized
 # arrays split into that many clients (ids '00'..'49', `ARRAY_CLIENTS`) and

@@ -202,3 +202,16 @@ def test_the_run_reports_the_quantile_its_norm_tracked(private_run):
   assert Z * math.sqrt(64 * 32 + 32 + 32 * 10 + 10) / CLIENTS > 1.6
   assert summary['target_quantile'] == 0.03
   assert summary['bounding'] == 'normalize'
+
+
+def test_the_runs_tensorboard_holds_no_time(private_run):
+  """Every event's wall_time is its round (a constant per round, no clock),
+  and no file name holds a time or the host."""
+  _, run_dir = private_run
+  files = sorted((run_dir / 'tensorboard').iterdir())
+  assert files and all(
+      f.name.startswith('events.out.tfevents.0000000001.') for f in files)
+  events = [e for f in files
+            for e in tf.compat.v1.train.summary_iterator(str(f))]
+  assert sorted({e.step for e in events}) == list(range(1, ROUNDS + 1))
+  assert all(e.wall_time == e.step for e in events)

@@ -448,13 +448,13 @@ def test_a_value_beyond_float32_is_left_out_of_tensorboard_not_fatal(
 def test_a_tensorboard_writer_that_cannot_be_created_is_one_line(
     tmp_path, monkeypatch):
   def full_disk(*unused_args, **unused_kwargs):
-    raise tf.errors.ResourceExhaustedError(None, None, '')  # As on a full disk.
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-  monkeypatch.setattr(tff.program, 'TensorBoardReleaseManager', full_disk)
+  monkeypatch.setattr(release_managers, '_EventFile', full_disk)
   run_dir = tmp_path / 'run'
   run_dir.mkdir()
   with pytest.raises(run_records.RunRecordError) as error:
-    _tensorboard(run_dir, resuming=False)
+    _release(run_dir, _tensorboard(run_dir, resuming=False), 1, _row(1))
   message = str(error.value)
   assert '\n' not in message
   assert message.startswith(f'cannot write {run_dir / "tensorboard"}: no '

@@ -214,7 +214,8 @@ class DPSpec:
       'z >= 0, the TOTAL noise multiplier: noise N(0, (z S)^2 I) on the sum, '
       'S the L2 sensitivity; with adaptive clipping the value noise is '
       'raised so the round is exactly as private as one Gaussian mechanism '
-      'with z (`adaptive_noise_multipliers`).')
+      'with z (`adaptive_noise_multipliers`). z = 0 (or -0.0): no noise, '
+      'the bounding alone, NOT private (epsilon infinite).')
   clients_per_round: float = _parameter(
       'n > 0, the expected cohort size: the denominator, and an input of the '
       'default count noise `default_clipped_count_stddev`.')
@@ -290,7 +291,9 @@ class DPSpec:
       object.__setattr__(self, name, value)
 
     put('_bounding', mechanisms.bounding(self.bounding_method, 'bounding'))
-    z = checks.nonnegative_float(self.noise_multiplier, 'noise_multiplier')
+    z = self.noise_multiplier  # 0 and -0.0 alike: no noise (documented).
+    z = checks.nonnegative_float(
+        0.0 if checks.is_real(z) and z == 0 else z, 'noise_multiplier')
     if 0 < z < checks.FLOAT32_TINY:
       # Above it, epsilon stays finite (dp_accounting's RDP of one round,
       # about 1/z^2, overflows float64 only below z = 1e-154).

@@ -44,6 +44,18 @@ _SILENT = (dp_accounting.NoOpDpEvent, dp_accounting.NonPrivateDpEvent)
 # PLD grid = factor x epsilon, clamped; above ~700 dp_accounting's
 # connect-the-dots construction overflows (epsilon is in the millions then).
 _PLD_RELATIVE_GRID, _PLD_MIN_GRID, _PLD_MAX_GRID = 1e-4, 1e-6, 100.0
+# PLD's cost is the privacy loss's range over the grid. Beyond this RDP
+# epsilon the relative grid would pass its largest (the loss's range then
+# grows as 1/z: z = 1e-10 asks for exabytes), and the guarantee is void
+# anyway: PLD is not computed (`UnsupportedEventError`), RDP's figure stands.
+PLD_MAX_EPSILON = _PLD_MAX_GRID / _PLD_RELATIVE_GRID
+# Where PLD's epsilon is far below RDP's, the grid is refined, by at most
+# this factor (a PLD epsilon of 0 asked for a grid 10^5 times finer: a
+# run's last step at delta = 0.5 never ended).
+_PLD_MAX_REFINEMENT = 30.0
+# The grid where RDP proves epsilon = 0 (PLD cannot prove less):
+# dp_accounting's default.
+_PLD_GRID_AT_ZERO = 1e-4
 _RDP_CACHE: dict[tuple[dp_accounting.DpEvent,
                        dp_accounting.NeighboringRelation], np.ndarray] = {}
 
@@ -289,12 +301,19 @@ def guarantee(view, relation, delta, accountant, grid) -> PrivacyGuarantee:
 
   if grid is None:
     try:
-      grid = pld_grid(guarantee(view, relation, delta, RDP, None).epsilon)
+      rdp_epsilon = guarantee(view, relation, delta, RDP, None).epsilon
     except dp_accounting.UnsupportedEventError:
-      grid = 1e-4
+      rdp_epsilon = None
+    if rdp_epsilon is not None and PLD_MAX_EPSILON < rdp_epsilon < math.inf:
+      raise dp_accounting.UnsupportedEventError(
+          f'PLD is not computed above epsilon {PLD_MAX_EPSILON:g} (RDP gives '
+          f'{rdp_epsilon:.3g}): its grid would not fit in memory, and the '
+          'guarantee is void either way.')
+    grid = (1e-4 if rdp_epsilon is None else
+            _PLD_GRID_AT_ZERO if rdp_epsilon == 0 else pld_grid(rdp_epsilon))
     epsilon = pld_epsilon(grid)
-    finer = pld_grid(epsilon)
-    if finer < grid / 3:
+    finer = max(pld_grid(epsilon), grid / _PLD_MAX_REFINEMENT)
+    if epsilon > 0 and finer < grid / 3:
       # RDP far above PLD (small epsilons, RDP limited by its largest order):
       # size the grid by PLD's own answer; both passes are upper bounds.
       epsilon, grid = min((epsilon, grid), (pld_epsilon(finer), finer))

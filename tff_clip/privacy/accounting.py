@@ -88,16 +88,25 @@ def _integer(value, name: str, minimum: int = 1) -> int:
   return checks.integer(value, name, minimum=minimum)
 
 
-def _nonnegative(value, name: str) -> float:
-  return checks.nonnegative_float(value, name, np.float64)
-
-
 def _positive(value, name: str) -> float:
   return checks.positive_float(value, name, np.float64)
 
 
 def _delta(value) -> float:
-  return checks.probability(value, 'delta')
+  return checks.delta(value)
+
+
+def _noise_multiplier(value, name: str = 'noise_multiplier') -> float:
+  """z = 0 (no noise), or a z training can add: a normal float32.
+
+  Below float32's smallest normal TensorFlow adds no noise (and the
+  accountants divide by z^2: 1e-300 is a ZeroDivisionError); above its
+  largest, z^2 overflows the accountants' float64.
+  """
+  z = checks.nonnegative_float(value, name, np.float32)
+  if z > 0:
+    checks.normal_float(z, name)
+  return z
 
 
 def _cohort(clients_per_round, population_size,
@@ -126,7 +135,7 @@ def _check_event(event, name: str = 'event') -> None:
     raise TypeError(
         f'`{name}` must be a dp_accounting.DpEvent; got {type(event)}.')
   if isinstance(event, dp_accounting.GaussianDpEvent):
-    _nonnegative(event.noise_multiplier, 'noise_multiplier')
+    _noise_multiplier(event.noise_multiplier)
   elif isinstance(event, dp_accounting.PoissonSampledDpEvent):
     checks.probability(event.sampling_probability, 'sampling_probability',
                        high_open=False)
@@ -174,8 +183,7 @@ def gaussian_round_event(noise_multiplier: float,
                          sampling: str = POISSON) -> dp_accounting.DpEvent:
   """`round_event(GaussianDpEvent(noise_multiplier), ...)`."""
   return round_event(
-      dp_accounting.GaussianDpEvent(_nonnegative(noise_multiplier,
-                                                 'noise_multiplier')),
+      dp_accounting.GaussianDpEvent(_noise_multiplier(noise_multiplier)),
       clients_per_round, population_size, sampling)
 
 
@@ -185,7 +193,7 @@ def training_event(noise_multiplier: float,
                    rounds: int,
                    sampling: str = POISSON) -> dp_accounting.DpEvent:
   """`rounds` identical rounds: `SelfComposedDpEvent(gaussian_round_event)`."""
-  rounds = _integer(rounds, 'rounds')
+  rounds = checks.rounds(rounds)
   return dp_accounting.SelfComposedDpEvent(
       gaussian_round_event(noise_multiplier, clients_per_round,
                            population_size, sampling), rounds)
@@ -224,9 +232,9 @@ def correlated_training_event(noise_mechanism: str, noise_multiplier: float,
   independent, k Gaussians. `options`: the mechanism's own
   (`NoiseMechanism.options`).
   """
-  noise_multiplier = _nonnegative(noise_multiplier, 'noise_multiplier')
+  noise_multiplier = _noise_multiplier(noise_multiplier)
   mechanism = mechanisms.noise_mechanism(
-      noise_mechanism, bands, rounds=_integer(rounds, 'rounds'),
+      noise_mechanism, bands, rounds=checks.rounds(rounds),
       separation=_integer(separation, 'separation'), **options)
   return mechanism.training_event(noise_multiplier)
 
@@ -351,7 +359,7 @@ def calibrate_noise_multiplier(target_epsilon: float,
   sampling = checks.one_of(sampling, 'sampling', SAMPLINGS)
   clients_per_round, population_size = _cohort(clients_per_round,
                                                population_size, sampling)
-  rounds = _integer(rounds, 'rounds')
+  rounds = checks.rounds(rounds)
   tolerance = _positive(tolerance, 'tolerance')
   grid = (None if value_discretization_interval is None else
           _positive(value_discretization_interval, 'value_discretization_interval'))
@@ -429,11 +437,11 @@ def extrapolate_population(
   `compute_training_epsilon` of (z', n', K', rounds) per accountant; K' is
   rounded, and n' too for fixed-size sampling (z' from the rounded n').
   """
-  noise_multiplier = _nonnegative(noise_multiplier, 'noise_multiplier')
+  noise_multiplier = _noise_multiplier(noise_multiplier)
   sampling = checks.one_of(sampling, 'sampling', SAMPLINGS)
   clients_per_round, population_size = _cohort(clients_per_round,
                                                population_size, sampling)
-  rounds = _integer(rounds, 'rounds')
+  rounds = checks.rounds(rounds)
   delta = _delta(delta)
   accountants = [checks.one_of(a, 'accountant', ACCOUNTANTS) for a in accountants]
   sigma_dp = noise_multiplier / clients_per_round
@@ -469,7 +477,7 @@ def calibrate_correlated_noise_multiplier(target_epsilon: float,
   """The smallest z whose `correlated_training_event` meets the target (RDP)."""
   return calibrate_mechanism_noise_multiplier(
       target_epsilon, mechanisms.noise_mechanism(
-          noise_mechanism, bands, rounds=_integer(rounds, 'rounds'),
+          noise_mechanism, bands, rounds=checks.rounds(rounds),
           separation=_integer(separation, 'separation'), **options),
       delta, tolerance)
 
@@ -486,7 +494,7 @@ def calibrate_mechanism_noise_multiplier(target_epsilon: float, mechanism,
 
   def view_for(noise_multiplier: float) -> dp_accounting.DpEvent:
     return accountants.accounting_view(mechanism.training_event(
-        _nonnegative(noise_multiplier, 'noise_multiplier')), accountants.ADD_OR_REMOVE)
+        _noise_multiplier(noise_multiplier)), accountants.ADD_OR_REMOVE)
 
   def epsilon_at(noise_multiplier: float) -> float:
     return compute_epsilon(view_for(noise_multiplier), delta).epsilon

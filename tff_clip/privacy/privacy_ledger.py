@@ -18,6 +18,7 @@ import attr
 import dp_accounting
 from dp_accounting import dp_event as dp_event_lib
 
+from tff_clip import checks
 from tff_clip.names import RDP
 from tff_clip.privacy import accounting
 
@@ -134,7 +135,8 @@ class PrivacyLedger:
     if event not in self._distinct:
       try:  # Accounted before it is recorded (RDP of each event is cached).
         accounting.compute_epsilon(
-            dp_accounting.ComposedDpEvent(self._distinct + [event]), 0.5)
+            dp_accounting.ComposedDpEvent(self._distinct + [event]),
+            checks.MAX_DELTA)
       except dp_accounting.UnsupportedEventError as error:
         raise ValueError(f'`event` cannot be accounted: {error}') from error
       self._distinct.append(event)

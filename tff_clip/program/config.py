@@ -92,7 +92,7 @@ def _option_value(text: str):
     return lowered == 'true'
   for kind in (int, float):
     try:
-      return kind(text)
+      return checks.ascii_number(text, kind)
     except ValueError:
       pass
   return text.strip()
@@ -114,7 +114,7 @@ def parse_lus_sparsity(text):
   if text is None or str(text).strip().lower() in ('', 'none'):
     return None
   try:
-    values = tuple(float(v) for v in str(text).split(','))
+    values = tuple(checks.ascii_number(v) for v in str(text).split(','))
   except ValueError:
     raise ConfigError('--lus_sparsity must be numbers in [0, 1) (one, or one '
                       f'per layer, comma-separated); got {text!r}.') from None
@@ -174,7 +174,7 @@ class TrainConfig:
       '--target_epsilon.')
   target_epsilon: Optional[float] = _field(
       None, 'Calibrate z to reach this epsilon at --delta after --rounds.')
-  delta: float = _field(1e-5, 'DP delta.')
+  delta: float = _field(1e-5, 'DP delta, in (0, 0.01] (docs/privacy.md).')
   noise_placement: str = _dp('noise_placement')
   denominator: str = _dp('denominator')
   noise_seed: Optional[int] = _dp('noise_seed')
@@ -195,7 +195,7 @@ class TrainConfig:
       None, 'Groups b of --sampling=min_separation: a client takes part at '
       'most every b rounds (default: --bands).')
   # Training.
-  rounds: int = _field(30, 'Training rounds.')
+  rounds: int = _field(30, 'Training rounds, at most 100,000.')
   client_optimizer: str = _field('sgd', 'Client optimizer.', CLIENT_OPTIMIZERS)
   client_learning_rate: float = _field(0.1, 'Client learning rate eta_L.')
   server_optimizer: str = _field('sgd', 'Server optimizer.', SERVER_OPTIMIZERS)
@@ -258,7 +258,7 @@ class TrainConfig:
   # Empirical privacy audit (`tff_clip.privacy.audit`, docs/audit.md).
   audit_canaries: int = _field(
       0, 'Empirical privacy audit: about this many canary clients (0: none, '
-      'nothing changes). See docs/audit.md.')
+      'nothing changes; at most 10,000). See docs/audit.md.')
   audit_confidence: float = _field(
       0.95, "Confidence of the audit's epsilon lower bound.")
 
@@ -466,22 +466,24 @@ def _check_privacy(config):
     raise ConfigError('--denominator=actual releases the cohort size: it is '
                       'private under --sampling=poisson; use '
                       '--sampling=fixed_size or --denominator=expected.')
-  _check(checks.probability, config.delta, 'delta')
+  _check(checks.delta, config.delta, 'delta')
 
 
 def _check_training(config):
   # numpy's seeds (Keras' set_random_seed) are 32-bit.
   _check(checks.integer, config.seed, 'seed', minimum=0, maximum=SEED_MAX)
   _count(config.clients_per_round, 'clients_per_round', optional=True)
-  _count(config.rounds, 'rounds')
-  _positive(config.client_learning_rate, 'client_learning_rate')
-  _positive(config.server_learning_rate, 'server_learning_rate')
+  _check(checks.rounds, config.rounds, 'rounds')
+  for name in ('client_learning_rate', 'server_learning_rate'):
+    _positive(getattr(config, name), name)  # Not subnormal either:
+    _check(checks.normal_float, getattr(config, name), name)  # flushed to 0.
   _check(checks.probability, config.server_momentum, 'server_momentum',
          low_open=False)
   _count(config.local_epochs, 'local_epochs')
   _count(config.local_steps, 'local_steps', optional=True)
   _count(config.batch_size, 'batch_size')
-  _count(config.num_clients, 'num_clients', optional=True)
+  _check(checks.integer, config.num_clients, 'num_clients', minimum=1,
+         maximum=checks.MAX_NUM_CLIENTS, optional=True)
   _positive(config.partition_alpha, 'partition_alpha', optional=True)
   _check(checks.probability, config.validation_fraction,
          'validation_fraction', optional=True)
@@ -521,6 +523,9 @@ def _check_execution(config):
   _positive(config.worker_timeout_s, 'worker_timeout_s')
   if config.executor == 'remote' and not config.workers:
     raise ConfigError('--executor=remote needs --workers=host:port,...')
+  if config.workers and config.executor != 'remote':
+    raise ConfigError('--workers needs --executor=remote; got --executor='
+                      f'{config.executor}.')
   for worker in config.workers:
     host, _, port = str(worker).rpartition(':')
     if not host or not port.isdigit():
@@ -530,40 +535,17 @@ def _check_execution(config):
       config.experiment_name in ('.', '..')):
     raise ConfigError('--experiment_name must be a non-empty name without '
                       f'{os.sep!r}; got {config.experiment_name!r}.')
-  _check_path('experiment_name', config.experiment_name)
+  _check(checks.path_text, config.experiment_name, 'experiment_name')
   if not isinstance(config.root_output_dir, str) or not (
       config.root_output_dir.strip()):
     raise ConfigError('--root_output_dir must name a directory (e.g. runs); '
                       f'got {config.root_output_dir!r}.')
-  _check_path('root_output_dir', config.root_output_dir)
-
-
-# A file name's most bytes on Linux file systems (NAME_MAX), and a path's.
-_NAME_MAX = 255
-_PATH_MAX = 4095
-
-
-def _check_path(name: str, path: str) -> None:
-  """A path the run directory can have: printable, within the OS limits."""
-  control = [c for c in path if ord(c) < 32 or 127 <= ord(c) < 160]
-  if control:
-    raise ConfigError(f'--{name} must be printable; it holds the control '
-                      f'character {control[0]!r}.')
-  try:
-    encoded = path.encode()
-  except UnicodeEncodeError:
-    raise ConfigError(f'--{name} is not valid text: {path!r}.') from None
-  longest = max(len(part.encode()) for part in path.split(os.sep))
-  if longest > _NAME_MAX or len(encoded) > _PATH_MAX:
-    raise ConfigError(
-        f'--{name} is too long for a file system: a name may have at most '
-        f'{_NAME_MAX} bytes and a path {_PATH_MAX}; got a name of {longest} '
-        f'bytes in a path of {len(encoded)}.')
+  _check(checks.path_text, config.root_output_dir, 'root_output_dir')
 
 
 def _check_audit(config):
   _check(checks.integer, config.audit_canaries, 'audit_canaries',
-         maximum=_INT32_MAX)
+         maximum=checks.MAX_AUDIT_CANARIES)
   if config.audit_canaries and (not config.private or
                                 config.bounding in BASELINES):
     raise ConfigError('--audit_canaries audits a tff_clip DP run: set '

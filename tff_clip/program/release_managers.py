@@ -8,14 +8,20 @@ rebuilt from it, and TensorBoard is given the released rounds it lacks (a
 kill between the record and the view). A write that fails is one
 `run_records.RunRecordError` line, never a TensorFlow traceback.
 
+TensorBoard's event files are written here (tensorboard's record format,
+no TensorFlow writer) so that a DP run releases no clock: TensorFlow's
+writer stamps every event with the time it was written (per-round
+differences that track the withheld round seconds and cohort size) and
+names the file after the time and the host. Here each event's `wall_time`
+is what the view's `clock` says of its step -- the round number under DP
+-- and a file is named after the first step it holds.
+
 `metrics.csv` is written by `run_records` (atomic files, appends opened
-with `O_NOFOLLOW`). TensorBoard's files are written by TensorFlow's
-summary writer, which opens them by name: `tensorboard/` is made here
-(writable by its owner only) and checked before the writer is created
-(`run_records.check_tree`: a real directory of this user's, no symbolic
-link and nothing of another user's in it), and its event files are read
-back with `run_records.open_file`. The writer keeps its file open, so the
-rounds after that check write to what it checked.
+with `O_NOFOLLOW`). `tensorboard/` is made here (writable by its owner
+only) and checked before a file is created in it (`run_records.check_tree`:
+a real directory of this user's, no symbolic link and nothing of another
+user's in it); event files are created with `O_EXCL | O_NOFOLLOW` and read
+back with `run_records.tfrecords`.
 """
 
 from __future__ import annotations
@@ -23,14 +29,21 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+from typing import Callable, Optional
 
 import numpy as np
+from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+from tensorboard.summary.writer import record_writer
+from tensorboard.util import tensor_util
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_clip.program import run_records
 
-__all__ = ['MetricsCsvView', 'TensorBoardView', 'tensorboard_steps']
+__all__ = ['MetricsCsvView', 'TensorBoardView', 'round_clock',
+           'tensorboard_steps']
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -56,28 +69,76 @@ class MetricsCsvView(tff.program.ReleaseManager):
     run_records.append_metrics_csv(self._path, self._rows)
 
 
+class _EventFile:
+  """A TensorBoard event file of scalars, each event flushed as written.
+
+  Named `events.out.tfevents.<first step, 10 digits>.<n>.tff_clip` (n: the
+  first free number): the files of a resumed run sort after the earlier
+  ones, as TensorBoard reads them. Never opened through a symlink, never
+  over an existing file. `wall_time` of every event: `clock(step)`.
+  """
+
+  def __init__(self, directory: str, first_step: int,
+               clock: Callable[[int], float]):
+    self._clock = clock
+    n = 0
+    while True:
+      path = os.path.join(
+          directory, f'events.out.tfevents.{first_step:010d}.{n}.tff_clip')
+      try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL |
+                     getattr(os, 'O_NOFOLLOW', 0), run_records.FILE_MODE)
+        break
+      except FileExistsError:
+        n += 1
+    self._records = record_writer.RecordWriter(os.fdopen(fd, 'wb'))
+    self._write(event_pb2.Event(wall_time=clock(first_step), step=first_step,
+                                file_version='brain.Event:2'))
+
+  def _write(self, event):
+    self._records.write(event.SerializeToString())
+    self._records.flush()
+
+  def write_scalars(self, values, step: int) -> None:
+    """One event at `step` with a float32 scalar per name, as
+    `tf.summary.scalar` writes it (the scalars plugin's tensor form)."""
+    summary = summary_pb2.Summary(value=[
+        summary_pb2.Summary.Value(
+            tag=name, metadata=scalar_metadata.create_summary_metadata('', ''),
+            tensor=tensor_util.make_tensor_proto(np.float32(value)))
+        for name, value in values.items()])
+    self._write(event_pb2.Event(wall_time=self._clock(step), step=step,
+                                summary=summary))
+
+
+def round_clock(step: int) -> float:
+  """A DP run's TensorBoard `wall_time`: the round number, not a time."""
+  return float(step)
+
+
 class TensorBoardView(tff.program.ReleaseManager):
-  """`tensorboard/`: `tff.program.TensorBoardReleaseManager`, once a step.
+  """`tensorboard/`: the released rows as scalars, once a step.
 
   Steps it already holds are skipped; on resume the rounds of `log` it
   lacks are written first. Values are float32 scalars: one beyond float32
-  (the epsilon of a tiny z) is left out like a non-finite one.
+  (the epsilon of a tiny z) is left out like a non-finite one. `clock`:
+  each event's `wall_time` from its step (default `round_clock`, what a DP
+  run writes; a run without DP may pass `lambda step: time.time()`).
   """
 
   def __init__(self, tb_dir: str, log: run_records.ReleaseLog,
-               resuming: bool):
+               resuming: bool,
+               clock: Optional[Callable[[int], float]] = None):
     self._dir = tb_dir
+    self._clock = clock or round_clock
+    self._file = None  # Opened at the first step written.
     try:
       if not os.path.lexists(tb_dir):
         os.mkdir(tb_dir, run_records.DIR_MODE)
     except OSError as e:
       raise run_records.write_error(tb_dir, e) from None
-    run_records.check_tree(tb_dir)  # Before TensorFlow opens a file in it.
+    run_records.check_tree(tb_dir)  # Before a file is created in it.
     self._steps = tensorboard_steps(tb_dir) if resuming else set()
-    try:
-      self._writer = tff.program.TensorBoardReleaseManager(tb_dir)
-    except (OSError, tf.errors.OpError) as e:
-      raise self._error(e) from None
     for row in log.rows():
       asyncio.run(self.release(row, key=row['round']))
 
@@ -100,8 +161,10 @@ class TensorBoardView(tff.program.ReleaseManager):
     values = {k: v for k, v in value.items()
               if k != 'round' and math.isfinite(v) and abs(v) <= _FLOAT32_MAX}
     try:
-      await self._writer.release(values, key=key)
-    except (OSError, tf.errors.OpError) as e:
+      if self._file is None:
+        self._file = _EventFile(self._dir, key, self._clock)
+      self._file.write_scalars(values, key)
+    except OSError as e:
       raise self._error(e) from None
     self._steps.add(key)
 

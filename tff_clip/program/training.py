@@ -37,7 +37,8 @@ Outputs under `root_output_dir/experiment_name/` (docs/run_directory.md):
                   what its defaults resolved to (`run_directory.RESOLVED_KEY`)
   releases.jsonl  the released rows and DP events, hash-chained (`run_records`)
   metrics.csv     the released rows, a view of releases.jsonl
-  tensorboard/    the same rows (`tff.program.TensorBoardReleaseManager`)
+  tensorboard/    the same rows (`release_managers.TensorBoardView`; under
+                  DP its wall_time is the round number, not a time)
   checkpoints/    the state as flat arrays, naming the release they follow
   ledger.json     the DP events of every round and epsilon per round
   summary.json    final figures; plot.png: accuracy, loss, clip norm, epsilon
@@ -54,6 +55,7 @@ import dataclasses
 import math
 import os
 import sys
+import time
 from typing import Any, Callable, Sequence
 
 from tff_clip.names import MIN_SEPARATION
@@ -164,7 +166,9 @@ def _train(config, session, log, resuming, extra_release_managers):
   views = [release_managers.MetricsCsvView(
                log, os.path.join(out, 'metrics.csv'), resuming),
            release_managers.TensorBoardView(
-               os.path.join(out, 'tensorboard'), log, resuming)]
+               os.path.join(out, 'tensorboard'), log, resuming,
+               # Under DP no clock: the round number as wall time.
+               clock=None if session.private else lambda step: time.time())]
   released = program_logic.released_metric(session.private,
                                             config.release_uncovered_metrics)
   progress = _Progress(config, restored[1], released)
