@@ -332,11 +332,12 @@ def test_target_epsilon_calibrates_the_noise_multiplier():
   config = training.TrainConfig(noise_multiplier=None, target_epsilon=8.0,
                                 rounds=20, clients_per_round=10)
   z = preflight.resolve_noise_multiplier(config, population=50)
-  achieved = accounting.compute_training_epsilon(
+  # By the accountant the run reports (PLD under Poisson sampling).
+  achieved = accounting.report_epsilon(accounting.training_event(
       z, clients_per_round=10, population_size=50, rounds=20,
-      delta=config.delta, sampling=accounting.POISSON).epsilon
-  assert achieved <= 8.0
-  assert achieved == pytest.approx(8.0, rel=1e-3)
+      sampling=accounting.POISSON), config.delta)
+  assert achieved.accountant == accounting.PLD
+  assert 0.995 * 8.0 <= achieved.epsilon <= 8.0
 
 
 # ----------------------------------------------------------------------------
