@@ -147,10 +147,29 @@ def _describe_guarantee(guarantee: accounting.PrivacyGuarantee) -> str:
     note = ''
     if guarantee.rdp_order == max(accounting.RDP_ORDERS):
       note = ', the largest order tried: RDP is loose here, prefer PLD'
-    return (f'RDP epsilon = {guarantee.epsilon:.5g}  '
-            f'(optimal RDP order {guarantee.rdp_order:g}{note})')
-  return (f'PLD epsilon = {guarantee.epsilon:.5g}  (value discretization '
-          f'interval {guarantee.value_discretization_interval:.2g})')
+    return (f'RDP epsilon = {guarantee.epsilon:.5g} at delta = '
+            f'{guarantee.delta:g}  (optimal RDP order '
+            f'{guarantee.rdp_order:g}{note})')
+  return (f'PLD epsilon = {guarantee.epsilon:.5g} at delta = '
+          f'{guarantee.delta:g}  (value discretization interval '
+          f'{guarantee.value_discretization_interval:.2g})')
+
+
+def _reported(sampling: str) -> str:
+  """The accountant a training run reports (and calibrates) with."""
+  return accounting.reporting_accountant(
+      accounting.training_event(1.0, 1, 1, 1, sampling))
+
+
+def _first_reported(accountants, sampling) -> list[str]:
+  """`accountants`, the one a training run reports first."""
+  reported = _reported(sampling)
+  return sorted(accountants, key=lambda a: a != reported)
+
+
+def _run_note(guarantee, sampling) -> str:
+  return ('  <- what a training run reports' if
+          guarantee.accountant == _reported(sampling) else '')
 
 
 def _unavailable(accountant: str, error: Exception) -> str:
@@ -160,12 +179,13 @@ def _unavailable(accountant: str, error: Exception) -> str:
 def _epsilon_lines(noise_multiplier, clients_per_round, population_size,
                    rounds, delta, sampling, accountants) -> list[str]:
   lines = [f'noise_multiplier = {noise_multiplier:g}']
-  for accountant in accountants:
+  for accountant in _first_reported(accountants, sampling):
     try:
       guarantee = accounting.compute_training_epsilon(
           noise_multiplier, clients_per_round, population_size, rounds, delta,
           sampling, accountant, _PLD_VALUE_DISCRETIZATION_INTERVAL.value)
-      lines.append('  ' + _describe_guarantee(guarantee))
+      lines.append('  ' + _describe_guarantee(guarantee) +
+                   _run_note(guarantee, sampling))
     except dp_accounting.UnsupportedEventError as error:
       lines.append('  ' + _unavailable(accountant, error))
   return lines
@@ -176,7 +196,7 @@ def _calibration_lines(target_epsilon, clients_per_round, population_size,
   """Lines with the calibrated z per accountant, and the first z found."""
   lines = [f'Noise multiplier for epsilon <= {target_epsilon:g}:']
   calibrated = None
-  for accountant in accountants:
+  for accountant in _first_reported(accountants, sampling):
     try:
       noise_multiplier = accounting.calibrate_noise_multiplier(
           target_epsilon, clients_per_round, population_size, rounds, delta,
@@ -190,7 +210,8 @@ def _calibration_lines(target_epsilon, clients_per_round, population_size,
         noise_multiplier, clients_per_round, population_size, rounds, delta,
         sampling, accountant, _PLD_VALUE_DISCRETIZATION_INTERVAL.value)
     lines.append(f'  noise_multiplier = {noise_multiplier:.6f}  gives '
-                 f'{_describe_guarantee(guarantee)}')
+                 f'{_describe_guarantee(guarantee)}' +
+                 _run_note(guarantee, sampling))
     if calibrated is None:
       calibrated = noise_multiplier
   return lines, calibrated
@@ -230,21 +251,32 @@ def _correlated_lines(rounds, delta, accountants) -> list[str]:
   separation = _MIN_SEPARATION.value or bands
   noise_multiplier = _NOISE_MULTIPLIER.value
   lines = []
+  reported = accounting.reporting_accountant(
+      accounting.correlated_training_event(mechanism, 1.0, bands, rounds,
+                                           separation,
+                                           blt_buffers=_BLT_BUFFERS.value))
   if _TARGET_EPSILON.value is not None:
     noise_multiplier = accounting.calibrate_correlated_noise_multiplier(
         _TARGET_EPSILON.value, mechanism, bands, rounds, separation, delta,
-        blt_buffers=_BLT_BUFFERS.value)
+        accountant=reported, blt_buffers=_BLT_BUFFERS.value)
     lines.append(f'Noise multiplier for epsilon <= '
-                 f'{_TARGET_EPSILON.value:g} (RDP):')
+                 f'{_TARGET_EPSILON.value:g} ({reported.upper()}, as a '
+                 'training run reports it):')
   event = accounting.correlated_training_event(mechanism, noise_multiplier,
                                                bands, rounds, separation,
                                                blt_buffers=_BLT_BUFFERS.value)
   lines.append(f'noise_multiplier = {noise_multiplier:g}, {mechanism} noise, '
                f'bands = {bands}, separation = {separation}: '
                f'{event.count} participations of {event.event}')
-  for accountant in accountants:
-    guarantee = accounting.compute_epsilon(event, delta, accountant)
-    lines.append('  ' + _describe_guarantee(guarantee))
+  for accountant in sorted(accountants, key=lambda a: a != reported):
+    try:
+      guarantee = accounting.compute_epsilon(event, delta, accountant)
+    except dp_accounting.UnsupportedEventError as error:
+      lines.append('  ' + _unavailable(accountant, error))
+      continue
+    lines.append('  ' + _describe_guarantee(guarantee) + (
+        '  <- what a training run reports' if accountant == reported
+        else ''))
   return lines
 
 

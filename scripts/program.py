@@ -232,11 +232,8 @@ def run(config: TrainConfig, quiet: bool = False):
 
 def format_epsilon(epsilon) -> str:
   """Epsilon as printed: never 0 for a noisy mechanism (it is only small)."""
-  if epsilon is None or not math.isfinite(epsilon):
-    return 'infinite'
-  if epsilon < 1e-3:
-    return '< 0.001'
-  return f'{epsilon:.4g}'
+  from tff_clip.privacy import accountants  # pylint: disable=g-import-not-at-top
+  return accountants.format_epsilon(epsilon)
 
 
 def meaning_of_epsilon(epsilon, delta) -> str:
@@ -259,21 +256,24 @@ def format_summary(summary) -> str:
     lines.append(
         f'final eval accuracy: {summary["final_eval_accuracy"]:.4f}')
   epsilon = summary['epsilon']
+  private = summary.get('private', True)
   if summary['noise_multiplier'] is None:
     lines.append('privacy: none (no noise, no DP guarantee)')
   else:
-    accountant = summary.get('accountant', 'rdp').upper()
-    other = ''
-    if accountant == 'PLD' and summary.get('epsilon_rdp') is not None:
-      other = f'; RDP gives {format_epsilon(summary["epsilon_rdp"])}'
+    from tff_clip.privacy import accountants  # pylint: disable=g-import-not-at-top
+    label = accountants.epsilon_label(
+        epsilon, summary.get('accountant', 'rdp'), summary['delta'], private)
     lines.append(
-        f'privacy: epsilon = {format_epsilon(epsilon)} at delta = '
-        f'{summary["delta"]:g} by the {accountant} accountant{other} '
+        f'privacy: {label} '
         f'(z = {summary["noise_multiplier"]:.4g}, '
         f'{summary["clients_per_round"]} of {summary["population_size"]} '
         f'clients per round, {summary["sampling"]} sampling, '
         f'{summary["rounds"]} rounds); noise: {summary["noise"]}')
-    lines.append('  ' + meaning_of_epsilon(epsilon, summary['delta']))
+    if private:
+      lines.append('  ' + meaning_of_epsilon(epsilon, summary['delta']))
+    else:
+      lines.append('  ' + summary.get('not_private', 'NOT private') +
+                   ': it bounds no observer.')
     if summary.get('not_covered_by_epsilon'):
       lines.append('  NOT covered by epsilon (released on request): ' +
                    ', '.join(summary['not_covered_by_epsilon']))
@@ -282,9 +282,10 @@ def format_summary(summary) -> str:
       lines.append(
           '  The same noise on the average (z/n fixed) with '
           f'{ext["clients_per_round"]:,} of {ext["population_size"]:,} '
-          f'clients per round would give epsilon = '
-          f'{format_epsilon(ext["epsilon"])} (RDP; z = '
-          f'{ext["noise_multiplier"]:.4g}, same rounds and delta).')
+          f'clients per round would give ' + accountants.epsilon_label(
+              ext['epsilon'], ext.get('accountant', 'rdp'), summary['delta'],
+              private) +
+          f' (z = {ext["noise_multiplier"]:.4g}, same rounds).')
   if summary.get('empirical_epsilon'):
     from tff_clip.privacy import audit  # pylint: disable=g-import-not-at-top
     lines.append(audit.format_report(summary['empirical_epsilon'], epsilon))

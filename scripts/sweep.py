@@ -99,6 +99,10 @@ def _cell_result(run_dir):
   return dict(
       accuracy=none_to(summary.get('final_eval_accuracy'), math.nan),
       epsilon=none_to(summary.get('epsilon'), math.inf),
+      # The run's one accountant and delta, named with its epsilon.
+      epsilon_by=(f"{str(summary.get('accountant', 'rdp')).upper()}, delta "
+                  f"{summary.get('delta', math.nan):g}" +
+                  ('' if summary.get('private', True) else ', NOT private')),
       clip_norm=as_float(rows[-1], 'clip_norm') if rows else math.nan,
       seconds_per_round=_mean([as_float(r, 'seconds') for r in rows]))
 
@@ -132,6 +136,9 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
                            if len(accuracies) > 1 else 0.0)
     row['epsilon'] = _mean([r['epsilon'] for r in results]) if results else (
         math.nan)
+    row['epsilon_by'] = ('; '.join(sorted({r['epsilon_by'] for r in results
+                                           if math.isfinite(r['epsilon'])}))
+                         if results else '')
     row['clip_norm'] = _mean([r['clip_norm'] for r in results])
     row['seconds_per_round'] = _mean([r['seconds_per_round'] for r in results])
     rows.append(row)
@@ -152,8 +159,9 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
         [str(row[k]) for k in grid] +
         [str(row['seeds_done']),
          str(row['seeds_failed']) if row['seeds_failed'] else '',
-         accuracy, fmt(row['epsilon'], 'n/a') if not done or private
-         else 'no DP',
+         accuracy, (fmt(row['epsilon'], 'n/a') + (
+             f" ({row['epsilon_by']})" if row['epsilon_by'] else ''))
+         if not done or private else 'no DP',
          fmt(row['clip_norm'], '-' if done else 'n/a'),
          fmt(row['seconds_per_round'],
              'withheld' if private else 'n/a')]) + ' |')

@@ -365,23 +365,3 @@ def test_fedavg_trains_three_rounds_with_each_factory(method,
     assert step <= 1.0 + 1e-5
     if method == 'normalize':
       assert step == pytest.approx(1.0, rel=1e-5)
-
-
-def test_the_old_import_paths_are_the_moved_modules():
-  # Code written before the library's subsystems became folders.
-  import tff_clip.accounting  # pylint: disable=g-import-not-at-top
-  import tff_clip.aggregators  # pylint: disable=g-import-not-at-top
-  import tff_clip.algorithms  # pylint: disable=g-import-not-at-top
-  import tff_clip.dp  # pylint: disable=g-import-not-at-top
-  import tff_clip.privacy_ledger  # pylint: disable=g-import-not-at-top
-  import tff_clip.simulation  # pylint: disable=g-import-not-at-top
-  from tff_clip.aggregation import dp  # pylint: disable=g-import-not-at-top
-  from tff_clip.learning import algorithms  # pylint: disable=g-import-not-at-top
-  from tff_clip.privacy import accounting, privacy_ledger  # pylint: disable=g-import-not-at-top
-  from tff_clip.runtime import simulation  # pylint: disable=g-import-not-at-top
-  assert tff_clip.aggregators is aggregators and tff_clip.dp is dp
-  assert tff_clip.accounting is accounting
-  assert tff_clip.privacy_ledger is privacy_ledger
-  assert tff_clip.algorithms is algorithms
-  assert tff_clip.simulation is simulation
-  assert dp.dp_factory.__module__ == 'tff_clip.aggregation.dp'

@@ -166,12 +166,16 @@ def test_adaptive_epsilon_under_poisson_is_the_sampled_gaussian_of_z(
   assert value['noise_multiplier'] >= Z  # Raised for the count's share.
   assert (value['noise_multiplier']**-2 + count['noise_multiplier']**-2
           )**-0.5 == pytest.approx(Z, rel=1e-6)
+  # Every round's epsilon by the run's one accountant, PLD: dp_accounting's
+  # own on a finer grid (tff_clip's overstates by at most ~0.1%).
+  assert ledger['epsilon_per_round_accountant'] == 'pld'
   for rounds, epsilon in ledger['epsilon_per_round']:
-    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant = dp_accounting.pld.PLDAccountant(
+        value_discretization_interval=1e-5)
     accountant.compose(dp_accounting.PoissonSampledDpEvent(
         CLIENTS / POPULATION, dp_accounting.GaussianDpEvent(Z)), rounds)
-    assert epsilon == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-6)
-  assert summary['epsilon_rdp'] == ledger['epsilon_per_round'][-1][1]
+    assert epsilon == pytest.approx(accountant.get_epsilon(1e-5), rel=2e-3)
+  assert summary['epsilon'] == ledger['epsilon_per_round'][-1][1]
 
 
 def test_audited_run_reports_both_empirical_epsilons_below_the_accounted(

@@ -398,7 +398,11 @@ def test_a_checkpoint_holds_only_the_metrics_its_release_shows(finished):
   newest = sorted((run_dir / 'checkpoints').iterdir())[-1]
   with np.load(newest) as data:
     header = json.loads(str(data['header']))
-  assert set(header['pending']['row']) <= set(program_logic.RELEASED)
+  # RELEASED's 'epsilon' is named in the row by its accountant and delta.
+  row = {'epsilon' if k.startswith('epsilon_') else k
+         for k in header['pending']['row']}
+  assert row <= set(program_logic.RELEASED)
+  assert 'epsilon_pld_delta_1e-05' in header['pending']['row']
 
 
 def test_share_run_hands_over_the_released_outputs_without_secrets(
@@ -467,8 +471,9 @@ def test_edited_summary_is_recomputed_from_the_records(copy, finished):
   (copy / 'summary.json').write_text(json.dumps(data))
   again = program.run(_config(copy.parent))
   assert again['epsilon'] == pytest.approx(summary['epsilon'], rel=1e-12)
-  assert again['epsilon_rdp'] == pytest.approx(_released_epsilon(copy),
-                                              rel=1e-3)
+  # The run's one accountant (PLD) is below the RDP of the same events.
+  assert again['accountant'] == 'pld'
+  assert again['epsilon'] < _released_epsilon(copy)
   assert json.loads((copy / 'summary.json').read_text())['epsilon'] == (
       again['epsilon'])
 
@@ -682,24 +687,35 @@ def _summary(epsilon, extrapolated):
 def test_end_of_run_message_explains_epsilon_without_a_fixed_verdict():
   text = program.format_summary(_summary(4.0, 0.02))
   assert 'far too small' not in text
-  assert 'epsilon = 4 at delta = 1e-05' in text
+  assert 'epsilon 4.000 (RDP, delta 1e-05)' in text
   assert f'e^epsilon = {np.exp(4.0):.3g}' in text  # 54.6
 
 
-def test_end_of_run_message_names_the_accountant_and_gives_rdp_beside():
+def test_end_of_run_message_names_the_one_accountant_and_its_delta():
+  summary = dict(_summary(3.5, 0.02), accountant='pld')
+  summary['extrapolated'] = dict(summary['extrapolated'], accountant='pld')
+  text = program.format_summary(summary)
+  assert 'privacy: epsilon 3.500 (PLD, delta 1e-05) (z = 1' in text
+  assert 'RDP' not in text
+  assert 'epsilon 4.000 (RDP, delta 1e-05)' in program.format_summary(
+      dict(_summary(4.0, 0.02), accountant='rdp'))
+
+
+def test_a_seeded_runs_end_of_run_message_says_not_private():
   text = program.format_summary(dict(
-      _summary(3.5, 0.02), accountant='pld', epsilon_rdp=4.0,
-      epsilon_pld=3.5))
-  assert ('epsilon = 3.5 at delta = 1e-05 by the PLD accountant; RDP gives '
-          '4 (') in text
-  assert 'by the RDP accountant' in program.format_summary(
-      dict(_summary(4.0, 0.02), accountant='rdp', epsilon_rdp=4.0))
+      _summary(3.5, 0.02), accountant='pld', private=False,
+      not_private='NOT private: the noise is reproducible from --noise_seed'))
+  assert 'epsilon 3.500 (PLD, delta 1e-05) NOT private' in text
+  assert 'Meaning' not in text and 'no observer can raise' not in text
+  for line in text.splitlines():
+    if 'epsilon' in line:
+      assert 'NOT private' in line, line
 
 
 def test_a_tiny_epsilon_is_never_printed_as_zero():
   text = program.format_summary(_summary(4.0, 0.0))
   assert 'epsilon = 0 ' not in text and 'epsilon = 0.0' not in text
-  assert 'would give epsilon = < 0.001' in text
+  assert 'would give epsilon < 0.001' in text
   assert program.format_epsilon(3e-7) == '< 0.001'
   assert program.format_epsilon(0.004) == '0.004'
 

@@ -19,8 +19,11 @@ import json
 import numpy as np
 import pytest
 
+import tensorflow as tf
+
 from scripts import program
 from tff_clip.program import assembly
+from tff_clip.program import plotting
 from tff_clip.program import training
 import as_a_user  # pylint: disable=g-bad-import-order
 
@@ -44,7 +47,8 @@ def _assert_same_rows(rows_a, rows_b):
   for a, b in zip(rows_a, rows_b):
     assert set(a) == set(b)
     for key in a:
-      tolerance = (dict(rtol=0) if key in EXACT else
+      tolerance = (dict(rtol=0) if key in EXACT or key.startswith(
+          'epsilon_') else
                    dict(rtol=0, atol=0.015) if 'accuracy' in key else
                    dict(rtol=2e-3))
       np.testing.assert_allclose(float(a[key]), float(b[key]),
@@ -69,10 +73,36 @@ def straight(root):
 
 
 def test_seeded_run_says_it_is_not_private(straight):
+  """Every figure of epsilon it shows is labelled NOT private, and the
+  meaning of a guarantee it does not have is never printed."""
   summary, run_dir = straight
   ledger = json.loads((run_dir / 'ledger.json').read_text())
   for noise in (summary['noise'], ledger['noise']):
     assert 'NOT private' in noise
+  key = 'epsilon_NOT_PRIVATE_pld_delta_1e-05'
+  # summary.json and ledger.json.
+  assert summary['private'] is False and ledger['private'] is False
+  assert 'NOT private' in summary['not_private']
+  assert 'NOT private' in ledger['not_private']
+  assert summary['epsilon_label'].endswith('NOT private (seeded noise)')
+  # metrics.csv (its header), releases.jsonl (each row), TensorBoard (tag).
+  assert [k for k in _rows(run_dir)[0] if 'epsilon' in k] == [key]
+  for line in (run_dir / 'releases.jsonl').read_text().splitlines():
+    row = json.loads(line)['row']
+    assert [k for k in row if 'epsilon' in k] == [key]
+  tags = set()
+  for path in (run_dir / 'tensorboard').rglob('events.out.tfevents.*'):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      tags.update(v.tag for v in event.summary.value)
+  assert [t for t in tags if 'epsilon' in t] == [key]
+  # The plot's panel and the end-of-run lines.
+  assert plotting.epsilon_axis_label(key) == (
+      'epsilon (PLD, delta 1e-05) NOT private')
+  end = program.format_summary(summary)
+  assert 'Meaning' not in end and 'no observer can raise' not in end
+  for line in end.splitlines():
+    if 'epsilon' in line and 'covered by' not in line:
+      assert 'NOT private' in line, line
 
 
 def test_same_seeded_configuration_releases_the_same_rounds(straight, root):
@@ -99,10 +129,15 @@ def test_killed_run_resumes_to_the_uninterrupted_runs_releases(
   summary = program.run(_config(root, 'killed'))
   output = capsys.readouterr().out
   assert 'Resuming' in output and 'round 1/2' not in output, output
+  # The per-round line of the round it trained: NOT private.
+  assert 'round 2/2' in output
+  for line in output.splitlines():
+    if line.startswith('round '):
+      assert 'epsilon' in line and 'NOT private' in line, line
   assert not list((killed / 'checkpoints').glob('*tmp*'))
   _assert_same_rows(_rows(run_dir), _rows(killed))
   ledger, resumed = (json.loads((d / 'ledger.json').read_text())
                      for d in (run_dir, killed))
   assert resumed['ledger'] == ledger['ledger']
   assert resumed['epsilon_per_round'] == ledger['epsilon_per_round']
-  assert summary['epsilon_rdp'] == ledger['epsilon_per_round'][-1][1]
+  assert summary['epsilon'] == ledger['epsilon_per_round'][-1][1]

@@ -30,7 +30,8 @@ def _fake_run(directory, accuracy, epsilon, seconds, clip_norm=0.5):
   """A finished run's records, as `scripts.train` writes them."""
   directory.mkdir(parents=True)
   (directory / 'summary.json').write_text(json.dumps(
-      {'final_eval_accuracy': accuracy, 'epsilon': epsilon}))
+      {'final_eval_accuracy': accuracy, 'epsilon': epsilon,
+       'accountant': 'pld', 'delta': 1e-5}))
   if seconds is None:  # A DP run: round times are withheld.
     (directory / 'metrics.csv').write_text(
         f'round,clip_norm,epsilon\n1,0.1,1.0\n2,{clip_norm},{epsilon}\n')
@@ -128,7 +129,9 @@ def test_a_dp_cells_withheld_round_time_is_explained_not_na(tmp_path):
             0.5, 3.0, seconds=None, clip_norm=0.75)
   sweep.summarise(str(tmp_path), grid, seeds=1)
   table = (tmp_path / 'summary.md').read_text()
-  assert '| clip | 1 |  | 0.5000 ± 0.0000 | 3 | 0.75 | withheld |' in table
+  # Epsilon names the run's one accountant and delta.
+  assert ('| clip | 1 |  | 0.5000 ± 0.0000 | 3 (PLD, delta 1e-05) | 0.75 | '
+          'withheld |') in table
   assert 'withheld: a DP run does not release its round times' in table
   assert 'n/a |' not in table
 

@@ -13,10 +13,8 @@ and from the root modules `names` and `checks`):
                  execution contexts, graph import, client data.
   program     -- the training program behind `python -m scripts.train`:
                  configuration, assembly, the round loop, the run directory.
-Each folder's `__init__` lists its modules. `tff_clip.aggregators`,
-`tff_clip.dp`, `tff_clip.simulation`, `tff_clip.accounting`,
-`tff_clip.privacy_ledger` and `tff_clip.algorithms` still import the modules
-that moved into the folders (the same module objects).
+Each folder's `__init__` lists its modules; nothing at the root only
+re-exports another module.
 
 Importing `tff_clip` (any of its modules) sets exactly two things, so that a
 program using it prints nothing of TensorFlow's or TFF's own:

@@ -24,3 +24,19 @@ SAMPLINGS = (POISSON, FIXED_SIZE, MIN_SEPARATION)
 RDP = 'rdp'
 PLD = 'pld'
 ACCOUNTANTS = (RDP, PLD)
+
+# A DP run's per-round epsilon column (metrics.csv, TensorBoard's tag,
+# releases.jsonl's rows): named by its accountant and delta, and NOT_PRIVATE
+# when the noise is seeded (predictable), e.g. 'epsilon_pld_delta_1e-06'. A
+# run without DP releases 'epsilon' (infinite).
+EPSILON = 'epsilon'
+
+
+def epsilon_key(accountant: str, delta: float, private: bool = True) -> str:
+  label = '' if private else 'NOT_PRIVATE_'
+  return f'{EPSILON}_{label}{accountant}_delta_{delta:g}'
+
+
+def is_epsilon_key(key: str) -> bool:
+  return key == EPSILON or (key.startswith(EPSILON + '_') and
+                            '_delta_' in key)

@@ -58,7 +58,8 @@ __all__ = [
     'gaussian_round_event', 'round_event', 'training_event',
     'min_separation_round_event', 'correlated_training_event',
     'calibrate_correlated_noise_multiplier',
-    'calibrate_mechanism_noise_multiplier',
+    'calibrate_mechanism_noise_multiplier', 'report_epsilon',
+    'reporting_accountant',
 ]
 
 from tff_clip.aggregation import mechanisms  # pylint: disable=g-bad-import-order,wrong-import-position
@@ -285,6 +286,23 @@ def compute_training_epsilon(
                          value_discretization_interval)
 
 
+def reporting_accountant(event: dp_accounting.DpEvent) -> str:
+  """The accountant a run reports and calibrates `event` with: PLD wherever
+  it can account for it (Poisson sampling, minimum separation with Gaussian
+  noise), RDP otherwise (fixed-size sampling, tree restarts)."""
+  _check_event(event)
+  relation = accountants.neighboring_relation(event)
+  return accountants.reporting_accountant(
+      accountants.accounting_view(event, relation), relation)
+
+
+def report_epsilon(event: dp_accounting.DpEvent,
+                   delta: float) -> PrivacyGuarantee:
+  """`compute_epsilon(event, delta, reporting_accountant(event))`: the one
+  figure a run shows everywhere."""
+  return compute_epsilon(event, delta, reporting_accountant(event))
+
+
 # ---------------------------------------------------------------------------
 # Calibration.
 
@@ -371,6 +389,15 @@ def calibrate_noise_multiplier(target_epsilon: float,
         noise_multiplier, clients_per_round, population_size, rounds,
         sampling), relation)
 
+  return _calibrate(view_for, relation, accountant, target_epsilon, delta,
+                    tolerance, grid)
+
+
+def _calibrate(view_for, relation, accountant: str, target_epsilon: float,
+               delta: float, tolerance: float,
+               grid: Optional[float]) -> float:
+  """The smallest z (to `tolerance`) whose `view_for(z)` meets the target by
+  `accountant`, as `compute_epsilon` reports it (grid None: its own)."""
   if accountant == PLD:
     accountants.check_pld_supports(view_for(1.0), relation)
   lower, upper = _bracket(
@@ -395,12 +422,15 @@ def calibrate_noise_multiplier(target_epsilon: float,
       make_fresh_accountant, view_for, target_epsilon, delta,
       bracket_interval=dp_accounting.ExplicitBracketInterval(lower, upper),
       tol=tolerance))
-  step = tolerance
+
+  def reported(z: float) -> float:
+    return accountants.guarantee(view_for(z), relation, delta, accountant,
+                                 grid).epsilon
+
   # compute_epsilon's PLD grid (relative to RDP) can be coarser than the
   # search grid: make the number users will see meet the target too.
-  while accountant == PLD and compute_training_epsilon(
-      noise_multiplier, clients_per_round, population_size, rounds, delta,
-      sampling, PLD, grid).epsilon > target_epsilon:
+  step = tolerance
+  while reported(noise_multiplier) > target_epsilon:
     noise_multiplier += step
     step *= 2
   return noise_multiplier
@@ -473,42 +503,32 @@ def calibrate_correlated_noise_multiplier(target_epsilon: float,
                                           separation: int,
                                           delta: float,
                                           tolerance: float = 1e-6,
+                                          accountant: str = RDP,
                                           **options) -> float:
-  """The smallest z whose `correlated_training_event` meets the target (RDP)."""
+  """The smallest z whose `correlated_training_event` meets the target."""
   return calibrate_mechanism_noise_multiplier(
       target_epsilon, mechanisms.noise_mechanism(
           noise_mechanism, bands, rounds=checks.rounds(rounds),
           separation=_integer(separation, 'separation'), **options),
-      delta, tolerance)
+      delta, tolerance, accountant)
 
 
 def calibrate_mechanism_noise_multiplier(target_epsilon: float, mechanism,
                                          delta: float,
-                                         tolerance: float = 1e-6) -> float:
+                                         tolerance: float = 1e-6,
+                                         accountant: str = RDP) -> float:
   """The smallest z whose `mechanism.training_event(z)` (a
   `NoiseMechanism` built with its rounds and separation) meets the target
-  (RDP)."""
+  by `accountant` (`reporting_accountant` gives a run's)."""
   target_epsilon = _positive(target_epsilon, 'target_epsilon')
   delta = _delta(delta)
+  accountant = checks.one_of(accountant, 'accountant', ACCOUNTANTS)
+  tolerance = _positive(tolerance, 'tolerance')
   mechanism.training_event(1.0)
 
   def view_for(noise_multiplier: float) -> dp_accounting.DpEvent:
     return accountants.accounting_view(mechanism.training_event(
         _noise_multiplier(noise_multiplier)), accountants.ADD_OR_REMOVE)
 
-  def epsilon_at(noise_multiplier: float) -> float:
-    return compute_epsilon(view_for(noise_multiplier), delta).epsilon
-
-  lower, upper = _bracket(epsilon_at, target_epsilon, 1.0,
-                          _MIN_NOISE_MULTIPLIER, rdp_delta=delta)
-  if lower == upper:
-    return upper
-  noise_multiplier = float(dp_accounting.calibrate_dp_mechanism(
-      lambda: accountants.new_accountant(RDP, accountants.ADD_OR_REMOVE), view_for, target_epsilon,
-      delta, bracket_interval=dp_accounting.ExplicitBracketInterval(
-          lower, upper), tol=tolerance))
-  step = tolerance
-  while epsilon_at(noise_multiplier) > target_epsilon:
-    noise_multiplier += step
-    step *= 2
-  return noise_multiplier
+  return _calibrate(view_for, accountants.ADD_OR_REMOVE, accountant,
+                    target_epsilon, delta, tolerance, None)

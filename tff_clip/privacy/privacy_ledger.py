@@ -168,6 +168,16 @@ class PrivacyLedger:
     return accounting.compute_epsilon(self.composed_event(), delta, accountant,
                                       value_discretization_interval)
 
+  def reporting_accountant(self) -> str:
+    """The accountant the run reports with: PLD wherever it can account for
+    the recorded events, RDP otherwise (`accounting.reporting_accountant`)."""
+    return accounting.reporting_accountant(self.composed_event())
+
+  def report(self, delta: float) -> accounting.PrivacyGuarantee:
+    """The run's one epsilon: `guarantee` by `reporting_accountant()`, as
+    every round's row, the summary and the end-of-run line show it."""
+    return self.guarantee(delta, self.reporting_accountant())
+
   def epsilon_history(self, delta: float) -> list[tuple[int, float]]:
     """(round_num, RDP epsilon of the rounds up to it), ascending."""
     self.guarantee(delta)  # Checks `delta`, also when nothing is recorded.

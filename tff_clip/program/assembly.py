@@ -252,9 +252,6 @@ def server_parts(config: TrainConfig, noise_multiplier: Optional[float],
 def build_process(config: TrainConfig, task, noise_multiplier,
                   model_aggregator=None):
   from tff_clip.learning import algorithms  # pylint: disable=g-import-not-at-top
-  blur_clip_norm = config.blur_clip_norm
-  if config.blur_strength is not None and blur_clip_norm is None:
-    blur_clip_norm = float(config.clip_norm)
   aggregator, server_optimizer, weighting = server_parts(
       config, noise_multiplier, model_aggregator)
   return algorithms.build_fedavg(
@@ -263,7 +260,7 @@ def build_process(config: TrainConfig, task, noise_multiplier,
       server_optimizer=server_optimizer,
       local_clip_norm=config.local_clip_norm,
       blur_strength=config.blur_strength,
-      blur_clip_norm=blur_clip_norm if config.blur_strength else None,
+      blur_clip_norm=config_lib.blur_clip_norm(config),
       lus_sparsity=config.lus_sparsity,
       model_aggregator=aggregator,
       client_weighting=weighting)

@@ -28,7 +28,7 @@ from tff_clip.aggregation.baselines import BASELINES, NO_BOUNDING, TFF_GAUSSIAN,
 
 __all__ = [
     'BOUNDINGS', 'CLIENT_OPTIMIZERS', 'EXECUTION_KEYS', 'EXECUTORS',
-    'ConfigError', 'SERVER_OPTIMIZERS', 'TrainConfig',
+    'ConfigError', 'SERVER_OPTIMIZERS', 'TrainConfig', 'blur_clip_norm',
     'default_experiment_name', 'fields', 'flag_error', 'validate',
 ]
 
@@ -487,13 +487,10 @@ def _check_training(config):
   _positive(config.partition_alpha, 'partition_alpha', optional=True)
   _check(checks.probability, config.validation_fraction,
          'validation_fraction', optional=True)
-  blur_clip_norm = config.blur_clip_norm
-  if (blur_clip_norm is None and config.blur_strength is not None and
-      not isinstance(config.clip_norm, str)):
-    blur_clip_norm = config.clip_norm  # S defaults to a fixed --clip_norm.
   try:
     spec.check_client_arguments(
-        blur_strength=config.blur_strength, blur_clip_norm=blur_clip_norm,
+        blur_strength=config.blur_strength,
+        blur_clip_norm=blur_clip_norm(config),
         lus_sparsity=config.lus_sparsity,
         local_clip_norm=config.local_clip_norm,
         client_learning_rate=config.client_learning_rate)
@@ -569,6 +566,15 @@ def _check_correlated(config):
     noise.check_participation()
   except ValueError as e:
     raise flag_error(e) from None
+
+
+def blur_clip_norm(config: TrainConfig) -> Optional[float]:
+  """BLUR's radius S (its one definition): --blur_clip_norm, else a numeric
+  --clip_norm under BLUR (`validate` refuses S without BLUR)."""
+  if config.blur_clip_norm is not None or config.blur_strength is None:
+    return config.blur_clip_norm
+  return (None if config.clip_norm is None or isinstance(config.clip_norm, str)
+          else float(config.clip_norm))
 
 
 def validate(config: TrainConfig) -> None:

@@ -38,6 +38,7 @@ import json
 from typing import Any, Callable, Optional
 import weakref
 
+from tff_clip.program import config as config_lib
 from tff_clip.program.config import TrainConfig
 
 __all__ = ['HYPERPARAMETERS', 'Rebased', 'annotate', 'rebase', 'shape',
@@ -68,10 +69,8 @@ def shape(config: TrainConfig, noise_multiplier: Optional[float]) -> tuple:
   fields = tuple((f.name, getattr(config, f.name))
                  for f in dataclasses.fields(config)
                  if f.name not in HYPERPARAMETERS + ('experiment_name',))
-  blur_clip_norm = config.blur_clip_norm
-  if config.blur_strength is not None and blur_clip_norm is None:
-    blur_clip_norm = config.clip_norm
-  return fields, noise_multiplier is not None, blur_clip_norm
+  return (fields, noise_multiplier is not None,
+          config_lib.blur_clip_norm(config))
 
 
 def values(config: TrainConfig,

@@ -8,6 +8,7 @@ import math
 import sys
 import threading
 
+from tff_clip import names
 from tff_clip.program import run_records
 
 __all__ = ['import_in_background', 'plot_metrics', 'pyplot', 'read_metrics']
@@ -17,8 +18,22 @@ PANELS = (
     # A DP run withholds client training loss by default: eval loss then.
     (('train_loss', 'eval_loss'), 'loss'),
     ('clip_norm', 'clip norm'),
-    ('epsilon', 'epsilon'),
+    (names.EPSILON, 'epsilon'),
 )
+
+
+def epsilon_axis_label(column: str) -> str:
+  """'epsilon (PLD, delta 1e-06)' for a DP run's epsilon column
+  (`names.epsilon_key`), NOT private when its noise was seeded."""
+  if column == names.EPSILON:
+    return 'epsilon'
+  rest = column[len(names.EPSILON) + 1:]
+  private = not rest.startswith('NOT_PRIVATE_')
+  if not private:
+    rest = rest[len('NOT_PRIVATE_'):]
+  accountant, _, delta = rest.partition('_delta_')
+  return (f'epsilon ({accountant.upper()}, delta {delta})' +
+          ('' if private else ' NOT private'))
 
 
 # One thread at a time imports matplotlib, and an import that fails starts
@@ -101,6 +116,9 @@ def plot_metrics(csv_path: str, png_path: str, title: str = '') -> str:
   fig, axes = plt.subplots(2, 2, figsize=(10, 7))
   for ax, (keys, label) in zip(axes.flat, PANELS):
     keys = (keys,) if isinstance(keys, str) else keys
+    if keys == (names.EPSILON,):  # Named by its accountant and delta.
+      keys = tuple(k for k in columns if names.is_epsilon_key(k))[:1] or keys
+      label = epsilon_axis_label(keys[0])
     key = next((k for k in keys if k in columns), keys[0])
     if len(keys) > 1:
       label = key.replace('_', ' ')
@@ -110,7 +128,7 @@ def plot_metrics(csv_path: str, png_path: str, title: str = '') -> str:
       xs, ys = zip(*points)
       ax.plot(xs, ys, marker='o' if len(xs) < 30 else None, markersize=3)
     else:
-      ax.text(0.5, 0.5, 'not recorded' if key != 'epsilon' else
+      ax.text(0.5, 0.5, 'not recorded' if key != names.EPSILON else
               'no DP: epsilon = inf', ha='center', va='center',
               transform=ax.transAxes)
     ax.set_xlabel('round')

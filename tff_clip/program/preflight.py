@@ -81,6 +81,8 @@ _INDEPENDENT = 'calibrate_noise_multiplier'
 
 def _calibration(config: TrainConfig, population: int):
   """(the accounting function, its arguments but the mechanism's object)."""
+  # The accountant the run reports (PLD wherever it applies) calibrates, and
+  # is part of the entry's key: an entry of another is never read for it.
   if config.sampling == MIN_SEPARATION:
     # The total z; with adaptive clipping the ledger's event (value noise
     # / its sensitivity, plus the count noise) is then at most as large.
@@ -88,26 +90,35 @@ def _calibration(config: TrainConfig, population: int):
     return _MECHANISM, dict(
         target_epsilon=config.target_epsilon, delta=config.delta,
         dp_parameters=config._dp_parameters(),  # pylint: disable=protected-access
-        rounds=config.rounds, separation=config.participation_separation)
+        rounds=config.rounds, separation=config.participation_separation,
+        accountant=accounting.reporting_accountant(
+            config.noise.training_event(1.0)))
   return _INDEPENDENT, dict(
       target_epsilon=config.target_epsilon,
       clients_per_round=config.clients_per_round, population_size=population,
-      rounds=config.rounds, delta=config.delta, sampling=config.sampling)
+      rounds=config.rounds, delta=config.delta, sampling=config.sampling,
+      accountant=accounting.reporting_accountant(accounting.training_event(
+          1.0, config.clients_per_round, population, config.rounds,
+          config.sampling)))
 
 
 def _calibrate(name: str, kwargs, config: TrainConfig) -> float:
+  """z calibrated by the accountant the run reports (PLD wherever it applies,
+  `accounting.reporting_accountant`): the epsilon the run shows is at most
+  the target and within the calibration's tolerance of it."""
   target, delta = kwargs['target_epsilon'], kwargs['delta']
+  accountant = kwargs['accountant']
   if name == _MECHANISM:
     mechanism = config.noise
     calibrate = lambda: accounting.calibrate_mechanism_noise_multiplier(
-        target, mechanism, delta)
+        target, mechanism, delta, accountant=accountant)
     epsilon_at = lambda z: accounting.compute_epsilon(
-        mechanism.training_event(z), delta).epsilon
+        mechanism.training_event(z), delta, accountant).epsilon
   else:
     calibrate = lambda: accounting.calibrate_noise_multiplier(**kwargs)
     epsilon_at = lambda z: accounting.compute_training_epsilon(
         z, kwargs['clients_per_round'], kwargs['population_size'],
-        kwargs['rounds'], delta, kwargs['sampling']).epsilon
+        kwargs['rounds'], delta, kwargs['sampling'], accountant).epsilon
   return calibration_cache.calibrated(
       name, kwargs, calibrate, epsilon_at, target,
       accounting.MIN_NOISE_MULTIPLIER)

@@ -35,6 +35,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from tff_clip import names
+
 __all__ = ['Accounting', 'NOT_COVERED', 'RELEASED', 'Schedule',
            'flatten_metrics', 'released_metric', 'train_model']
 
@@ -43,7 +45,7 @@ __all__ = ['Accounting', 'NOT_COVERED', 'RELEASED', 'Schedule',
 # adaptive norm's target quantile (moved, if at all, by the released norms:
 # `noise_following.QuantileSwitch`) are computed from released aggregates
 # only: post-processing, covered too.
-RELEASED = ('round', 'epsilon', 'clip_norm', 'target_quantile',
+RELEASED = ('round', names.EPSILON, 'clip_norm', 'target_quantile',
             'server_step_scale', 'eval_loss', 'eval_accuracy')
 # Data-dependent columns epsilon does not cover: the realised cohort size
 # (Poisson), client-side training metrics, a synthetic task's objective
@@ -92,12 +94,23 @@ class Accounting:
   """What a DP run accounts: each round's event, into `ledger`.
 
   `round_event(state, round_num)` is the DP event the round ran (its
-  sampling included); each released row carries the ledger's epsilon at
-  `delta` (RDP, as `ledger.json` lists it).
+  sampling included); each released row carries the run's one epsilon at
+  `delta` (`ledger.report`: PLD where it applies, RDP otherwise) under the
+  column `names.epsilon_key` (its accountant and delta, and NOT_PRIVATE
+  when `private` is False: seeded, predictable noise). `last`: the
+  guarantee of the last round released.
   """
   round_event: Callable[[Any, int], Any]
   ledger: Any  # privacy_ledger.PrivacyLedger
   delta: float
+  private: bool = True
+  last: Any = None
+
+  def epsilon_column(self):
+    """(column name, epsilon) of the ledger's rounds so far."""
+    self.last = self.ledger.report(self.delta)
+    return (names.epsilon_key(self.last.accountant, self.last.delta,
+                              self.private), self.last.epsilon)
 
 
 def flatten_metrics(value, prefix: str = '', out=None) -> dict[str, float]:
@@ -126,8 +139,11 @@ def _train_row(round_num, cohort, metrics, accounting):
                            if k in metrics), math.nan)
   if _TARGET_QUANTILE_METRIC in metrics:
     row['target_quantile'] = metrics[_TARGET_QUANTILE_METRIC]
-  row['epsilon'] = (math.inf if accounting is None else
-                    accounting.ledger.guarantee(accounting.delta).epsilon)
+  if accounting is None:
+    row[names.EPSILON] = math.inf
+  else:
+    key, epsilon = accounting.epsilon_column()
+    row[key] = epsilon
   return row
 
 

@@ -22,6 +22,7 @@ import math
 import os
 from typing import Any, Mapping, Optional
 
+from tff_clip import names
 from tff_clip.program import checkpoints
 from tff_clip.program import run_records
 
@@ -66,9 +67,11 @@ def _csv_evidence(path):
         r = _number(row.get('round'))
         if r is not None and r == int(r):
           rounds = max(rounds, int(r))
-        e = _number(row.get('epsilon'))
-        if e is not None:
-          epsilon = e if epsilon is None else max(epsilon, e)
+        for key, value in row.items():
+          e = (_number(value) if isinstance(key, str) and
+               names.is_epsilon_key(key) else None)
+          if e is not None:
+            epsilon = e if epsilon is None else max(epsilon, e)
   except (OSError, csv.Error, ValueError):
     pass
   return rounds, epsilon
@@ -108,7 +111,7 @@ def _tensorboard_evidence(directory):
           continue
         rounds = max(rounds, int(event.step))
         for value in event.summary.value:
-          if value.tag.split('/')[-1] != 'epsilon':
+          if not names.is_epsilon_key(value.tag.split('/')[-1]):
             continue
           if value.HasField('tensor'):
             try:

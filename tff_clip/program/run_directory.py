@@ -240,24 +240,12 @@ def ledger_of(log: run_records.ReleaseLog):
 
 
 def epsilons(ledger, delta) -> dict[str, Any]:
-  """The run's epsilon by each accountant that applies, and the tightest.
-
-  {'epsilon': the smaller valid one, 'accountant': 'pld' or 'rdp',
-  'epsilon_rdp', 'epsilon_pld' (None where PLD does not apply: fixed-size
-  sampling, tree events)}. Both are upper bounds (PLD pessimistic), so the
-  smaller is a valid guarantee.
-  """
-  import dp_accounting  # pylint: disable=g-import-not-at-top
-  from tff_clip.privacy import accounting  # pylint: disable=g-import-not-at-top
-  rdp = ledger.guarantee(delta).epsilon
-  try:
-    pld = ledger.guarantee(delta, accounting.PLD).epsilon
-  except (dp_accounting.UnsupportedEventError, ValueError):
-    pld = None
-  tightest = accounting.PLD if pld is not None and pld < rdp else accounting.RDP
-  return collections.OrderedDict(
-      epsilon=pld if tightest == accounting.PLD else rdp,
-      accountant=tightest, epsilon_rdp=rdp, epsilon_pld=pld)
+  """The run's one epsilon: {'epsilon', 'accountant'} (`ledger.report`:
+  PLD wherever it can account for the events, RDP otherwise), the figure
+  every round's row and the end-of-run line show."""
+  guarantee = ledger.report(delta)
+  return collections.OrderedDict(epsilon=guarantee.epsilon,
+                                 accountant=guarantee.accountant)
 
 
 def last_eval(rows):

@@ -58,6 +58,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
+from tff_clip import names
 from tff_clip.names import MIN_SEPARATION
 from tff_clip.privacy import accounting
 from tff_clip.program import assembly
@@ -171,7 +172,10 @@ def _train(config, session, log, resuming, extra_release_managers):
                clock=None if session.private else lambda step: time.time())]
   released = program_logic.released_metric(session.private,
                                             config.release_uncovered_metrics)
-  progress = _Progress(config, restored[1], released)
+  accounting_ = (program_logic.Accounting(
+      session.round_event, ledger, config.delta,
+      private=config.noise_seed is None) if session.private else None)
+  progress = _Progress(config, restored[1], released, accounting_)
   from tff_clip.program import plotting  # pylint: disable=g-import-not-at-top
   plotting.import_in_background()  # Ready for the plot when the rounds end.
   state = program_logic.train_model(
@@ -183,9 +187,7 @@ def _train(config, session, log, resuming, extra_release_managers):
           config.rounds, config.eval_every, config.checkpoint_every,
           config.checkpoint_interval_s),
       restored=restored,
-      accounting=(program_logic.Accounting(session.round_event, ledger,
-                                           config.delta)
-                  if session.private else None),
+      accounting=accounting_,
       objective=session.objective, released=released, progress=progress,
       # The last evaluation released, the pending round's included.
       last_eval=run_directory.last_eval(
@@ -203,9 +205,10 @@ class _Progress:
   and times.
   """
 
-  def __init__(self, config, start_round, released):
+  def __init__(self, config, start_round, released, accounting_=None):
     self._config = config
     self._released = released
+    self._accounting = accounting_  # The epsilon shown: its label.
     self._bar = None
     if config.progress:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top
@@ -219,17 +222,26 @@ class _Progress:
   def update(self, round_num, row, last_eval):
     shown = collections.OrderedDict()
     for key, label in (('train_loss', 'loss'), ('objective', 'objective'),
-                       ('clip_norm', 'clip'), ('epsilon', 'eps')):
+                       ('clip_norm', 'clip')):
       if key in row and self._released((key,)):
         shown[label] = row[key]
     shown['acc'] = last_eval.get('eval_accuracy', math.nan)
+    # The run's one epsilon, its accountant and delta named (NOT private
+    # with seeded noise), as metrics.csv, TensorBoard and the summary.
+    guarantee = None if self._accounting is None else self._accounting.last
+    epsilon = ('' if guarantee is None else
+               guarantee.label(self._accounting.private))
     if self._bar is None:
       print(f'round {round_num}/{self._config.rounds} ' + ' '.join(
-          f'{k}={v:.4g}' for k, v in shown.items()), flush=True)
+          [f'{k}={v:.4g}' for k, v in shown.items()] +
+          ([epsilon] if epsilon else [])), flush=True)
     else:
       self._bar.update(1)
-      self._bar.set_postfix(collections.OrderedDict(
-          (k, f'{v:.3g}') for k, v in shown.items()))
+      postfix = collections.OrderedDict(
+          (k, f'{v:.3g}') for k, v in shown.items())
+      if epsilon:
+        postfix['eps'] = epsilon[len('epsilon '):]
+      self._bar.set_postfix(postfix)
 
   def close(self):
     if self._bar is not None:
@@ -256,12 +268,21 @@ def _ledger_report(ledger, config, session, log):
             'sampling': config.sampling,
             'noise': _noise_label(config, session),
             'ledger': ledger.to_dict()}
+  if config.noise_seed is not None:
+    report['private'] = False
+    report['not_private'] = _NOT_PRIVATE
   if len(ledger):  # Each round's epsilon, as released in its row.
-    report['epsilon_per_round_accountant'] = accounting.RDP
+    report['epsilon_per_round_accountant'] = ledger.reporting_accountant()
     report['epsilon_per_round'] = [
-        [r['round'], r['row']['epsilon']] for r in log.records
-        if r['event'] is not None]
+        [r['round'], next(v for k, v in r['row'].items()
+                          if names.is_epsilon_key(k))]
+        for r in log.records if r['event'] is not None]
   return report
+
+
+# What a --noise_seed run says wherever it shows epsilon.
+_NOT_PRIVATE = ('NOT private: the noise is reproducible from --noise_seed, '
+                'so epsilon guarantees nothing')
 
 
 def _finish(config, session, ledger, log, audit_report=None):
@@ -309,6 +330,11 @@ def _summary(config, session, ledger, last_eval, last_row):
     summary['final_objective'] = last_row['objective']
   if session.private:
     summary.update(run_directory.epsilons(ledger, config.delta))  # 0: none.
+    summary['epsilon_label'] = ledger.report(config.delta).label(
+        config.noise_seed is None)
+    if config.noise_seed is not None:
+      summary['private'] = False
+      summary['not_private'] = _NOT_PRIVATE
     released = [k for k in program_logic.NOT_COVERED if k in last_row]
     if released:
       summary['not_covered_by_epsilon'] = released
@@ -316,15 +342,15 @@ def _summary(config, session, ledger, last_eval, last_row):
       # Same noise on the average (z / n fixed) at production scale.
       scaled_z = (z / config.clients_per_round *
                   EXTRAPOLATION_CLIENTS_PER_ROUND)
+      extrapolated = accounting.report_epsilon(accounting.training_event(
+          scaled_z, clients_per_round=EXTRAPOLATION_CLIENTS_PER_ROUND,
+          population_size=EXTRAPOLATION_POPULATION, rounds=config.rounds,
+          sampling=config.sampling), config.delta)
       summary['extrapolated'] = collections.OrderedDict(
           population_size=EXTRAPOLATION_POPULATION,
           clients_per_round=EXTRAPOLATION_CLIENTS_PER_ROUND,
-          noise_multiplier=scaled_z,
-          epsilon=accounting.compute_training_epsilon(
-              scaled_z, clients_per_round=EXTRAPOLATION_CLIENTS_PER_ROUND,
-              population_size=EXTRAPOLATION_POPULATION, rounds=config.rounds,
-              delta=config.delta, sampling=config.sampling).epsilon,
-          accountant=accounting.RDP)
+          noise_multiplier=scaled_z, epsilon=extrapolated.epsilon,
+          accountant=extrapolated.accountant)
   else:
     summary['epsilon'] = None  # No DP: no guarantee.
   return summary

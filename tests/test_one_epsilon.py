@@ -1,0 +1,197 @@
+"""Specification: a DP run has one epsilon, by one accountant, at one delta.
+
+* `--target_epsilon` is calibrated by the accountant the run reports (PLD
+  where it can account for the events, RDP otherwise): the epsilon reported
+  is at most the target and at least 0.995 of it, for three targets and
+  each sampling scheme. Oracle: dp_accounting's own accountants on the
+  calibrated events, built here (PLD on a finer grid; RDP with the
+  replace-one factor of 2), and for minimum separation the closed form of
+  the Gaussian mechanism (Balle and Wang 2018, Thm. 8).
+* A small DP training shows that figure, naming the accountant and delta,
+  in its per-round lines, metrics.csv, TensorBoard, summary.json and the
+  end-of-run line.
+"""
+
+import csv
+import glob
+import json
+import math
+import re
+
+import dp_accounting
+from dp_accounting import pld
+from dp_accounting import rdp
+import pytest
+from scipy import optimize
+from scipy import stats
+
+from tff_clip import names
+from tff_clip.privacy import accounting
+from tff_clip.program import preflight
+from tff_clip.program import training
+
+DELTA = 1e-5
+TARGETS = (2.0, 4.0, 8.0)
+# 10 of 500 clients a round, 30 rounds: q = 0.02.
+N, K, T = 10, 500, 30
+
+
+def _config(target, sampling, **changes):
+  return training.TrainConfig(noise_multiplier=None, target_epsilon=target,
+                              rounds=T, clients_per_round=N, delta=DELTA,
+                              sampling=sampling, **changes)
+
+
+def _gaussian_epsilon(mu, delta):
+  """Epsilon of the Gaussian mechanism of sensitivity/std `mu` at `delta`:
+  the root of delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)."""
+  gap = lambda eps: (stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) *
+                     stats.norm.cdf(-eps / mu - mu / 2)) - delta
+  return optimize.brentq(gap, 0.0, 100.0, xtol=1e-12)
+
+
+@pytest.mark.parametrize('target', TARGETS)
+def test_poisson_calibration_reports_the_target_by_pld(target):
+  z = preflight.resolve_noise_multiplier(_config(target, 'poisson'), K)
+  event = accounting.training_event(z, N, K, T, 'poisson')
+  reported = accounting.report_epsilon(event, DELTA)
+  assert reported.accountant == 'pld'
+  assert 0.995 * target <= reported.epsilon <= target
+  oracle = pld.PLDAccountant(
+      dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+      value_discretization_interval=2e-5 * target).compose(
+          dp_accounting.SelfComposedDpEvent(
+              dp_accounting.PoissonSampledDpEvent(
+                  N / K, dp_accounting.GaussianDpEvent(z)), T))
+  assert 0.995 * target <= oracle.get_epsilon(DELTA) <= target
+
+
+@pytest.mark.parametrize('target', TARGETS)
+def test_fixed_size_calibration_reports_the_target_by_rdp(target):
+  """No PLD exists for sampling without replacement: RDP, replace-one."""
+  z = preflight.resolve_noise_multiplier(_config(target, 'fixed_size'), K)
+  event = accounting.training_event(z, N, K, T, 'fixed_size')
+  reported = accounting.report_epsilon(event, DELTA)
+  assert reported.accountant == 'rdp'
+  assert 0.995 * target <= reported.epsilon <= target
+  # Replacing a client moves the sum by 2C: a Gaussian of z / 2.
+  oracle = rdp.RdpAccountant(
+      neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE
+  ).compose(dp_accounting.SelfComposedDpEvent(
+      dp_accounting.SampledWithoutReplacementDpEvent(
+          K, N, dp_accounting.GaussianDpEvent(z / 2)), T))
+  assert 0.995 * target <= oracle.get_epsilon(DELTA) <= target
+
+
+@pytest.mark.parametrize('target', TARGETS)
+def test_min_separation_calibration_reports_the_target_by_pld(target):
+  """Independent noise, each client at most once in b rounds: k = T / b
+  Gaussians, one Gaussian of z / sqrt(k) (closed form)."""
+  config = _config(target, 'min_separation', noise_mechanism='independent',
+                   min_separation=5)
+  z = preflight.resolve_noise_multiplier(config, K)
+  event = config.noise.training_event(z)
+  reported = accounting.report_epsilon(event, DELTA)
+  assert reported.accountant == 'pld'
+  assert 0.995 * target <= reported.epsilon <= target
+  oracle = _gaussian_epsilon(math.sqrt(T / 5) / z, DELTA)
+  assert 0.995 * target <= oracle <= target
+
+
+def test_the_calibration_cache_is_checked_by_the_runs_accountant(
+    monkeypatch, tmp_path):
+  """An entry is confirmed by the accountant the run reports: PLD's z is
+  smaller than RDP's, and an RDP-calibrated entry is never taken for it."""
+  from tff_clip.program import calibration_cache  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import graph_cache  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(graph_cache, 'directory', lambda: tmp_path)
+  monkeypatch.setattr(preflight, '_CALIBRATED', {})
+  seen = []
+  real = calibration_cache.calibrated
+
+  def spy(name, arguments, calibrate, epsilon_at, target, smallest):
+    z = real(name, arguments, calibrate, epsilon_at, target, smallest)
+    seen.append((arguments['accountant'], epsilon_at(z)))
+    return z
+
+  monkeypatch.setattr(calibration_cache, 'calibrated', spy)
+  z = preflight.resolve_noise_multiplier(_config(4.0, 'poisson'), K)
+  rdp_z = accounting.calibrate_noise_multiplier(4.0, N, K, T, DELTA)
+  assert seen[0][0] == 'pld' and 0.995 * 4 <= seen[0][1] <= 4
+  assert z < rdp_z
+
+
+# ----------------------------------------------------------------------------
+# One run: every place it shows epsilon.
+
+
+def _tensorboard_scalars(directory):
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  scalars = {}
+  for path in glob.glob(f'{directory}/**/events.out.tfevents.*',
+                        recursive=True):
+    acc = event_accumulator.EventAccumulator(
+        path, size_guidance={event_accumulator.TENSORS: 0})
+    acc.Reload()
+    for tag in acc.Tags()['tensors']:
+      for event in acc.Tensors(tag):
+        from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+        scalars.setdefault(tag, {})[event.step] = float(
+            tensor_util.make_ndarray(event.tensor_proto))
+  return scalars
+
+
+@pytest.mark.slow
+def test_a_dp_run_shows_one_epsilon_one_accountant_one_delta(
+    tmp_path, capsys):
+  from scripts import program  # pylint: disable=g-import-not-at-top
+  config = training.TrainConfig(
+      root_output_dir=str(tmp_path), experiment_name='one', rounds=3,
+      clients_per_round=6, eval_every=3, noise_multiplier=None,
+      target_epsilon=6.0, delta=1e-4, progress=False)
+  summary = program.run(config)
+  output = capsys.readouterr().out
+  run_dir = tmp_path / 'one'
+  key = names.epsilon_key('pld', 1e-4)
+  assert key == 'epsilon_pld_delta_0.0001'
+
+  # summary.json: the figure, its accountant and delta; no second figure.
+  stored = json.loads((run_dir / 'summary.json').read_text())
+  assert stored['accountant'] == 'pld' and stored['delta'] == 1e-4
+  assert not {'epsilon_rdp', 'epsilon_pld'} & set(stored)
+  epsilon = stored['epsilon']
+  assert 0.995 * 6 <= epsilon <= 6
+  assert summary['epsilon'] == epsilon
+
+  # metrics.csv: the column names the accountant and delta; the last round
+  # is the summary's figure.
+  with open(run_dir / 'metrics.csv', newline='') as f:
+    rows = list(csv.DictReader(f))
+  assert [k for k in rows[0] if 'epsilon' in k] == [key]
+  assert float(rows[-1][key]) == epsilon
+
+  # TensorBoard: the same tag, the same figures.
+  scalars = _tensorboard_scalars(run_dir / 'tensorboard')
+  assert [t for t in scalars if 'epsilon' in t] == [key]
+  assert scalars[key][3] == pytest.approx(epsilon, rel=1e-6)  # float32.
+  for row in rows:
+    assert scalars[key][int(row['round'])] == pytest.approx(
+        float(row[key]), rel=1e-6)
+
+  # ledger.json: the same accountant, round by round.
+  ledger = json.loads((run_dir / 'ledger.json').read_text())
+  assert ledger['epsilon_per_round_accountant'] == 'pld'
+  assert ledger['epsilon_per_round'] == [
+      [int(r['round']), float(r[key])] for r in rows]
+
+  # The per-round lines and the end-of-run line: the label of that figure.
+  label = f'epsilon {epsilon:.3f} (PLD, delta 0.0001)'
+  lines = [l for l in output.splitlines() if l.startswith('round ')]
+  assert len(lines) == 3 and label in lines[-1], output
+  for line, row in zip(lines, rows):
+    assert f'epsilon {float(row[key]):.3f} (PLD, delta 0.0001)' in line
+    assert len(re.findall('epsilon', line)) == 1, line
+  end = program.format_summary(summary)
+  assert f'privacy: {label}' in end
+  assert len(re.findall(r'epsilon \d', end.split('The same noise')[0])) == 1
+  assert 'RDP' not in end.split('The same noise')[0]
