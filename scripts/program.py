@@ -240,7 +240,9 @@ def meaning_of_epsilon(epsilon, delta) -> str:
   """What the figure means: the odds bound of user-level (epsilon, delta)-DP."""
   if epsilon is None or not math.isfinite(epsilon):
     return 'Meaning: no guarantee.'
-  odds = math.exp(min(epsilon, 700.0))
+  if epsilon > 700.0:  # e^epsilon beyond float64: a void guarantee.
+    return 'Meaning: no useful guarantee (e^epsilon exceeds 1e304).'
+  odds = math.exp(epsilon)
   return ('Meaning: from everything this run released, no observer can '
           'raise its odds that a given client took part by more than a '
           f'factor e^epsilon = {odds:.3g}, except with probability {delta:g}.')

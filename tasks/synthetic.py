@@ -58,6 +58,7 @@ from tasks import task as task_lib
 from tff_clip.runtime import client_data
 
 __all__ = [
+    'GeneratedQuadraticClients',
     'LeastSquaresProblem',
     'NOISE_DISTRIBUTIONS',
     'NoisyQuadraticProblem',
@@ -443,3 +444,48 @@ def build_fat_tailed_quadratic(args: task_lib.BuildArgs, *,
       data_description=(f'{num_clients} clients x {examples_per_client} '
                         f'fresh {law} noise vectors per round'),
       problem=problem, round_train_data=round_train_data)
+
+
+class GeneratedQuadraticClients(tff.simulation.datasets.ClientData):
+  """Clients of the heterogeneous quadratic, each generated when sampled.
+
+  Client i holds the `rank` examples (a_j, <a_j, w_i*>) of Das et al.,
+  Sec. 5.3 (`tasks.synthetic.build_heterogeneous_quadratic`: a_j the
+  columns of A_i, entries N(0, 1/20^2), w_i* ~ N(0, I)), drawn by
+  TensorFlow's stateless generators from (seed, i): a pure function of
+  them, so a population of any size costs only its sampled clients' data
+  (as `tasks.stackoverflow.GeneratedClientData` does for its users). The
+  round's work is the task's; its problem (the optimum over all clients)
+  is not built.
+  """
+
+  def __init__(self, num_clients: int, *, dimension: int = 200,
+               rank: int = 20, seed: int = 0):
+    super().__init__()
+    from tasks import stackoverflow  # pylint: disable=g-import-not-at-top
+    self._client_ids = stackoverflow.GeneratedClientIds(num_clients)
+    self._dimension, self._rank, self._seed = dimension, rank, int(seed)
+    self._element_type_structure = self._dataset(
+        self._client_ids[0]).element_spec
+
+  @property
+  def client_ids(self):
+    return self._client_ids
+
+  @property
+  def serializable_dataset_fn(self):
+    return self._dataset
+
+  @property
+  def element_type_structure(self):
+    return self._element_type_structure
+
+  def _dataset(self, client_id) -> tf.data.Dataset:
+    key = tf.stack([tf.constant(self._seed, tf.int64),
+                    tf.strings.to_number(client_id, tf.int64)])
+    keys = tf.random.experimental.stateless_split(key, 2)
+    features = tf.random.stateless_normal(
+        [self._rank, self._dimension], keys[0], stddev=1.0 / 20.0)
+    optimum = tf.random.stateless_normal([self._dimension, 1], keys[1])
+    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+        features=features, targets=tf.matmul(features, optimum)))

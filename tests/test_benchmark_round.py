@@ -5,7 +5,7 @@ each generated when sampled, so a population of any size is never held."""
 import numpy as np
 import tensorflow as tf
 
-from scripts import benchmark_round as b
+from tasks import synthetic
 from scripts import program
 from tff_clip.program import training
 
@@ -24,7 +24,7 @@ def _client(data, client_id):
 
 def test_a_generated_population_of_any_size_is_not_held():
   before = _rss()
-  clients = b.GeneratedQuadraticClients(STACKOVERFLOW_USERS)
+  clients = synthetic.GeneratedQuadraticClients(STACKOVERFLOW_USERS)
   assert len(clients.client_ids) == STACKOVERFLOW_USERS
   assert clients.client_ids[-1] == '342476'
   # Building the population whole took 21 GiB; the ids are computed.
@@ -35,7 +35,7 @@ def test_a_client_is_the_quadratic_tasks_client_shape_and_law():
   config = training.TrainConfig(task='heterogeneous_quadratic',
                                 num_clients=10)
   task = program.build_task(config)
-  clients = b.GeneratedQuadraticClients(STACKOVERFLOW_USERS)
+  clients = synthetic.GeneratedQuadraticClients(STACKOVERFLOW_USERS)
   # The model and preprocessing of the task read it as their own data.
   assert clients.element_type_structure == (
       task.datasets.train_data.element_type_structure)
@@ -47,8 +47,8 @@ def test_a_client_is_the_quadratic_tasks_client_shape_and_law():
   assert abs(np.std(features) - 1 / 20) < 0.05 / 20
   # A pure function of (seed, id): the same client again, another differs.
   tf.nest.map_structure(np.testing.assert_array_equal, first,
-                        _client(b.GeneratedQuadraticClients(1_000), '123'))
+                        _client(synthetic.GeneratedQuadraticClients(1_000), '123'))
   other = _client(clients, '000124')['features'].numpy()
   assert not np.array_equal(features, other)
-  reseeded = _client(b.GeneratedQuadraticClients(1_000, seed=1), '123')
+  reseeded = _client(synthetic.GeneratedQuadraticClients(1_000, seed=1), '123')
   assert not np.array_equal(features, reseeded['features'].numpy())

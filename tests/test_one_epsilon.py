@@ -26,6 +26,7 @@ from scipy import optimize
 from scipy import stats
 
 from tff_clip import names
+from tff_clip.privacy import accountants
 from tff_clip.privacy import accounting
 from tff_clip.program import preflight
 from tff_clip.program import training
@@ -195,3 +196,14 @@ def test_a_dp_run_shows_one_epsilon_one_accountant_one_delta(
   assert f'privacy: {label}' in end
   assert len(re.findall(r'epsilon \d', end.split('The same noise')[0])) == 1
   assert 'RDP' not in end.split('The same noise')[0]
+
+
+def test_a_void_guarantee_beyond_plds_grid_is_reported_by_rdp():
+  # z = 1e-30: RDP's epsilon is about 1e60, past the largest PLD grid
+  # (`accountants.PLD_MAX_EPSILON`); the run still reports an epsilon, and
+  # names the accountant that gave it.
+  event = accounting.training_event(1e-30, 20, 50, 2)
+  reported = accounting.report_epsilon(event, 1e-5)
+  assert reported.accountant == 'rdp'
+  assert reported.epsilon > 1e6
+  assert 'e+' in accountants.epsilon_label(reported.epsilon, 'rdp', 1e-5)

@@ -354,7 +354,7 @@ def epsilon_label(epsilon, accountant: str, delta: float,
   """'epsilon 7.98 (PLD, delta 1e-06)'; 'NOT private' when `private` is
   False (the noise is predictable: epsilon then guarantees nothing)."""
   shown = (format_epsilon(epsilon) if epsilon is None or epsilon < 1e-3 or
-           not math.isfinite(epsilon) else f'{epsilon:.3f}')
+           epsilon >= 1e6 or not math.isfinite(epsilon) else f'{epsilon:.3f}')
   text = f'epsilon {shown} ({accountant.upper()}, delta {delta:g})'
   return text if private else text + ' NOT private (seeded noise)'
 

@@ -299,8 +299,20 @@ def reporting_accountant(event: dp_accounting.DpEvent) -> str:
 def report_epsilon(event: dp_accounting.DpEvent,
                    delta: float) -> PrivacyGuarantee:
   """`compute_epsilon(event, delta, reporting_accountant(event))`: the one
-  figure a run shows everywhere."""
-  return compute_epsilon(event, delta, reporting_accountant(event))
+  figure a run shows everywhere (its `accountant` names it).
+
+  Where PLD refuses the events' grid (an epsilon above
+  `accountants.PLD_MAX_EPSILON`, a void guarantee whose grid would not fit
+  in memory) RDP's figure is reported, so a round once released always has
+  an epsilon.
+  """
+  accountant = reporting_accountant(event)
+  try:
+    return compute_epsilon(event, delta, accountant)
+  except dp_accounting.UnsupportedEventError:
+    if accountant == RDP:
+      raise
+    return compute_epsilon(event, delta, RDP)
 
 
 # ---------------------------------------------------------------------------

@@ -175,8 +175,9 @@ class PrivacyLedger:
 
   def report(self, delta: float) -> accounting.PrivacyGuarantee:
     """The run's one epsilon: `guarantee` by `reporting_accountant()`, as
-    every round's row, the summary and the end-of-run line show it."""
-    return self.guarantee(delta, self.reporting_accountant())
+    every round's row, the summary and the end-of-run line show it
+    (`accounting.report_epsilon`: RDP's where PLD's grid is refused)."""
+    return accounting.report_epsilon(self.composed_event(), delta)
 
   def epsilon_history(self, delta: float) -> list[tuple[int, float]]:
     """(round_num, RDP epsilon of the rounds up to it), ascending."""
