@@ -108,13 +108,20 @@ def test_library_requirements_cover_what_tff_clip_declares():
     assert requirement.specifier.contains(pins[_name(requirement.name)]), text
 
 
+def _outside_env():
+  """Another project's shell: no PYTHONPATH pointing into this checkout."""
+  env = as_a_user.env(TF_CPP_MIN_LOG_LEVEL='3')
+  env.pop('PYTHONPATH', None)
+  return env
+
+
 @pytest.mark.slow
 def test_documented_install_route_works_in_a_fresh_environment(tmp_path):
   for line in _route().strip().splitlines():
     command = line.replace('/path/to/tff_clip', str(as_a_user.REPO))
     result = subprocess.run(command, shell=True, cwd=tmp_path,
                             capture_output=True, text=True, timeout=1800,
-                            check=False)
+                            check=False, env=_outside_env())
     assert result.returncode == 0, (line, result.stderr[-3000:])
   pip = str(tmp_path / 'env/bin/pip')
   installed = subprocess.run([pip, 'list', '--format=freeze'],
@@ -137,7 +144,7 @@ def test_documented_install_route_works_in_a_fresh_environment(tmp_path):
   result = subprocess.run([str(tmp_path / 'env/bin/python'), '-c', use],
                           cwd=tmp_path, capture_output=True, text=True,
                           timeout=600, check=False,
-                          env=as_a_user.env(TF_CPP_MIN_LOG_LEVEL='3'))
+                          env=_outside_env())
   assert result.returncode == 0, result.stderr[-3000:]
   where, answer = result.stdout.split()[-2:]
   assert where.startswith(str(tmp_path / 'env')), where  # Not the checkout.
