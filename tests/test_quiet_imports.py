@@ -1,7 +1,9 @@
 """What importing `tff_clip` (or `tasks`) sets: TensorFlow's C++ log level,
 unless the user set it, and the exit hook that closes TFF's default context
 -- so a program using the library prints nothing of TensorFlow's or TFF's
-own (tff_clip/__init__.py, docs/packaging.md).
+own (tff_clip/__init__.py, docs/packaging.md). TensorFlow reads the level
+once, at its first line: a program that imported TensorFlow first gets one
+warning saying what to set, and none once it set it.
 
 Each program runs as a user would run it (`as_a_user`: a fresh interpreter,
 no TF_CPP_MIN_LOG_LEVEL in the environment).
@@ -13,6 +15,7 @@ import sys
 import pytest
 
 import as_a_user  # pylint: disable=g-bad-import-order
+from tff_clip import LATE_IMPORT_NOTICE  # pylint: disable=g-bad-import-order
 
 SHOW_LEVEL = ('import os, sys, tff_clip; '
               'print(os.environ["TF_CPP_MIN_LOG_LEVEL"], '
@@ -28,6 +31,46 @@ def test_importing_tff_clip_quiets_tensorflow_and_imports_none_of_it():
 def test_a_log_level_the_user_set_is_kept():
   result = as_a_user.python(SHOW_LEVEL, TF_CPP_MIN_LOG_LEVEL='0')
   assert result.stdout.split() == ['0', 'False'], result.stderr
+
+
+def _notices(stderr):
+  return [line for line in stderr.splitlines()
+          if 'UserWarning: ' + LATE_IMPORT_NOTICE in line]
+
+
+def test_tensorflow_first_gets_one_line_saying_what_to_set():
+  result = as_a_user.python('import tensorflow, tff_clip')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert len(_notices(result.stderr)) == 1, result.stderr[-3000:]
+  assert 'TF_CPP_MIN_LOG_LEVEL=3 before TensorFlow loads' in LATE_IMPORT_NOTICE
+
+
+def test_tensorflow_first_with_the_level_set_prints_nothing():
+  # What the notice and README tell a user to do: then not a line.
+  result = as_a_user.python('import tensorflow, tff_clip',
+                            TF_CPP_MIN_LOG_LEVEL='3')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stderr == ''
+
+
+@pytest.mark.slow  # Runs a TFF computation three times (about 20 s).
+def test_tensorflow_first_is_quiet_over_runs_only_with_the_level_set():
+  """The limit, as stated: with TensorFlow imported first, TensorFlow's C++
+  log prints at every TFF computation run unless the user set the level
+  before it loaded (then nothing at all)."""
+  program = ('import tensorflow as tf, tensorflow_federated as tff, tff_clip\n'
+             '@tff.tensorflow.computation(tf.int32)\n'
+             'def add_one(x):\n'
+             '  return x + 1\n'
+             'print([int(add_one(i)) for i in range(3)])\n')
+  unset = as_a_user.python(program)
+  assert unset.returncode == 0, unset.stderr[-3000:]
+  assert len(_notices(unset.stderr)) == 1
+  assert len(as_a_user.noise(unset.stderr)) >= 6  # 2 a run, at least.
+  level_set = as_a_user.python(program, TF_CPP_MIN_LOG_LEVEL='3')
+  assert level_set.returncode == 0, level_set.stderr[-3000:]
+  assert level_set.stdout.strip() == '[1, 2, 3]'
+  assert level_set.stderr == '', level_set.stderr[-3000:]
 
 
 @pytest.mark.parametrize('imports', [

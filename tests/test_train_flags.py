@@ -138,8 +138,10 @@ def test_dp_factory_arguments_are_flags_of_the_same_name():
       config_lib.TrainConfig)}
   parameters = inspect.signature(dp.dp_factory).parameters
   for parameter in parameters.values():
-    if parameter.kind == parameter.KEYWORD_ONLY and (
-        parameter.name != 'record_aggregation_factory'):  # A Python object.
+    # A Python object, and the factory's kind (which fed_avg it drops into,
+    # the program's own choice): not DP quantities.
+    if parameter.kind == parameter.KEYWORD_ONLY and parameter.name not in (
+        'record_aggregation_factory', 'weighted'):
       assert parameter.name in fields, parameter.name
   # The bounding's knobs have the same defaults too.
   for name in ('clip_norm', 'split', 'initial_clip_norm', 'target_quantile',

@@ -20,11 +20,15 @@ Importing `tff_clip` (any of its modules) sets exactly two things, so that a
 program using it prints nothing of TensorFlow's or TFF's own:
   * `TF_CPP_MIN_LOG_LEVEL=3` in `os.environ`, unless it is already set:
     TensorFlow's C++ log stays quiet (about ten lines at import on a machine
-    without a GPU, and grappler's "Failed to detect the fetch node(s)" for
-    every traced TFF computation; none concerns a result). TensorFlow reads
-    it once, at its first log line, so this works only when `tff_clip` is
-    imported before TensorFlow. Set `TF_CPP_MIN_LOG_LEVEL` yourself (0: all
-    lines, 1: no info, 2: errors only) to see them.
+    without a GPU, and grappler's two lines for every TFF computation run;
+    none concerns a result). TensorFlow reads it once, at its first log
+    line (its import prints some), so this works only when `tff_clip` is
+    imported before TensorFlow; no Python call can change it later. A
+    program that imported TensorFlow first (the variable unset, or '1',
+    which jax, imported by TensorFlow, sets) gets one warning
+    (`LATE_IMPORT_NOTICE`) saying what to set. Set
+    `TF_CPP_MIN_LOG_LEVEL` yourself (0: all lines, 1: no info, 2: errors
+    only) to see them, or to quiet them whatever the import order.
   * one `atexit` hook that, if TFF was imported, closes TFF's default
     execution context while the interpreter is still whole (see
     `_close_tff_context`), instead of TFF's traceback at exit.
@@ -37,7 +41,22 @@ import sys as _sys
 
 __version__ = '0.1.0'
 
+# Read by TensorFlow's C++ log once, at its first line (TensorFlow's import
+# prints some): too late when TensorFlow came first. TensorFlow's import
+# also imports jax, which sets the variable to '1' (after that first line),
+# so unset or '1' with TensorFlow loaded means its log is on: said once.
+_LATE = ('tensorflow' in _sys.modules and
+         _os.environ.get('TF_CPP_MIN_LOG_LEVEL') in (None, '1'))
 _os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+LATE_IMPORT_NOTICE = (
+    'tff_clip: TensorFlow was imported before tff_clip, so its C++ log '
+    'stays on (about 2 lines per TFF computation run); to quiet it, set '
+    'TF_CPP_MIN_LOG_LEVEL=3 before TensorFlow loads (in the shell, or '
+    'os.environ at the top of the program) or import tff_clip first.')
+if _LATE:
+  import warnings as _warnings  # pylint: disable=g-import-not-at-top
+  _warnings.warn(LATE_IMPORT_NOTICE, stacklevel=2)
 
 
 def _close_tff_context():

@@ -7,7 +7,8 @@ prints the paper's numbers beside ours, saves plots under
 `--output_dir/paper<NNN>/`, writes `report.md` there, and ends with one
 verdict per claim (reproduced / partly / not reproduced), each computed from
 the criterion printed beside it. `--quick` is a smoke run (under a minute,
-tiny models, few rounds): its verdicts are not evidence. docs/REPRODUCTION.md
+tiny models, few rounds, one seed): it states no verdict ('not judged (quick
+run)' beside each claim's criterion). docs/REPRODUCTION.md
 holds the full runs.
 """
 
@@ -23,6 +24,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # pylint: disable=g-import-not-at-top,unused-import
 import tensorflow as tf  # Before main: see scripts/train.py.
 from scripts import cli
+from scripts.reproduce import common
 # pylint: enable=g-import-not-at-top,unused-import
 
 PAPERS = ('000', '001', '002', '003', '004')
@@ -46,7 +48,7 @@ def reproduce(paper: str, quick: bool, output_dir: str):
     output_dir = os.path.join(output_dir, 'quick')
   report = module.run(quick, output_dir)
   if quick:
-    report.scale = 'QUICK smoke run (not evidence): ' + report.scale
+    common.as_quick(report)  # States no verdict.
   path = os.path.join(output_dir, f'paper{paper}', 'report.md')
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, 'w') as f:

@@ -16,6 +16,10 @@ from tff_clip.program import plotting
 REPRODUCED = 'reproduced'
 PARTLY = 'partly'
 NOT_REPRODUCED = 'not reproduced'
+# A quick run's verdict: a smoke run of tiny models, a few rounds, one seed
+# judges nothing (its criterion is still printed, its verdict is not).
+NOT_JUDGED = 'not judged (quick run)'
+QUICK_SCALE = 'QUICK smoke run (not evidence)'
 
 
 @dataclasses.dataclass
@@ -57,6 +61,15 @@ class Report:
         [[c.name, c.paper, c.measured, c.verdict, c.criterion]
          for c in self.claims]))
     return '\n'.join(lines)
+
+
+def as_quick(report: Report) -> Report:
+  """`report` as a quick run states it: its scale says so, and no claim
+  has a verdict (`NOT_JUDGED`)."""
+  report.scale = f'{QUICK_SCALE}: {report.scale}'
+  for claim in report.claims:
+    claim.verdict = NOT_JUDGED
+  return report
 
 
 def verdict_from(passed: Sequence[bool]) -> str:

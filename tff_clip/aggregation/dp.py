@@ -64,6 +64,11 @@ from tff_clip.aggregation import spec as spec_lib
 
 # The queries (`tff_clip.aggregation.dp_queries`) are re-exported below.
 __all__ = dp_queries.__all__ + [
+    'BaseDPBoundingFactory',
+    'DPBoundingFactory',
+    'TFF_NAMES',
+    'UnweightedDPBoundingFactory',
+    'WeightedDPBoundingFactory',
     'adaptive_noise_multipliers',
     'default_clipped_count_stddev',
     'dp_factory',
@@ -100,16 +105,15 @@ def _initial_budgets(spec, fractions, initial_norms):
   return float(initial_norms) * np.asarray(fractions, np.float64)
 
 
-class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
-                        tff.aggregators.WeightedAggregationFactory):
-  """Bounding + Gaussian noise + mean, as an aggregation factory.
+class BaseDPBoundingFactory:
+  """Bounding + Gaussian noise + mean: what the three DP factories share.
 
-  Unweighted by nature (DP-FedAvg weighs clients uniformly). It also accepts
-  `create(value_type, weight_type)` so it drops into
-  `build_weighted_fed_avg(model_aggregator=...)`: the weights are then
-  IGNORED -- every client counts once, as with `client_weighting=UNIFORM` --
-  because weighting by example counts would make the sensitivity depend on
-  private data.
+  `dp_factory` returns one of its subclasses, by `weighted`:
+  `DPBoundingFactory` (both kinds), `UnweightedDPBoundingFactory` or
+  `WeightedDPBoundingFactory`. Every client counts once in all three: the
+  DP mean is unweighted (weighting by example counts would make the
+  sensitivity depend on private data), a weighted `create` ignores the
+  weights.
   """
 
   def __init__(self, spec: spec_lib.DPSpec,
@@ -199,7 +203,7 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
     dtypes = tf.nest.map_structure(lambda leaf: leaf.dtype, tensor_specs)
     return ResultDtypeQuery(query, dtypes)
 
-  def create(self, value_type, weight_type=None):
+  def _create_process(self, value_type, weight_type=None):
     value_type = tff.types.to_type(value_type)
     aggregators.check_value_type(value_type)
     query = self.build_query(value_type)
@@ -213,20 +217,85 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
         value_type, weight_type)
 
 
+class DPBoundingFactory(BaseDPBoundingFactory,
+                        tff.aggregators.UnweightedAggregationFactory,
+                        tff.aggregators.WeightedAggregationFactory):
+  """Bounding + Gaussian noise + mean, weighted and unweighted alike.
+
+  Unweighted by nature (DP-FedAvg weighs clients uniformly). It also accepts
+  `create(value_type, weight_type)` so it drops into
+  `build_weighted_fed_avg(model_aggregator=...)`: the weights are then
+  IGNORED -- every client counts once, as with `client_weighting=UNIFORM` --
+  because weighting by example counts would make the sensitivity depend on
+  private data. Being both kinds, TFF's wrappers (`zeroing_factory`,
+  `clipping_factory`) make it weighted; `dp_factory(..., weighted=False)`
+  gives the unweighted-only factory they keep unweighted.
+  """
+
+  def create(self, value_type, weight_type=None):
+    return self._create_process(value_type, weight_type)
+
+
+class UnweightedDPBoundingFactory(BaseDPBoundingFactory,
+                                  tff.aggregators.UnweightedAggregationFactory):
+  """An `UnweightedAggregationFactory` only, like TFF's
+  `DifferentiallyPrivateFactory`: `tff.aggregators.zeroing_factory(norm,
+  dp_factory(..., weighted=False))` stays unweighted, for
+  `build_unweighted_fed_avg`."""
+
+  def create(self, value_type):
+    return self._create_process(value_type)
+
+
+class WeightedDPBoundingFactory(BaseDPBoundingFactory,
+                                tff.aggregators.WeightedAggregationFactory):
+  """A `WeightedAggregationFactory` only, for `build_weighted_fed_avg`;
+  the weights are ignored (see `DPBoundingFactory`)."""
+
+  def create(self, value_type, weight_type):
+    return self._create_process(value_type, weight_type)
+
+
+# TFF's names for dp_factory's parameters (`DifferentiallyPrivateFactory.
+# gaussian_adaptive`/`gaussian_fixed`/`tree_aggregation`,
+# `tff.learning.ddp_secure_aggregator`): refused with the name to use, so
+# that a TFF user's call fails in one line instead of meaning something else.
+TFF_NAMES = {
+    'target_unclipped_quantile': 'target_quantile',
+    'initial_l2_norm_clip': 'initial_clip_norm',
+    'learning_rate': 'clip_learning_rate',
+    'clip': 'clip_norm',
+    'l2_norm_clip': 'clip_norm',
+    'expected_clients_per_round': 'clients_per_round',
+}
+
+_WEIGHTINGS = {None: DPBoundingFactory, False: UnweightedDPBoundingFactory,
+               True: WeightedDPBoundingFactory}
+
+
 def dp_factory(
     bounding_method: str,
     *,
     record_aggregation_factory: Optional[
         tff.aggregators.UnweightedAggregationFactory] = None,
+    weighted: Optional[bool] = None,
     **parameters,
-) -> DPBoundingFactory:
+) -> BaseDPBoundingFactory:
   """User-level DP aggregation: bound, add N(0,(z S)^2 I) to the sum, average.
 
   The DP parameters are declared once, in `tff_clip.aggregation.spec.DPSpec` (this
   function's signature is generated from it); `noise_multiplier` and
   `clients_per_round` are required. `record_aggregation_factory`: how the
   bounded records are summed (default `tff.aggregators.SumFactory`; a
-  secure sum fits here).
+  secure sum fits here). `weighted`: None (default) gives a factory that is
+  both an unweighted and a weighted `tff.aggregators` factory (it drops into
+  `build_unweighted_fed_avg` and `build_weighted_fed_avg` alike); False an
+  `UnweightedAggregationFactory` only, like TFF's
+  `DifferentiallyPrivateFactory` (what `tff.aggregators.zeroing_factory`
+  needs as its inner factory to stay unweighted); True a weighted one only.
+  The DP mean ignores client weights in all three. TFF's names for the same
+  parameters (`target_unclipped_quantile`, `initial_l2_norm_clip`, `clip`,
+  ...) are refused with the name to use (`TFF_NAMES`).
 
   Refused here, each naming its argument, because they would run without a
   word and not be what was asked: `split` given to a global bounding (clip,
@@ -241,9 +310,15 @@ def dp_factory(
 {parameters}
 
   Returns:
-    A `DPBoundingFactory`.
+    A `DPBoundingFactory` (weighted None), `UnweightedDPBoundingFactory`
+    (False) or `WeightedDPBoundingFactory` (True).
   """
   unknown = sorted(set(parameters) - set(spec_lib.PARAMETERS))
+  for name in unknown:
+    if name in TFF_NAMES:
+      raise TypeError(
+          f'`{name}` is TFF\'s name; tff_clip calls it `{TFF_NAMES[name]}`: '
+          f'dp_factory(..., {TFF_NAMES[name]}=...).')
   if unknown:
     raise TypeError(f'`{unknown[0]}` is not a parameter of dp_factory; its DP '
                     f'parameters are {spec_lib.PARAMETERS[1:]}.')
@@ -266,13 +341,24 @@ def dp_factory(
       tff.aggregators.UnweightedAggregationFactory):
     raise TypeError('`record_aggregation_factory` must be an unweighted '
                     f'tff.aggregators factory; got {record_aggregation_factory!r}.')
-  return DPBoundingFactory(spec, record_aggregation_factory)
+  if isinstance(record_aggregation_factory,
+                tff.aggregators.UnweightedMeanFactory):
+    # e.g. `tff.learning.secure_aggregator(zeroing=False, clipping=False,
+    # weighted=False)`: the records would be averaged, then divided again.
+    raise TypeError('`record_aggregation_factory` must sum the bounded '
+                    'records (e.g. tff.aggregators.SecureSumFactory); got a '
+                    f'mean, {type(record_aggregation_factory).__name__}.')
+  if not isinstance(weighted, (bool, type(None))):
+    raise TypeError('`weighted` must be None (both kinds), False (an '
+                    'UnweightedAggregationFactory) or True (a '
+                    f'WeightedAggregationFactory); got {weighted!r}.')
+  return _WEIGHTINGS[weighted](spec, record_aggregation_factory)
 
 
 def _signature_from_spec(function):
   """`function`'s signature with the DP parameters of `DPSpec` spelled out."""
   signature = inspect.signature(function)
-  first, record, _ = signature.parameters.values()
+  first, record, weighted, _ = signature.parameters.values()
   declared = [
       inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY,
                         default=(inspect.Parameter.empty
@@ -281,7 +367,7 @@ def _signature_from_spec(function):
                         annotation=field.type)
       for field in dataclasses.fields(spec_lib.DPSpec)[1:]]
   function.__signature__ = signature.replace(
-      parameters=[first, *declared, record])
+      parameters=[first, *declared, record, weighted])
   function.__doc__ = function.__doc__.replace(
       '{parameters}', spec_lib.parameters_doc())
   return function

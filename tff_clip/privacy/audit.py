@@ -459,7 +459,7 @@ class CanaryFactory(tff.aggregators.UnweightedAggregationFactory,
                canary_raw_norm: float = CANARY_RAW_NORM, *,
                separation: Optional[int] = None):
     from tff_clip.aggregation import dp  # pylint: disable=g-import-not-at-top
-    if not isinstance(dp_factory, dp.DPBoundingFactory):
+    if not isinstance(dp_factory, dp.BaseDPBoundingFactory):
       raise TypeError('`dp_factory` must come from `tff_clip.aggregation.dp.dp_factory`; '
                       f'got {dp_factory!r}.')
     checks.integer(num_canaries, 'num_canaries', minimum=1)

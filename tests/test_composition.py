@@ -1,0 +1,251 @@
+"""How the DP factory composes with TFF's own (docs/composition.md).
+
+`dp_factory` is both an unweighted and a weighted `tff.aggregators` factory
+by default; TFF's wrappers (`zeroing_factory`, `clipping_factory`) make such
+a factory weighted, so `dp_factory(..., weighted=False)` gives the
+unweighted-only factory (TFF's `DifferentiallyPrivateFactory`'s kind) that
+stays unweighted inside them. TFF's argument names for the same quantities
+are refused with the name to use. The oracle for "composes" is TFF itself:
+its builders' type checks and TFF's default execution context.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import as_a_user  # pylint: disable=g-bad-import-order
+from tff_clip.aggregation import aggregators
+from tff_clip.aggregation import dp
+
+DP = dict(noise_multiplier=0.5, clients_per_round=3.0, clip_norm=1.0)
+
+
+def _model_fn():
+  keras_model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
+  return tff.learning.models.from_keras_model(
+      keras_model, input_spec=(tf.TensorSpec([None, 3]),
+                               tf.TensorSpec([None], tf.int32)),
+      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+@pytest.mark.parametrize('weighted, unweighted_kind, weighted_kind', [
+    (None, True, True), (False, True, False), (True, False, True)])
+def test_weighted_chooses_the_kind_of_factory(weighted, unweighted_kind,
+                                              weighted_kind):
+  factory = dp.dp_factory('clip', weighted=weighted, **DP)
+  assert isinstance(factory, tff.aggregators.UnweightedAggregationFactory
+                    ) == unweighted_kind
+  assert isinstance(factory, tff.aggregators.WeightedAggregationFactory
+                    ) == weighted_kind
+  assert isinstance(factory, dp.BaseDPBoundingFactory)
+
+
+def test_zeroing_keeps_the_unweighted_factory_unweighted():
+  zeroed = tff.aggregators.zeroing_factory(
+      10.0, dp.dp_factory('clip', weighted=False, **DP))
+  assert isinstance(zeroed, tff.aggregators.UnweightedAggregationFactory)
+  assert not isinstance(zeroed, tff.aggregators.WeightedAggregationFactory)
+  # And the default factory, being both kinds, comes out weighted (TFF's
+  # rule): the composition table's refused row.
+  assert isinstance(tff.aggregators.zeroing_factory(
+      10.0, dp.dp_factory('clip', **DP)),
+                    tff.aggregators.WeightedAggregationFactory)
+
+
+def test_unweighted_and_default_factories_build_the_same_process():
+  value_type = tff.types.TensorType(np.float32, [4])
+  default = dp.dp_factory('clip', noise_seed=1, **DP).create(value_type)
+  unweighted = dp.dp_factory('clip', noise_seed=1, weighted=False,
+                             **DP).create(value_type)
+  assert (str(default.next.type_signature) ==
+          str(unweighted.next.type_signature))
+  with pytest.raises(TypeError):  # Unweighted only: no weight argument.
+    dp.dp_factory('clip', weighted=False, **DP).create(
+        value_type, tff.types.TensorType(np.float32))
+
+
+@pytest.mark.parametrize('weighted', [0, 1, 'no'])
+def test_weighted_other_than_none_true_false_is_refused(weighted):
+  with pytest.raises(TypeError, match=r'^`weighted` must be None'):
+    dp.dp_factory('clip', weighted=weighted, **DP)
+
+
+@pytest.mark.parametrize('tff_name, ours, value', [
+    ('target_unclipped_quantile', 'target_quantile', 0.5),
+    ('initial_l2_norm_clip', 'initial_clip_norm', 0.1),
+    ('learning_rate', 'clip_learning_rate', 0.2),
+    ('clip', 'clip_norm', 1.0),
+    ('l2_norm_clip', 'clip_norm', 1.0),
+    ('expected_clients_per_round', 'clients_per_round', 3.0)])
+def test_tffs_names_are_refused_naming_ours(tff_name, ours, value):
+  with pytest.raises(TypeError) as raised:
+    dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=3.0,
+                  **{tff_name: value})
+  message = str(raised.value)
+  assert '\n' not in message
+  assert message == (f"`{tff_name}` is TFF's name; tff_clip calls it "
+                     f'`{ours}`: dp_factory(..., {ours}=...).')
+  dp.dp_factory('clip', **{'noise_multiplier': 1.0, 'clients_per_round': 3.0,
+                           ours: value})  # The named one is accepted.
+
+
+def test_tffs_adaptive_names_all_have_a_tff_clip_name():
+  """Every argument of TFF's `gaussian_adaptive`/`gaussian_fixed` is one of
+  dp_factory's, or mapped to one (read from TFF's signatures, the oracle)."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  private = tff.aggregators.DifferentiallyPrivateFactory
+  names = set(dp.dp_factory.__signature__.parameters)
+  for builder in (private.gaussian_adaptive, private.gaussian_fixed):
+    for name in inspect.signature(builder).parameters:
+      assert name in names or dp.TFF_NAMES.get(name) in names, name
+
+
+def test_a_mean_as_the_record_sum_is_refused():
+  with pytest.raises(TypeError, match='must sum the bounded records'):
+    dp.dp_factory('clip', record_aggregation_factory=(
+        tff.aggregators.UnweightedMeanFactory()), **DP)
+
+
+def test_an_int_is_taken_as_its_float_as_on_the_command_line():
+  # `--clip_norm=1` parses to 1.0; so do the library's int arguments.
+  spec = dp.dp_factory('clip', noise_multiplier=1, clients_per_round=3,
+                       clip_norm=1).spec
+  assert (spec.noise_multiplier, spec.clients_per_round, spec.clip_norm) == (
+      1.0, 3.0, 1.0)
+  assert all(type(v) is float for v in (  # pylint: disable=unidiomatic-typecheck
+      spec.noise_multiplier, spec.clients_per_round, spec.clip_norm))
+  factory = aggregators.clip_factory(1)
+  assert type(factory._clip_norm) is float  # pylint: disable=protected-access,unidiomatic-typecheck
+  value_type = tff.types.TensorType(np.float32, [3])
+  assert str(factory.create(value_type).next.type_signature) == str(
+      aggregators.clip_factory(1.0).create(value_type).next.type_signature)
+  with pytest.raises(TypeError, match='`clip_norm` must be a float'):
+    aggregators.clip_factory(True)  # A bool is not a number here.
+
+
+def test_zeroed_unweighted_dp_builds_into_unweighted_fed_avg():
+  process = tff.learning.algorithms.build_unweighted_fed_avg(
+      _model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
+      model_aggregator=tff.aggregators.zeroing_factory(
+          10.0, dp.dp_factory('clip', weighted=False, **DP)))
+  assert process.next.type_signature is not None
+
+
+OUTSIDE = textwrap.dedent('''\
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_federated as tff
+    from tff_clip.aggregation import dp
+
+    def model_fn():
+      keras_model = tf.keras.Sequential(
+          [tf.keras.layers.Dense(2, input_shape=(3,))])
+      return tff.learning.models.from_keras_model(
+          keras_model, input_spec=(tf.TensorSpec([None, 3]),
+                                   tf.TensorSpec([None], tf.int32)),
+          loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    rng = np.random.default_rng(0)
+    data = []
+    for _ in range(3):
+      x = rng.normal(size=(8, 3)).astype(np.float32)
+      data.append(tf.data.Dataset.from_tensor_slices(
+          (x, (x[:, 0] > 0).astype(np.int32))).batch(4))
+
+    def private(**kwargs):
+      return dp.dp_factory('clip', noise_multiplier=0.5, clients_per_round=3.0,
+                           clip_norm=1.0, **kwargs)
+
+    sgd = tff.learning.optimizers.build_sgdm(0.1)
+    for name, build, aggregator in [
+        ('unweighted', tff.learning.algorithms.build_unweighted_fed_avg,
+         tff.aggregators.zeroing_factory(10.0, private(weighted=False))),
+        ('weighted', tff.learning.algorithms.build_weighted_fed_avg,
+         tff.aggregators.zeroing_factory(10.0, private())),
+    ]:
+      process = build(model_fn, client_optimizer_fn=sgd,
+                      model_aggregator=aggregator)
+      state = process.initialize()
+      for _ in range(3):
+        output = process.next(state, data)
+        state = output.state
+      event = dp.extract_dp_event(state.aggregator['inner_agg'])
+      print(name, 'rounds', 3, 'zeroed',
+            int(output.metrics['aggregator']['zeroed_count']),
+            'noise', event.noise_multiplier)
+    ''')
+
+
+@pytest.mark.slow  # Two fed_avg processes, three rounds each (about 60 s).
+def test_a_script_outside_the_checkout_runs_zeroed_dp_in_both_fed_avgs(
+    tmp_path):
+  (tmp_path / 'composed.py').write_text(OUTSIDE)
+  result = subprocess.run(
+      [sys.executable, 'composed.py'], cwd=tmp_path, capture_output=True, text=True,
+      timeout=900, check=False,
+      env=as_a_user.env(PYTHONPATH=str(as_a_user.REPO)))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.split('\n')[:2] == [
+      'unweighted rounds 3 zeroed 0 noise 0.5',
+      'weighted rounds 3 zeroed 0 noise 0.5'], result.stdout
+
+
+def _docs_line(start):
+  """The refusal line docs/composition.md quotes in the row `start`s."""
+  page = (as_a_user.REPO / 'docs' / 'composition.md').read_text()
+  row = next(line for line in page.splitlines() if line.startswith(start))
+  return row.rstrip(' |').rsplit(' | ', 1)[1].strip('`')
+
+
+def test_zeroed_default_factory_in_unweighted_fed_avg_is_tffs_one_line():
+  with pytest.raises(TypeError) as raised:
+    tff.learning.algorithms.build_unweighted_fed_avg(
+        _model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
+        model_aggregator=tff.aggregators.zeroing_factory(
+            10.0, dp.dp_factory('clip', **DP)))
+  assert f'TypeError: {raised.value}' == _docs_line(
+      '| `build_unweighted_fed_avg(model_aggregator=zeroing_factory(10.0, '
+      'dp_factory(...)))`')
+
+
+def test_the_documented_construction_refusals_are_what_is_raised():
+  for start, record in [
+      ('| `record_aggregation_factory=tff.aggregators.UnweightedMeanFactory()',
+       tff.aggregators.UnweightedMeanFactory())]:
+    with pytest.raises(TypeError) as raised:
+      dp.dp_factory('clip', record_aggregation_factory=record, **DP)
+    assert f'TypeError: {raised.value}' == _docs_line(start)
+  with pytest.raises(TypeError) as raised:
+    dp.dp_factory('clip', target_unclipped_quantile=0.5, **DP)
+  assert f'TypeError: {raised.value}' == _docs_line(
+      '| `dp_factory(..., target_unclipped_quantile=0.5)`')
+
+
+@pytest.mark.slow  # One fed_avg process run in three ways (about 90 s).
+def test_a_secure_record_sum_runs_in_process_and_in_tffs_test_context():
+  from tff_clip.runtime import simulation  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  data = []
+  for _ in range(3):
+    x = rng.normal(size=(8, 3)).astype(np.float32)
+    data.append(tf.data.Dataset.from_tensor_slices(
+        (x, (x[:, 0] > 0).astype(np.int32))).batch(4))
+  process = tff.learning.algorithms.build_unweighted_fed_avg(
+      _model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
+      model_aggregator=dp.dp_factory(
+          'clip', record_aggregation_factory=tff.aggregators.SecureSumFactory(
+              1.0), **DP))
+  runner = simulation.InProcessRunner(process)
+  output = runner.next(runner.initialize(), data)
+  assert np.isfinite(output.metrics['client_work']['train']['loss'])
+  tff.backends.test.set_sync_test_cpp_execution_context()
+  try:
+    output = process.next(process.initialize(), data)
+    assert np.isfinite(output.metrics['client_work']['train']['loss'])
+  finally:
+    tff.backends.native.set_sync_local_cpp_execution_context()
