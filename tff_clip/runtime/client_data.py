@@ -41,6 +41,7 @@ References:
 from __future__ import annotations
 
 import collections
+import collections.abc
 import zlib
 from typing import Any, Optional, Sequence
 
@@ -48,7 +49,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import random_seed as framework_random_seed  # pylint: disable=g-direct-tensorflow-import
 
-__all__ = ['ClientDatasets', 'ExamplewisePreprocess', 'round_seed']
+__all__ = ['ClientDatasets', 'CohortDatasets', 'ExamplewisePreprocess',
+           'round_seed']
 
 # The shuffle buffer of a client's examples (a full shuffle up to this many).
 SHUFFLE_BUFFER = 1000
@@ -152,8 +154,11 @@ class ClientDatasets:
   """
 
   def __init__(self, task, seed: int, local_steps: Optional[int] = None,
-               max_cached_bytes: int = DEFAULT_MAX_CACHED_BYTES):
+               max_cached_bytes: int = DEFAULT_MAX_CACHED_BYTES,
+               batched: bool = False):
     self._seed = seed
+    self._batched = batched
+    self._index_batches = None
     self._local_steps = local_steps
     self._max_cached_bytes = max_cached_bytes
     self._cached_bytes = 0
@@ -275,6 +280,116 @@ class ClientDatasets:
     return examples
 
   def datasets(self, cohort: Sequence[Any],
-               round_num: int) -> list[tf.data.Dataset]:
-    """The datasets of `cohort` in round `round_num`, in cohort order."""
+               round_num: int) -> Sequence[tf.data.Dataset]:
+    """The datasets of `cohort` in round `round_num`, in cohort order.
+
+    With `batched` (and examples this class can batch: `can_batch`), a
+    `CohortDatasets`: the same datasets, built only when iterated, and the
+    cohort's batches as padded tensors (`cohort_batches`).
+    """
+    if self._batched and self.can_batch:
+      return CohortDatasets(self, list(cohort), round_num)
     return [self.dataset(client_id, round_num) for client_id in cohort]
+
+  @property
+  def can_batch(self) -> bool:
+    """Whether `cohort_batches` gives the datasets' batches: examples held
+    as tensors, mapped examplewise, batched with no unseeded shuffle."""
+    if not (self._cached and self._examplewise and self._fresh is None):
+      return False
+    buffer = self._preprocess._shuffle_buffer  # pylint: disable=protected-access
+    return buffer is None or buffer <= 1
+
+  def _index_pipeline(self, sizes, seeds, seeds2, bounds):
+    """[C, S, B] example indices (-1: padding): each client's batches of
+    `dataset` as positions in its examples."""
+    batch_size = int(self._preprocess.spec.batch_size)
+
+    def client(i, rows, steps):
+      indices = tf.range(sizes[i], dtype=tf.int64)
+      batches = self._pipeline(indices, seeds[i], seeds2[i])
+      padded = batches.padded_batch(
+          bounds[i], padded_shapes=[batch_size],
+          padding_values=tf.constant(-1, tf.int64)).concatenate(
+              tf.data.Dataset.from_tensors(
+                  tf.fill([0, batch_size], tf.constant(-1, tf.int64))))
+      matrix = tf.data.experimental.get_single_element(
+          padded.take(1).with_options(_plain_options()))
+      return (i + 1, rows.write(i, matrix),
+              steps.write(i, tf.shape(matrix, out_type=tf.int64)[0]))
+
+    count = tf.shape(sizes)[0]
+    _, rows, steps = tf.while_loop(
+        lambda i, *_: i < count, client,
+        (tf.constant(0),
+         tf.TensorArray(tf.int64, size=count, infer_shape=False,
+                        element_shape=tf.TensorShape([None, batch_size])),
+         tf.TensorArray(tf.int64, size=count)))
+    lengths = steps.stack()
+    values = rows.concat()
+    return tf.RaggedTensor.from_row_lengths(values, lengths).to_tensor(
+        default_value=-1, shape=[None, None, batch_size])
+
+  def cohort_batches(self, cohort: Sequence[Any], round_num: int):
+    """(examples, index): the cohort's examples concatenated in cohort order
+    (a structure of [N, ...] tensors) and [C, S, B] indices into them, -1
+    for padding: client c's batch s of round `round_num` is
+    `examples[index[c, s][index[c, s] >= 0]]`, the batch its `dataset`
+    yields (needs `can_batch`)."""
+    if self._index_batches is None:
+      self._index_batches = tf.function(self._index_pipeline, input_signature=[
+          tf.TensorSpec([None], tf.int64)] * 4)
+    parts = [self._cached_examples(client_id) for client_id in cohort]
+    sizes = [int(tf.shape(tf.nest.flatten(e)[0])[0]) for e in parts]
+    pairs = [_seed_pair(round_seed(self._seed, round_num, client_id))
+             for client_id in cohort]
+    # At most this many batches a client (each holds an example; padded
+    # batches of this size are allocated whole).
+    if self._local_steps is not None:
+      bounds = [self._local_steps] * len(sizes)
+    else:
+      bounds = [max(1, n * int(self._preprocess.spec.num_epochs))
+                for n in sizes]
+    index = self._index_batches(
+        tf.constant(sizes, tf.int64),
+        tf.constant([p[0] for p in pairs], tf.int64),
+        tf.constant([p[1] for p in pairs], tf.int64),
+        tf.constant(bounds, tf.int64))
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    index = tf.where(index >= 0, index + offsets[:, np.newaxis, np.newaxis]
+                     if sizes else index, index)
+    if not parts:  # No examples, in the structure of the cached ones.
+      return tf.nest.map_structure(
+          lambda s: tf.zeros([0, *s.shape[1:]], s.dtype),
+          self._build.input_signature[0]), index
+    return tf.nest.map_structure(lambda *t: tf.concat(t, 0), *parts), index
+
+
+class CohortDatasets(collections.abc.Sequence):
+  """`ClientDatasets.datasets` of a cohort, built when first iterated, with
+  the same batches as padded tensors (`cohort_batches()`)."""
+
+  def __init__(self, source: ClientDatasets, cohort: list, round_num: int):
+    self._source = source
+    self.cohort = cohort
+    self.round_num = round_num
+    self._datasets = None
+
+  def _built(self) -> list:
+    if self._datasets is None:
+      self._datasets = [self._source.dataset(client_id, self.round_num)
+                        for client_id in self.cohort]
+    return self._datasets
+
+  def __len__(self):
+    return len(self.cohort)
+
+  def __getitem__(self, i):
+    return self._built()[i]
+
+  def __iter__(self):
+    return iter(self._built())
+
+  def cohort_batches(self):
+    """`ClientDatasets.cohort_batches` of this cohort and round."""
+    return self._source.cohort_batches(self.cohort, self.round_num)
