@@ -49,6 +49,7 @@ tolerance (the clients' sums are taken in another order):
 from __future__ import annotations
 
 import collections
+import collections.abc
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -297,7 +298,11 @@ class BatchedRunner:
     agg_params = client_input[p.num_trainable + 1:]
     mask = index >= 0  # [C, S, B]
     gather_index = tf.maximum(index, 0)
-    x_all, y_all = examples['x'], examples['y']
+    # As TFF's `forward_pass` reads a batch: x and y by key, or in order.
+    if isinstance(examples, collections.abc.Mapping):
+      x_all, y_all = examples['x'], examples['y']
+    else:
+      x_all, y_all = examples[0], examples[1]
     num_clients = tf.shape(index)[0]
     num_steps = tf.shape(index)[1]
     batch_sizes = tf.reduce_sum(tf.cast(mask, tf.int64), axis=2)  # [C, S]
@@ -396,8 +401,6 @@ class BatchedRunner:
       return self._runner.next(state, client_datasets)
     runner = self._runner
     examples, index = batches()
-    if set(examples) != {'x', 'y'}:
-      raise Unsupported('the examples are not <x, y>')
     state_leaves = tf_graphs.flatten_value(state, runner._state_type, [])  # pylint: disable=protected-access
     client_input = list(runner._prepare(*state_leaves))  # pylint: disable=protected-access
     if self._round is None:
