@@ -62,7 +62,7 @@ from tff_clip.program import config as config_lib
 # cohort is its smallest group's, `configs`): every client takes part at
 # most 5 times in 100 rounds, as many as Poisson sampling's expectation;
 # the server learning rate 0.5 and target quantile
-# 0.1 are the cells docs/frontier.md's tuning chose at epsilon 4 for both
+# 0.1 are the cells docs/frontier_tuned.md's tuning chose at epsilon 4 for both
 # normalize_adaptive and tff_adaptive.
 # digits and mnist28 track the 0.3 quantile, tff_clip's default when
 # docs/correlated_noise.md's tables were measured (the default now follows

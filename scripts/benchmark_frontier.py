@@ -182,8 +182,8 @@ METHODS = collections.OrderedDict([
 DEFAULT = 'default'
 TFF_DEFAULT = 'tff_default'
 # The default with the server step also held to the smallest update norm
-# since round 10 (--server_step=held; docs/frontier.md, "A step held at the
-# smallest update norm").
+# since round 10 (--server_step=held; docs/frontier_history_3.md, "A step held
+# at the smallest update norm").
 DEFAULT_HELD = 'default_held'
 TFF_GAUSSIAN_ADAPTIVE_DEFAULTS = dict(initial_clip_norm=0.1,
                                       target_quantile=0.5,

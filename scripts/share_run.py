@@ -9,8 +9,8 @@ regenerated and subtracted from the released model (docs/privacy.md).
 This command copies the first kind only, into a directory that must not
 exist yet:
 
-  python -m scripts.share_run --run_dir=runs/digits_noise_following_dp_seed0 \
-      --output_dir=runs/digits_noise_following_dp_seed0_shared
+  python -m scripts.share_run --run_dir=runs/digits_demo \
+      --output_dir=runs/digits_demo_shared
 
 It imports no TensorFlow and answers in about a second.
 """

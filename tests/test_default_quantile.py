@@ -1,7 +1,7 @@
 """tff_clip's default bounding and quantile follow the noise: public numbers.
 
 From r = z sqrt(d) / n, the norm of the noise on the mean update in units
-of C (docs/frontier.md, "A default that follows the noise"):
+of C (docs/frontier_history_2.md, "A default that follows the noise"):
 `noise_following_quantile` is the median (0.5) below r = 1.15, 0.1 from
 there and 0.03 from r = 2; `noise_following_bounding` clips below r = 1.6
 and normalizes from it on. The oracles: the rule's values on both sides of

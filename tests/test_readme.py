@@ -25,6 +25,10 @@ checked without editing this file) is read the same way:
     `NOT_RUN_IN_ORDER`, with the reason; a command still running after
     `STOP_AFTER_S` is stopped with Ctrl-C, as a reader stops a benchmark,
     and must end with its one `interrupted:` line.
+  * As a reader meets them: README at most 250 lines, a docs page at most
+    500; every relative link and #anchor (GitHub's slugs) resolves; a page
+    of measurements shows a command or figures in its lead or first section,
+    and the figures README quotes are the first section of their page.
 """
 
 import json
@@ -401,3 +405,107 @@ def test_every_command_runs_in_order_in_one_fresh_checkout(tmp_path):
         raise AssertionError(f'{page}: {command}\n{e}') from None
     for snippet in _snippets(PAGES[page]):
       _run_snippet(snippet, elsewhere, pythonpath)
+
+
+# Pages as a reader meets them: short, their links whole, figures first.
+PAGE_LINES = {'README.md': 250}  # Every docs/ page: at most 500 lines.
+
+
+def _slug(heading):
+  """GitHub's anchor for a heading: lower case, punctuation but `-` and `_`
+  dropped, each space a hyphen (so ' - ' gives '--')."""
+  return re.sub(r'[^\w\- ]', '', heading.strip().lower()).replace(' ', '-')
+
+
+def _anchors(page):
+  """The #anchors of a page's headings, repeats numbered as GitHub does."""
+  text = re.sub(r'```.*?```', '', page, flags=re.S)
+  seen, anchors = {}, set()
+  for m in re.finditer(r'^#{1,6} +(.*?) *$', text, flags=re.M):
+    slug = _slug(m.group(1))
+    anchors.add(f'{slug}-{seen[slug]}' if slug in seen else slug)
+    seen[slug] = seen.get(slug, 0) + 1
+  return anchors
+
+
+def _links(page):
+  """Every relative link target ([text](target), images too)."""
+  text = re.sub(r'```.*?```', '', page, flags=re.S)
+  return [t for t in re.findall(r'\]\(([^)\s]+)\)', text)
+          if not re.match(r'[a-z]+:', t)]
+
+
+def test_anchor_slugs_are_githubs():
+  # Anchors as GitHub renders them for headings of these pages.
+  assert _slug("tff_clip's default against TFF's default, 20 seeds") == (
+      'tff_clips-default-against-tffs-default-20-seeds')
+  assert _slug('Accuracy at equal privacy (`python -m scripts.X`)') == (
+      'accuracy-at-equal-privacy-python--m-scriptsx')
+  assert _slug('The 0.03 quantile where the noise dominates') == (
+      'the-003-quantile-where-the-noise-dominates')
+  assert _anchors('# A\n## B\n```\n## C\n```\n## B\n') == {'a', 'b', 'b-1'}
+
+
+@pytest.mark.parametrize('name', sorted(PAGES))
+def test_every_page_is_short_enough_to_read(name):
+  assert len(PAGES[name].splitlines()) <= PAGE_LINES.get(name, 500)
+
+
+@pytest.mark.parametrize('name', sorted(PAGES))
+def test_every_relative_link_and_anchor_resolves(name):
+  links = _links(PAGES[name])
+  for target in links:
+    path, _, anchor = target.partition('#')
+    resolved = (REPO / name).parent / path if path else REPO / name
+    assert resolved.exists(), f'{name}: {target}: no such file'
+    if anchor:
+      assert resolved.suffix == '.md', f'{name}: {target}'
+      assert anchor in _anchors(resolved.read_text()), (
+          f'{name}: {target}: no such heading')
+
+
+def test_the_links_are_read():
+  assert sum(len(_links(text)) for text in PAGES.values()) > 100
+  assert sum('#' in t for text in PAGES.values() for t in _links(text)) > 50
+
+
+@pytest.mark.parametrize('name', sorted(
+    name for name, text in PAGES.items()
+    if name != 'README.md' and re.search(r'\b2026-\d\d-\d\d\b', text)))
+def test_every_page_of_measurements_leads_with_a_command_or_figures(name):
+  # A page that reports measurements (dated) shows, in its lead or its
+  # first section, a command to run (indented or fenced) or a table of
+  # figures: what was found, and how, come before how it was found.
+  lead = '\n## '.join(PAGES[name].split('\n## ')[:2])
+  assert re.search(r'^    \.venv/bin/python -m |^```|^\|---', lead,
+                   flags=re.M), name
+
+
+def test_readmes_measured_accuracy_leads_its_page():
+  # The figures README quotes are the first section of the page it cites:
+  # current figures first, how they were found after or apart.
+  cited = re.search(r'Measured accuracy[^\n]*\]\((docs/[\w.]+\.md)#([\w-]+)\)',
+                    README)
+  assert cited, 'README: no cited measured accuracy'
+  page, anchor = cited.groups()
+  first = re.search(r'^## +(.*?) *$', PAGES[page], flags=re.M).group(1)
+  assert _slug(first) == anchor, (page, first)
+
+
+@pytest.mark.slow
+def test_the_main_command_learns_at_a_single_digit_epsilon(tmp_path):
+  """README's first command, as written: a guarantee worth having, a model
+  that has learned (digits: chance is 0.10), in about half a minute."""
+  main = next(c for c in _commands(README) if 'scripts.train' in c)
+  args = shlex.split(main)[1:] + [f'--root_output_dir={tmp_path}',
+                                  '--progress=false']
+  result = as_a_user.run(args, timeout=600, TF_CPP_MIN_LOG_LEVEL='3')
+  assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+  summaries = list(tmp_path.glob('*/summary.json'))
+  assert len(summaries) == 1, summaries
+  summary = json.loads(summaries[0].read_text())
+  assert 1.0 <= summary['epsilon'] < 10.0, summary
+  assert summary['delta'] <= 1e-5
+  # Three times chance: the noise is secret (fresh every run), so the bound
+  # leaves room below the 0.61-0.78 measured in four runs.
+  assert summary['final_eval_accuracy'] > 0.3, summary

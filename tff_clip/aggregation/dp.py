@@ -168,7 +168,7 @@ class DPBoundingFactory(tff.aggregators.UnweightedAggregationFactory,
         # the `split` fractions: a layer's norm is unknown until estimated,
         # and the 'dim' start (C0 sqrt(d_h / d)) clipped the EMNIST CNN's
         # small layers to 1-9% of their update norms for a whole run
-        # (docs/frontier.md, "Per-layer bounding on the CNN").
+        # (docs/frontier_tuned.md, "Per-layer bounding on the CNN").
         initial = np.full([num_layers], spec.initial_clip_norm /
                           np.sqrt(num_layers), np.float32)
       initial_norms = initial

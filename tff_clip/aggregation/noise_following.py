@@ -29,9 +29,10 @@ Below r = 1.15 the default is therefore TFF's own adaptive clipping at the
 median until round 20, and at 0.1 from then on where its norm has doubled
 since round 10; from 1.15 adaptive clipping at the 0.1 quantile, from 1.6
 adaptive normalization at it, and from 2 adaptive normalization at 0.03.
-The measurements the rule was chosen from are in docs/frontier.md ("A
-default that follows the noise", "The 0.03 quantile where the noise
-dominates", "A median that leaves when the norms run away").
+The measurements the rule was chosen from are in docs/frontier_history_2.md
+("A default that follows the noise") and docs/frontier_history_4.md ("The
+0.03 quantile where the noise dominates", "A median that leaves when the
+norms run away").
 TensorFlow-free.
 
 References:
@@ -58,8 +59,8 @@ __all__ = ['LOWEST_QUANTILE', 'LOWEST_QUANTILE_FROM', 'LOW_QUANTILE',
 
 # Chosen on the validation splits of the frontier's two settings (MNIST
 # logistic regression, d = 7,850, and the digits MLP, d = 2,410; 1,000
-# clients, n = 50, 100 rounds): docs/frontier.md, "A default that follows
-# the noise".
+# clients, n = 50, 100 rounds): docs/frontier_history_2.md, "A default that
+# follows the noise".
 # r from which the target quantile is LOW_QUANTILE (below it, MEDIAN).
 LOW_QUANTILE_FROM = 1.15
 MEDIAN = 0.5
@@ -145,8 +146,8 @@ def noise_following_quantile(noise_multiplier: float,
   quantile keeps C, and with it the noise z C that enters the weights
   every round, a small fraction of the update norms. It reads only public
   quantities (z, n, d), so it costs no privacy; the rule and the
-  measurements it was chosen from are in docs/frontier.md ("A default that
-  follows the noise").
+  measurements it was chosen from are in docs/frontier_history_2.md ("A
+  default that follows the noise").
   """
   r = noise_to_bound_ratio(noise_multiplier, clients_per_round, dimension)
   if r < LOW_QUANTILE_FROM:
@@ -169,8 +170,8 @@ def noise_following_switch(noise_multiplier: float,
   as the model fits them, C grows less than that and the median stays.
   None elsewhere (a lower quantile already, or no noise). The rule reads
   public quantities; the switch reads the released C (post-processing).
-  Chosen in docs/frontier.md, "A median that leaves when the norms run
-  away".
+  Chosen in docs/frontier_history_4.md, "A median that leaves when the
+  norms run away".
   """
   quantile = noise_following_quantile(noise_multiplier, clients_per_round,
                                       dimension)

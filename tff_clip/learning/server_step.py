@@ -2,8 +2,8 @@
 
 Each wraps any TFF optimizer with a learning rate and scales that learning
 rate from the aggregate updates alone, which a DP round releases anyway, so
-neither costs privacy budget (`--server_step`, docs/frontier.md "A server
-step that follows the updates"):
+neither costs privacy budget (`--server_step`, docs/frontier_history_2.md
+"A server step that follows the updates"):
 
 * `oscillation_damped(inner_optimizer)` halves it when the cosine between
   consecutive updates, averaged over rounds, falls further below zero than

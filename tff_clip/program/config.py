@@ -153,8 +153,8 @@ class TrainConfig:
   # Bounding (tff_clip.aggregation.bounding / aggregators / dp).
   # tff_clip's default: clipping or normalization, and the adaptive norm's
   # target quantile, chosen from the run's noise (public numbers only:
-  # `tff_clip.aggregation.noise_following`; docs/frontier.md, "A default
-  # that follows the noise").
+  # `tff_clip.aggregation.noise_following`; docs/frontier_history_2.md, "A
+  # default that follows the noise").
   bounding: str = _field(
       'noise_following', 'How each client update is bounded before '
       'aggregation. noise_following: clip, or normalize where the noise on '
