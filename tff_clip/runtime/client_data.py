@@ -158,7 +158,12 @@ class ClientDatasets:
                batched: bool = False):
     self._seed = seed
     self._batched = batched
-    self._index_batches = None
+    self._index_build = None
+    # The population store (`_stored`): host arrays, offsets per client.
+    self._store = None
+    self._store_structure = None
+    self._offsets = {}
+    self._store_len = 0
     self._local_steps = local_steps
     self._max_cached_bytes = max_cached_bytes
     self._cached_bytes = 0
@@ -262,6 +267,16 @@ class ClientDatasets:
     if client_id in self._examples:
       self._examples.move_to_end(client_id)
       return self._examples[client_id]
+    examples = self._read_examples(client_id)
+    self._examples[client_id] = examples
+    self._cached_bytes += _nbytes(examples)
+    while self._cached_bytes > self._max_cached_bytes and self._examples:
+      _, dropped = self._examples.popitem(last=False)
+      self._cached_bytes -= _nbytes(dropped)
+    return examples
+
+  def _read_examples(self, client_id):
+    """Client `client_id`'s examples, mapped, as tensors (not kept)."""
     client_arrays = getattr(self._train_data, 'client_arrays', None)
     if client_arrays is not None:  # In memory: no `tf.data` to stack them.
       # In the structure `tf.data` gives (it makes lists tuples).
@@ -272,11 +287,6 @@ class ClientDatasets:
     else:
       examples = self._stack_mapped(
           self._train_data.create_tf_dataset_for_client(client_id))
-    self._examples[client_id] = examples
-    self._cached_bytes += _nbytes(examples)
-    while self._cached_bytes > self._max_cached_bytes and self._examples:
-      _, dropped = self._examples.popitem(last=False)
-      self._cached_bytes -= _nbytes(dropped)
     return examples
 
   def datasets(self, cohort: Sequence[Any],
@@ -300,69 +310,192 @@ class ClientDatasets:
     buffer = self._preprocess._shuffle_buffer  # pylint: disable=protected-access
     return buffer is None or buffer <= 1
 
-  def _index_pipeline(self, sizes, seeds, seeds2, bounds):
-    """[C, S, B] example indices (-1: padding): each client's batches of
-    `dataset` as positions in its examples."""
-    batch_size = int(self._preprocess.spec.batch_size)
-
-    def client(i, rows, steps):
-      indices = tf.range(sizes[i], dtype=tf.int64)
-      batches = self._pipeline(indices, seeds[i], seeds2[i])
-      padded = batches.padded_batch(
-          bounds[i], padded_shapes=[batch_size],
-          padding_values=tf.constant(-1, tf.int64)).concatenate(
-              tf.data.Dataset.from_tensors(
-                  tf.fill([0, batch_size], tf.constant(-1, tf.int64))))
-      matrix = tf.data.experimental.get_single_element(
-          padded.take(1).with_options(_plain_options()))
-      return (i + 1, rows.write(i, matrix),
-              steps.write(i, tf.shape(matrix, out_type=tf.int64)[0]))
-
-    count = tf.shape(sizes)[0]
-    _, rows, steps = tf.while_loop(
-        lambda i, *_: i < count, client,
-        (tf.constant(0),
-         tf.TensorArray(tf.int64, size=count, infer_shape=False,
-                        element_shape=tf.TensorShape([None, batch_size])),
-         tf.TensorArray(tf.int64, size=count)))
-    lengths = steps.stack()
-    values = rows.concat()
-    return tf.RaggedTensor.from_row_lengths(values, lengths).to_tensor(
-        default_value=-1, shape=[None, None, batch_size])
+  def _stored(self, cohort):
+    """(offsets, sizes) of `cohort`'s examples in the population store: every
+    client's mapped examples as rows of host arrays, appended the first
+    time it is sampled (kept within `max_cached_bytes`, emptied when full)."""
+    missing = [c for c in dict.fromkeys(cohort) if c not in self._offsets]
+    if missing:
+      read = [self._read_examples(client_id) for client_id in missing]
+      parts = [[np.asarray(t) for t in tf.nest.flatten(e)] for e in read]
+      new_bytes = sum(a.nbytes for part in parts for a in part)
+      if self._store is not None and (
+          sum(a[:self._store_len].nbytes for a in self._store) + new_bytes >
+          self._max_cached_bytes):
+        self._store, self._offsets, self._store_len = None, {}, 0  # Full.
+        return self._stored(cohort)
+      if self._store_structure is None:
+        self._store_structure = read[0]
+      start = self._store_len
+      count = sum(len(part[0]) for part in parts)
+      if self._store is None or start + count > len(self._store[0]):
+        # Room doubles: each example is copied O(1) times on average.
+        room = max(2 * (start + count), 1024)
+        grown = [np.empty((room, *a.shape[1:]), a.dtype) for a in parts[0]]
+        if self._store is not None:
+          for new, old in zip(grown, self._store):
+            new[:start] = old[:start]
+        self._store = grown
+      for client_id, part in zip(missing, parts):
+        size = len(part[0])
+        for leaf, a in zip(self._store, part):
+          leaf[start:start + size] = a
+        self._offsets[client_id] = (start, size)
+        start += size
+      self._store_len = start
+    spans = np.array([self._offsets[c] for c in cohort],
+                     np.int64).reshape(-1, 2)
+    return spans[:, 0], spans[:, 1]
 
   def cohort_batches(self, cohort: Sequence[Any], round_num: int):
-    """(examples, index): the cohort's examples concatenated in cohort order
-    (a structure of [N, ...] tensors) and [C, S, B] indices into them, -1
-    for padding: client c's batch s of round `round_num` is
-    `examples[index[c, s][index[c, s] >= 0]]`, the batch its `dataset`
-    yields (needs `can_batch`)."""
-    if self._index_batches is None:
-      self._index_batches = tf.function(self._index_pipeline, input_signature=[
-          tf.TensorSpec([None], tf.int64)] * 4)
-    parts = [self._cached_examples(client_id) for client_id in cohort]
-    sizes = [int(tf.shape(tf.nest.flatten(e)[0])[0]) for e in parts]
-    pairs = [_seed_pair(round_seed(self._seed, round_num, client_id))
-             for client_id in cohort]
-    # At most this many batches a client (each holds an example; padded
-    # batches of this size are allocated whole).
-    if self._local_steps is not None:
-      bounds = [self._local_steps] * len(sizes)
+    """(examples, index): a structure of [N, ...] example tensors and [C, S,
+    B] indices into them, -1 for padding: client c's batch s of round
+    `round_num` is `examples[index[c, s][index[c, s] >= 0]]`, the batch its
+    `dataset` yields (needs `can_batch`).
+
+    No `tf.data`: the clients' shuffles are drawn as tf.data's shuffle draws
+    them (`_shuffled_batches`) for all clients at once, and the examples
+    gathered from the population store in one host gather per leaf.
+    """
+    cohort = list(cohort)
+    offsets, sizes = self._stored(cohort)
+    spec = self._preprocess.spec
+    pairs = np.array([_seed_pair(round_seed(self._seed, round_num, client_id))
+                      for client_id in cohort], np.int64).reshape(-1, 2)
+    if len(cohort) and sizes.max() > SHUFFLE_BUFFER:
+      local = self._index_with_tf_data(sizes, pairs)
     else:
-      bounds = [max(1, n * int(self._preprocess.spec.num_epochs))
-                for n in sizes]
-    index = self._index_batches(
-        tf.constant(sizes, tf.int64),
-        tf.constant([p[0] for p in pairs], tf.int64),
-        tf.constant([p[1] for p in pairs], tf.int64),
-        tf.constant(bounds, tf.int64))
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    index = tf.where(index >= 0, index + offsets[:, np.newaxis, np.newaxis]
-                     if sizes else index, index)
-    if not parts:  # No examples, in the structure of the cached ones.
-      return tf.nest.map_structure(
+      local = _shuffled_batches(
+          pairs, sizes, int(spec.batch_size), int(spec.num_epochs),
+          spec.max_elements, self._local_steps)
+    mask = local >= 0
+    rows = np.where(mask, local + offsets[:, None, None], 0).reshape(-1)
+    if not self._store_len:
+      examples = tf.nest.map_structure(
           lambda s: tf.zeros([0, *s.shape[1:]], s.dtype),
-          self._build.input_signature[0]), index
-    return tf.nest.map_structure(lambda *t: tf.concat(t, 0), *parts), index
+          self._build.input_signature[0])
+      return examples, tf.constant(local)
+    examples = tf.nest.pack_sequence_as(
+        self._store_structure,
+        [tf.constant(leaf[rows]) for leaf in self._store])
+    index = np.where(mask, np.arange(rows.size).reshape(local.shape), -1)
+    return examples, tf.constant(index)
+
+  def _index_with_tf_data(self, sizes, pairs):
+    """`_shuffled_batches` by running each client's `tf.data` pipeline on
+    its positions (clients above the shuffle buffer)."""
+    batch_size = int(self._preprocess.spec.batch_size)
+    rows = []
+    for n, (seed, seed2) in zip(sizes, pairs):
+      rows.append([b.numpy() for b in self._index_dataset(n, seed, seed2)])
+    steps = max([len(b) for b in rows] + [0])
+    index = np.full([len(rows), steps, batch_size], -1, np.int64)
+    for c, batches in enumerate(rows):
+      for s, b in enumerate(batches):
+        index[c, s, :len(b)] = b
+    return index
+
+  def _index_dataset(self, n, seed, seed2):
+    if self._index_build is None:
+      self._index_build = tf.function(self._pipeline, input_signature=[
+          tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64),
+          tf.TensorSpec([], tf.int64)])
+    return self._index_build(tf.range(n, dtype=tf.int64), seed, seed2)
+
+
+# ----------------------------------------------------------------------------
+# tf.data's shuffle, drawn as tf.data draws it, for a whole cohort at once.
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+def _philox(counter, key):
+  """Philox4x32-10 (TF's `random::PhiloxRandom`) on [N] uint64 words."""
+  c = list(counter)
+  k0, k1 = key
+  for _ in range(10):
+    p0 = np.uint64(0xD2511F53) * c[0]
+    p1 = np.uint64(0xCD9E8D57) * c[2]
+    c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & _MASK32,
+         (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & _MASK32]
+    k0 = (k0 + np.uint64(0x9E3779B9)) & _MASK32
+    k1 = (k1 + np.uint64(0xBB67AE85)) & _MASK32
+  return c
+
+
+def _philox_stream(seed, seed2, count: int) -> np.ndarray:
+  """[N, count]: the first `count` draws of TF's
+  `SingleSampleAdapter<PhiloxRandom>(seed, seed2)`, one row per seed pair."""
+  seed = np.asarray(seed).astype(np.uint64)
+  seed2 = np.asarray(seed2).astype(np.uint64)
+  key = (seed & _MASK32, seed >> np.uint64(32))
+  words = []
+  for block in range(-(-count // 4)):
+    words.extend(_philox(
+        (np.full(seed.shape, block, np.uint64), np.zeros(seed.shape, np.uint64),
+         seed2 & _MASK32, seed2 >> np.uint64(32)), key))
+  if not words:
+    return np.zeros([seed.shape[0], 0], np.uint64)
+  return np.stack(words, 1)[:, :count]
+
+
+def _shuffled_batches(pairs, sizes, batch_size: int, num_epochs: int,
+                      max_elements, local_steps) -> np.ndarray:
+  """[C, S, B] positions (-1: padding) of each client's batches: what
+  `ClientDatasets._pipeline` on `range(n)` yields, for clients of at most
+  `SHUFFLE_BUFFER` examples, computed for all clients at once.
+
+  tf.data's `ShuffleDatasetV3` (reshuffle each iteration) draws each
+  iteration's seeds from a Philox stream keyed by the dataset's seed pair
+  (two draws an iteration), then, with the whole client in its buffer, picks
+  the k-th element at `k + draw_k % (n - k)` of the buffer and swaps it to
+  position k. Each epoch (`num_epochs`), and each pass of `local_steps`'s
+  repeat, is a new iteration; iterations start only when an element of them
+  is asked for. `tests/test_client_data.py` checks the draws against
+  tf.data's.
+  """
+  sizes = np.asarray(sizes, np.int64)
+  num_clients = len(sizes)
+  epoch_elements = sizes * num_epochs
+  pass_len = (epoch_elements if max_elements is None else
+              np.minimum(epoch_elements, max_elements))
+  per_pass = -(-pass_len // batch_size)  # Batches in one pass.
+  if local_steps is None:
+    steps = per_pass
+  else:
+    steps = np.where(per_pass > 0, local_steps, 0)
+  width = int(steps.max()) if num_clients else 0
+  step = np.arange(width)[None, :, None]
+  slot = np.arange(batch_size)[None, None, :]
+  safe_per_pass = np.maximum(per_pass, 1)[:, None, None]
+  passes = step // safe_per_pass
+  t = (step % safe_per_pass) * batch_size + slot  # Position in the pass.
+  valid = (step < steps[:, None, None]) & (t < pass_len[:, None, None])
+  n = np.maximum(sizes, 1)[:, None, None]
+  epochs_per_pass = -(-pass_len // np.maximum(sizes, 1))
+  epoch = passes * epochs_per_pass[:, None, None] + t // n
+  position = t % n
+  if not valid.any():
+    return np.full([num_clients, width, batch_size], -1, np.int64)
+  num_iterations = int(epoch[valid].max()) + 1
+  prefix = int(position[valid].max()) + 1
+  seeds = _philox_stream(pairs[:, 0], pairs[:, 1], 2 * num_iterations)
+  clients = np.arange(num_clients)
+  orders = np.zeros([num_iterations, num_clients, prefix], np.int64)
+  for e in range(num_iterations):
+    draws = _philox_stream(seeds[:, 2 * e], seeds[:, 2 * e + 1], prefix)
+    buffer = np.tile(np.arange(int(sizes.max())), (num_clients, 1))
+    for k in range(prefix):
+      left = np.maximum(sizes - k, 1).astype(np.uint64)
+      pick = k + (draws[:, k] % left).astype(np.int64)
+      pick = np.minimum(pick, buffer.shape[1] - 1)
+      chosen = buffer[clients, pick]
+      orders[e, :, k] = chosen
+      buffer[clients, pick] = buffer[clients, k]
+      buffer[clients, k] = chosen
+  index = orders[np.where(valid, epoch, 0), clients[:, None, None],
+                 np.where(valid, position, 0)]
+  return np.where(valid, index, -1)
 
 
 class CohortDatasets(collections.abc.Sequence):
