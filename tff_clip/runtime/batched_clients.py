@@ -380,10 +380,20 @@ class BatchedRunner:
       out.append(tf.reduce_sum(weight))
       return out
     params = tf.nest.pack_sequence_as(p.params_structure, list(agg_params))
-    records = tf.vectorized_map(
-        lambda delta: tf.nest.flatten(p.query.preprocess_record(
-            params, list(delta))), deltas)
-    out += [tf.reduce_sum(r, axis=0) for r in records]
+    # Client by client, in cohort order, as TFF's `accumulate` sums them (a
+    # loop traces in a fraction of `vectorized_map`'s time, and for a small
+    # model a round runs as fast).
+
+    def record(c, sums):
+      records = tf.nest.flatten(p.query.preprocess_record(
+          params, [d[c] for d in deltas]))
+      return c + 1, [s + r for s, r in zip(sums, records)]
+
+    _, sums = tf.while_loop(
+        lambda c, _: c < num_clients, record,
+        (tf.constant(0), [tf.zeros(s.shape, s.dtype)
+                          for s in p.sample_specs]))
+    out += sums
     return out
 
   def _trace(self, client_input, examples, index):

@@ -315,9 +315,13 @@ class ClientDatasets:
     client's mapped examples as rows of host arrays, appended the first
     time it is sampled (kept within `max_cached_bytes`, emptied when full)."""
     missing = [c for c in dict.fromkeys(cohort) if c not in self._offsets]
+    if missing and self._store is None:
+      # The first round: the whole population if it fits (one map call).
+      population = self._population_ids()
+      if population is not None:
+        missing = list(dict.fromkeys(missing + population))
     if missing:
-      read = [self._read_examples(client_id) for client_id in missing]
-      parts = [[np.asarray(t) for t in tf.nest.flatten(e)] for e in read]
+      read, parts = self._read_many(missing)
       new_bytes = sum(a.nbytes for part in parts for a in part)
       if self._store is not None and (
           sum(a[:self._store_len].nbytes for a in self._store) + new_bytes >
@@ -325,7 +329,7 @@ class ClientDatasets:
         self._store, self._offsets, self._store_len = None, {}, 0  # Full.
         return self._stored(cohort)
       if self._store_structure is None:
-        self._store_structure = read[0]
+        self._store_structure = tf.nest.map_structure(lambda _: None, read)
       start = self._store_len
       count = sum(len(part[0]) for part in parts)
       if self._store is None or start + count > len(self._store[0]):
@@ -346,6 +350,36 @@ class ClientDatasets:
     spans = np.array([self._offsets[c] for c in cohort],
                      np.int64).reshape(-1, 2)
     return spans[:, 0], spans[:, 1]
+
+  def _population_ids(self):
+    """Every client's id, if their examples are numpy arrays that fit in
+    `max_cached_bytes` (else None)."""
+    client_arrays = getattr(self._train_data, 'client_arrays', None)
+    if client_arrays is None:
+      return None
+    ids = list(self._train_data.client_ids)
+    total = sum(np.asarray(a).nbytes for c in ids
+                for a in tf.nest.flatten(client_arrays(c)))
+    return ids if total <= self._max_cached_bytes // 2 else None
+
+  def _read_many(self, client_ids):
+    """(first client's examples, [per client: its mapped leaves as numpy]):
+    clients held as numpy arrays are mapped in one call (the map acts on
+    each example alone, so mapping them together maps each)."""
+    client_arrays = getattr(self._train_data, 'client_arrays', None)
+    if client_arrays is None or len(client_ids) < 2:
+      read = [self._read_examples(c) for c in client_ids]
+      return read[0], [[np.asarray(t) for t in tf.nest.flatten(e)]
+                       for e in read]
+    raw = [tf.nest.flatten(client_arrays(c)) for c in client_ids]
+    sizes = [len(leaves[0]) for leaves in raw]
+    joined = tf.nest.pack_sequence_as(
+        self._train_data.element_type_structure,
+        [tf.convert_to_tensor(np.concatenate(leaf)) for leaf in zip(*raw)])
+    mapped = self._map_examples(joined)
+    cuts = np.cumsum(sizes)[:-1]
+    leaves = [np.split(np.asarray(t), cuts) for t in tf.nest.flatten(mapped)]
+    return mapped, [list(part) for part in zip(*leaves)]
 
   def cohort_batches(self, cohort: Sequence[Any], round_num: int):
     """(examples, index): a structure of [N, ...] example tensors and [C, S,
