@@ -177,12 +177,18 @@ def test_dense_classifier_without_dp_equals_cpp_runtime():
 # The padded batches.
 
 
-def test_cohort_batches_are_the_datasets_batches():
+@pytest.mark.parametrize('sizes,cohort', [
+    (SIZES, ['4', '0', '3', '2']),
+    # A client above tf.data's shuffle buffer: its batches from tf.data.
+    ((5, client_data.SHUFFLE_BUFFER + 3, 0), ['1', '0', '2']),
+])
+def test_cohort_batches_are_the_datasets_batches(sizes, cohort):
   # Client by client, step by step, the real entries of the padded index
   # are the examples the client's dataset yields, in order.
-  task = _regression_task()
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=[sum(sizes), 3]).astype(np.float32)
+  task = _task(x, x[:, :2], sizes=sizes)
   clients = client_data.ClientDatasets(task, seed=5, batched=True)
-  cohort = ['4', '0', '3', '2']
   examples, index = clients.cohort_batches(cohort, 9)
   datasets = clients.datasets(cohort, 9)
   assert index.shape[0] == len(cohort)

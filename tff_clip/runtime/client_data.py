@@ -28,6 +28,12 @@ the pipeline pays tf.data's static graph rewrites once per iterator. Here:
   and each round's pipeline has no `map` (tf.data instantiates a map's
   function for every iterator, which was most of a small client's cost).
 
+For the batched client path (`batched=True`, `cohort_batches`), no
+`tf.data` runs in a round: the population's examples are held once as host
+arrays with per-client offsets (mapped in one call), each round's shuffles
+are drawn for the whole cohort as tf.data's seeded shuffle draws them
+(`_shuffled_batches`), and the cohort's batches are one gather.
+
 The batches are those of the naive pipeline for the same seed, element for
 element (`tests/test_client_data.py` compares the two on every task). Tasks
 whose examples do not have one fixed shape (which `batch` cannot stack) use
