@@ -220,3 +220,34 @@ def test_examplewise_preprocessing_maps_each_client_once_and_keeps_empty_ones(
   order = np.argsort(x[:, 0])
   np.testing.assert_array_equal(x[order], 2.0 * arrays['x'])
   np.testing.assert_array_equal(y[order], arrays['x'].sum(1, keepdims=True))
+
+
+@pytest.mark.parametrize('sizes,batch_size,num_epochs,max_elements,steps', [
+    ((5, 3, 7, 0, 11, 2), 2, 1, None, None),
+    ((5, 3, 7, 0, 11, 2), 3, 2, None, None),
+    ((5, 3, 7, 0, 11, 2), 2, 3, 8, None),
+    ((5, 3, 7, 0, 11, 2), 2, 1, None, 5),
+    ((60, 1, 1000), 8, 1, None, 1),
+    ((4, 9), 4, 2, 7, 6),
+])
+def test_cohort_shuffles_are_tf_datas(sizes, batch_size, num_epochs,
+                                      max_elements, steps):
+  # The oracle: tf.data's own shuffle, repeats, take and batches on each
+  # client's positions, seed pair by seed pair (the pairs of seeds 0..).
+  pairs = np.array([client_data._seed_pair(s) for s in range(len(sizes))])
+  got = client_data._shuffled_batches(pairs, sizes, batch_size, num_epochs,
+                                      max_elements, steps)
+  for c, n in enumerate(sizes):
+    dataset = tf.data.Dataset.range(n).shuffle(
+        client_data.SHUFFLE_BUFFER, seed=c, reshuffle_each_iteration=True)
+    dataset = dataset.repeat(num_epochs)
+    if max_elements is not None:
+      dataset = dataset.take(max_elements)
+    dataset = dataset.batch(batch_size)
+    if steps is not None:
+      dataset = dataset.repeat().take(steps)
+    want = [b.numpy() for b in dataset]
+    rows = [row[row >= 0] for row in got[c] if (row >= 0).any()]
+    assert len(rows) == len(want), c
+    for row, batch in zip(rows, want):
+      np.testing.assert_array_equal(row, batch)

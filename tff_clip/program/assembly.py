@@ -475,9 +475,10 @@ class Session:
     else:
       self.process = cached
     self.test_data = _eval_dataset(self.task, config.eval_split)
-    from tff_clip.runtime import client_data  # pylint: disable=g-import-not-at-top
-    self.client_datasets = client_data.ClientDatasets(
-        self.task, config.seed, config.local_steps)
+    from tff_clip.program import client_execution  # pylint: disable=g-import-not-at-top
+    self.client_datasets, self.process, self.client_execution = (
+        client_execution.clients(config, self.task, self.process,
+                                 self.noise_multiplier, server_parts))
 
   def initial_state(self):
     return self.process.set_model_weights(self.process.initialize(),

@@ -40,11 +40,13 @@ CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
 SERVER_STEPS = ('auto', 'damped', 'held', 'fixed')
 EXECUTORS = ('inprocess', 'local', 'gpu', 'remote')
+CLIENT_EXECUTIONS = ('auto', 'batched', 'per_client')
 DATA_SOURCES = ('offline', 'online', 'synthetic')
 EVAL_SPLITS = ('test', 'validation')
 
 # How a run is executed, not what it computes: these may change on resume.
-EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'workers',
+EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'client_execution',
+                  'workers',
                   'worker_timeout_s', 'progress', 'root_output_dir',
                   'checkpoint_interval_s')
 
@@ -241,6 +243,9 @@ class TrainConfig:
       None, 'Clients trained at once: the in-process executor\'s threads '
       '(default: one per CPU core, at most 4), the local worker\'s limit '
       '(default: none).')
+  client_execution: str = _field(
+      'auto', "batched: a round's clients in one TensorFlow call; per_client: "
+      'one by one; auto: batched where the run allows it.', CLIENT_EXECUTIONS)
   workers: tuple = _field((), 'Remote executor: host:port of each TFF '
                           'worker_binary, comma-separated.')
   worker_timeout_s: float = _field(

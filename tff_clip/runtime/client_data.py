@@ -28,6 +28,12 @@ the pipeline pays tf.data's static graph rewrites once per iterator. Here:
   and each round's pipeline has no `map` (tf.data instantiates a map's
   function for every iterator, which was most of a small client's cost).
 
+For the batched client path (`batched=True`, `cohort_batches`), no
+`tf.data` runs in a round: the population's examples are held once as host
+arrays with per-client offsets (mapped in one call), each round's shuffles
+are drawn for the whole cohort as tf.data's seeded shuffle draws them
+(`_shuffled_batches`), and the cohort's batches are one gather.
+
 The batches are those of the naive pipeline for the same seed, element for
 element (`tests/test_client_data.py` compares the two on every task). Tasks
 whose examples do not have one fixed shape (which `batch` cannot stack) use
@@ -41,6 +47,7 @@ References:
 from __future__ import annotations
 
 import collections
+import collections.abc
 import zlib
 from typing import Any, Optional, Sequence
 
@@ -48,7 +55,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import random_seed as framework_random_seed  # pylint: disable=g-direct-tensorflow-import
 
-__all__ = ['ClientDatasets', 'ExamplewisePreprocess', 'round_seed']
+__all__ = ['ClientDatasets', 'CohortDatasets', 'ExamplewisePreprocess',
+           'round_seed']
 
 # The shuffle buffer of a client's examples (a full shuffle up to this many).
 SHUFFLE_BUFFER = 1000
@@ -152,8 +160,16 @@ class ClientDatasets:
   """
 
   def __init__(self, task, seed: int, local_steps: Optional[int] = None,
-               max_cached_bytes: int = DEFAULT_MAX_CACHED_BYTES):
+               max_cached_bytes: int = DEFAULT_MAX_CACHED_BYTES,
+               batched: bool = False):
     self._seed = seed
+    self._batched = batched
+    self._index_build = None
+    # The population store (`_stored`): host arrays, offsets per client.
+    self._store = None
+    self._store_structure = None
+    self._offsets = {}
+    self._store_len = 0
     self._local_steps = local_steps
     self._max_cached_bytes = max_cached_bytes
     self._cached_bytes = 0
@@ -257,6 +273,16 @@ class ClientDatasets:
     if client_id in self._examples:
       self._examples.move_to_end(client_id)
       return self._examples[client_id]
+    examples = self._read_examples(client_id)
+    self._examples[client_id] = examples
+    self._cached_bytes += _nbytes(examples)
+    while self._cached_bytes > self._max_cached_bytes and self._examples:
+      _, dropped = self._examples.popitem(last=False)
+      self._cached_bytes -= _nbytes(dropped)
+    return examples
+
+  def _read_examples(self, client_id):
+    """Client `client_id`'s examples, mapped, as tensors (not kept)."""
     client_arrays = getattr(self._train_data, 'client_arrays', None)
     if client_arrays is not None:  # In memory: no `tf.data` to stack them.
       # In the structure `tf.data` gives (it makes lists tuples).
@@ -267,14 +293,276 @@ class ClientDatasets:
     else:
       examples = self._stack_mapped(
           self._train_data.create_tf_dataset_for_client(client_id))
-    self._examples[client_id] = examples
-    self._cached_bytes += _nbytes(examples)
-    while self._cached_bytes > self._max_cached_bytes and self._examples:
-      _, dropped = self._examples.popitem(last=False)
-      self._cached_bytes -= _nbytes(dropped)
     return examples
 
   def datasets(self, cohort: Sequence[Any],
-               round_num: int) -> list[tf.data.Dataset]:
-    """The datasets of `cohort` in round `round_num`, in cohort order."""
+               round_num: int) -> Sequence[tf.data.Dataset]:
+    """The datasets of `cohort` in round `round_num`, in cohort order.
+
+    With `batched` (and examples this class can batch: `can_batch`), a
+    `CohortDatasets`: the same datasets, built only when iterated, and the
+    cohort's batches as padded tensors (`cohort_batches`).
+    """
+    if self._batched and self.can_batch:
+      return CohortDatasets(self, list(cohort), round_num)
     return [self.dataset(client_id, round_num) for client_id in cohort]
+
+  @property
+  def can_batch(self) -> bool:
+    """Whether `cohort_batches` gives the datasets' batches: examples held
+    as tensors, mapped examplewise, batched with no unseeded shuffle."""
+    if not (self._cached and self._examplewise and self._fresh is None):
+      return False
+    buffer = self._preprocess._shuffle_buffer  # pylint: disable=protected-access
+    return buffer is None or buffer <= 1
+
+  def _stored(self, cohort):
+    """(offsets, sizes) of `cohort`'s examples in the population store: every
+    client's mapped examples as rows of host arrays, appended the first
+    time it is sampled (kept within `max_cached_bytes`, emptied when full)."""
+    missing = [c for c in dict.fromkeys(cohort) if c not in self._offsets]
+    if missing and self._store is None:
+      # The first round: the whole population if it fits (one map call).
+      population = self._population_ids()
+      if population is not None:
+        missing = list(dict.fromkeys(missing + population))
+    if missing:
+      read, parts = self._read_many(missing)
+      new_bytes = sum(a.nbytes for part in parts for a in part)
+      if self._store is not None and (
+          sum(a[:self._store_len].nbytes for a in self._store) + new_bytes >
+          self._max_cached_bytes):
+        self._store, self._offsets, self._store_len = None, {}, 0  # Full.
+        return self._stored(cohort)
+      if self._store_structure is None:
+        self._store_structure = tf.nest.map_structure(lambda _: None, read)
+      start = self._store_len
+      count = sum(len(part[0]) for part in parts)
+      if self._store is None or start + count > len(self._store[0]):
+        # Room doubles: each example is copied O(1) times on average.
+        room = max(2 * (start + count), 1024)
+        grown = [np.empty((room, *a.shape[1:]), a.dtype) for a in parts[0]]
+        if self._store is not None:
+          for new, old in zip(grown, self._store):
+            new[:start] = old[:start]
+        self._store = grown
+      for client_id, part in zip(missing, parts):
+        size = len(part[0])
+        for leaf, a in zip(self._store, part):
+          leaf[start:start + size] = a
+        self._offsets[client_id] = (start, size)
+        start += size
+      self._store_len = start
+    spans = np.array([self._offsets[c] for c in cohort],
+                     np.int64).reshape(-1, 2)
+    return spans[:, 0], spans[:, 1]
+
+  def _population_ids(self):
+    """Every client's id, if their examples are numpy arrays that fit in
+    `max_cached_bytes` (else None)."""
+    client_arrays = getattr(self._train_data, 'client_arrays', None)
+    if client_arrays is None:
+      return None
+    ids = list(self._train_data.client_ids)
+    total = sum(np.asarray(a).nbytes for c in ids
+                for a in tf.nest.flatten(client_arrays(c)))
+    return ids if total <= self._max_cached_bytes // 2 else None
+
+  def _read_many(self, client_ids):
+    """(first client's examples, [per client: its mapped leaves as numpy]):
+    clients held as numpy arrays are mapped in one call (the map acts on
+    each example alone, so mapping them together maps each)."""
+    client_arrays = getattr(self._train_data, 'client_arrays', None)
+    if client_arrays is None or len(client_ids) < 2:
+      read = [self._read_examples(c) for c in client_ids]
+      return read[0], [[np.asarray(t) for t in tf.nest.flatten(e)]
+                       for e in read]
+    raw = [tf.nest.flatten(client_arrays(c)) for c in client_ids]
+    sizes = [len(leaves[0]) for leaves in raw]
+    joined = tf.nest.pack_sequence_as(
+        self._train_data.element_type_structure,
+        [tf.convert_to_tensor(np.concatenate(leaf)) for leaf in zip(*raw)])
+    mapped = self._map_examples(joined)
+    cuts = np.cumsum(sizes)[:-1]
+    leaves = [np.split(np.asarray(t), cuts) for t in tf.nest.flatten(mapped)]
+    return mapped, [list(part) for part in zip(*leaves)]
+
+  def cohort_batches(self, cohort: Sequence[Any], round_num: int):
+    """(examples, index): a structure of [N, ...] example tensors and [C, S,
+    B] indices into them, -1 for padding: client c's batch s of round
+    `round_num` is `examples[index[c, s][index[c, s] >= 0]]`, the batch its
+    `dataset` yields (needs `can_batch`).
+
+    No `tf.data`: the clients' shuffles are drawn as tf.data's shuffle draws
+    them (`_shuffled_batches`) for all clients at once, and the examples
+    gathered from the population store in one host gather per leaf.
+    """
+    cohort = list(cohort)
+    offsets, sizes = self._stored(cohort)
+    spec = self._preprocess.spec
+    pairs = np.array([_seed_pair(round_seed(self._seed, round_num, client_id))
+                      for client_id in cohort], np.int64).reshape(-1, 2)
+    if len(cohort) and sizes.max() > SHUFFLE_BUFFER:
+      local = self._index_with_tf_data(sizes, pairs)
+    else:
+      local = _shuffled_batches(
+          pairs, sizes, int(spec.batch_size), int(spec.num_epochs),
+          spec.max_elements, self._local_steps)
+    mask = local >= 0
+    rows = np.where(mask, local + offsets[:, None, None], 0).reshape(-1)
+    if not self._store_len:
+      examples = tf.nest.map_structure(
+          lambda s: tf.zeros([0, *s.shape[1:]], s.dtype),
+          self._build.input_signature[0])
+      return examples, tf.constant(local)
+    examples = tf.nest.pack_sequence_as(
+        self._store_structure,
+        [tf.constant(leaf[rows]) for leaf in self._store])
+    index = np.where(mask, np.arange(rows.size).reshape(local.shape), -1)
+    return examples, tf.constant(index)
+
+  def _index_with_tf_data(self, sizes, pairs):
+    """`_shuffled_batches` by running each client's `tf.data` pipeline on
+    its positions (clients above the shuffle buffer)."""
+    batch_size = int(self._preprocess.spec.batch_size)
+    rows = []
+    for n, (seed, seed2) in zip(sizes, pairs):
+      rows.append([b.numpy() for b in self._index_dataset(n, seed, seed2)])
+    steps = max([len(b) for b in rows] + [0])
+    index = np.full([len(rows), steps, batch_size], -1, np.int64)
+    for c, batches in enumerate(rows):
+      for s, b in enumerate(batches):
+        index[c, s, :len(b)] = b
+    return index
+
+  def _index_dataset(self, n, seed, seed2):
+    if self._index_build is None:
+      self._index_build = tf.function(self._pipeline, input_signature=[
+          tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64),
+          tf.TensorSpec([], tf.int64)])
+    return self._index_build(tf.range(n, dtype=tf.int64), seed, seed2)
+
+
+# ----------------------------------------------------------------------------
+# tf.data's shuffle, drawn as tf.data draws it, for a whole cohort at once.
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+def _philox(counter, key):
+  """Philox4x32-10 (TF's `random::PhiloxRandom`) on [N] uint64 words."""
+  c = list(counter)
+  k0, k1 = key
+  for _ in range(10):
+    p0 = np.uint64(0xD2511F53) * c[0]
+    p1 = np.uint64(0xCD9E8D57) * c[2]
+    c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & _MASK32,
+         (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & _MASK32]
+    k0 = (k0 + np.uint64(0x9E3779B9)) & _MASK32
+    k1 = (k1 + np.uint64(0xBB67AE85)) & _MASK32
+  return c
+
+
+def _philox_stream(seed, seed2, count: int) -> np.ndarray:
+  """[N, count]: the first `count` draws of TF's
+  `SingleSampleAdapter<PhiloxRandom>(seed, seed2)`, one row per seed pair."""
+  seed = np.asarray(seed).astype(np.uint64)
+  seed2 = np.asarray(seed2).astype(np.uint64)
+  key = (seed & _MASK32, seed >> np.uint64(32))
+  words = []
+  for block in range(-(-count // 4)):
+    words.extend(_philox(
+        (np.full(seed.shape, block, np.uint64), np.zeros(seed.shape, np.uint64),
+         seed2 & _MASK32, seed2 >> np.uint64(32)), key))
+  if not words:
+    return np.zeros([seed.shape[0], 0], np.uint64)
+  return np.stack(words, 1)[:, :count]
+
+
+def _shuffled_batches(pairs, sizes, batch_size: int, num_epochs: int,
+                      max_elements, local_steps) -> np.ndarray:
+  """[C, S, B] positions (-1: padding) of each client's batches: what
+  `ClientDatasets._pipeline` on `range(n)` yields, for clients of at most
+  `SHUFFLE_BUFFER` examples, computed for all clients at once.
+
+  tf.data's `ShuffleDatasetV3` (reshuffle each iteration) draws each
+  iteration's seeds from a Philox stream keyed by the dataset's seed pair
+  (two draws an iteration), then, with the whole client in its buffer, picks
+  the k-th element at `k + draw_k % (n - k)` of the buffer and swaps it to
+  position k. Each epoch (`num_epochs`), and each pass of `local_steps`'s
+  repeat, is a new iteration; iterations start only when an element of them
+  is asked for. `tests/test_client_data.py` checks the draws against
+  tf.data's.
+  """
+  sizes = np.asarray(sizes, np.int64)
+  num_clients = len(sizes)
+  epoch_elements = sizes * num_epochs
+  pass_len = (epoch_elements if max_elements is None else
+              np.minimum(epoch_elements, max_elements))
+  per_pass = -(-pass_len // batch_size)  # Batches in one pass.
+  if local_steps is None:
+    steps = per_pass
+  else:
+    steps = np.where(per_pass > 0, local_steps, 0)
+  width = int(steps.max()) if num_clients else 0
+  step = np.arange(width)[None, :, None]
+  slot = np.arange(batch_size)[None, None, :]
+  safe_per_pass = np.maximum(per_pass, 1)[:, None, None]
+  passes = step // safe_per_pass
+  t = (step % safe_per_pass) * batch_size + slot  # Position in the pass.
+  valid = (step < steps[:, None, None]) & (t < pass_len[:, None, None])
+  n = np.maximum(sizes, 1)[:, None, None]
+  epochs_per_pass = -(-pass_len // np.maximum(sizes, 1))
+  epoch = passes * epochs_per_pass[:, None, None] + t // n
+  position = t % n
+  if not valid.any():
+    return np.full([num_clients, width, batch_size], -1, np.int64)
+  num_iterations = int(epoch[valid].max()) + 1
+  prefix = int(position[valid].max()) + 1
+  seeds = _philox_stream(pairs[:, 0], pairs[:, 1], 2 * num_iterations)
+  clients = np.arange(num_clients)
+  orders = np.zeros([num_iterations, num_clients, prefix], np.int64)
+  for e in range(num_iterations):
+    draws = _philox_stream(seeds[:, 2 * e], seeds[:, 2 * e + 1], prefix)
+    buffer = np.tile(np.arange(int(sizes.max())), (num_clients, 1))
+    for k in range(prefix):
+      left = np.maximum(sizes - k, 1).astype(np.uint64)
+      pick = k + (draws[:, k] % left).astype(np.int64)
+      pick = np.minimum(pick, buffer.shape[1] - 1)
+      chosen = buffer[clients, pick]
+      orders[e, :, k] = chosen
+      buffer[clients, pick] = buffer[clients, k]
+      buffer[clients, k] = chosen
+  index = orders[np.where(valid, epoch, 0), clients[:, None, None],
+                 np.where(valid, position, 0)]
+  return np.where(valid, index, -1)
+
+
+class CohortDatasets(collections.abc.Sequence):
+  """`ClientDatasets.datasets` of a cohort, built when first iterated, with
+  the same batches as padded tensors (`cohort_batches()`)."""
+
+  def __init__(self, source: ClientDatasets, cohort: list, round_num: int):
+    self._source = source
+    self.cohort = cohort
+    self.round_num = round_num
+    self._datasets = None
+
+  def _built(self) -> list:
+    if self._datasets is None:
+      self._datasets = [self._source.dataset(client_id, self.round_num)
+                        for client_id in self.cohort]
+    return self._datasets
+
+  def __len__(self):
+    return len(self.cohort)
+
+  def __getitem__(self, i):
+    return self._built()[i]
+
+  def __iter__(self):
+    return iter(self._built())
+
+  def cohort_batches(self):
+    """`ClientDatasets.cohort_batches` of this cohort and round."""
+    return self._source.cohort_batches(self.cohort, self.round_num)

@@ -1,0 +1,241 @@
+"""Specification of the batched client work (`tff_clip.runtime.batched_clients`).
+
+The oracles are the per-client path (`simulation.InProcessRunner`, itself
+pinned to TFF's C++ runtime by tests/test_simulation.py) and TFF's C++
+runtime itself (the conftest's context): the same process, the same
+clients' batches (`client_data.ClientDatasets`, the same seeds) and the same
+noise seed run rounds on both, and every leaf of the state and of the
+metrics must agree to float32 tolerance (the batched path sums the clients
+in another order). The noise key lives in the state, so the DP rounds agree
+only if the noise is drawn once, on the server, from the same key.
+"""
+
+import collections
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clip.aggregation import dp
+from tff_clip.learning import algorithms
+from tff_clip.runtime import batched_clients
+from tff_clip.runtime import client_data
+from tff_clip.runtime import simulation
+from tasks import task as task_lib
+import tiny_model  # pylint: disable=g-bad-import-order
+
+RTOL, ATOL = 1e-5, 1e-6
+# Clients of unequal sizes (odd ones leave a short last batch), one empty.
+SIZES = (5, 3, 7, 0, 11, 2)
+_UNIFORM = tff.learning.ClientWeighting.UNIFORM
+_BY_EXAMPLES = tff.learning.ClientWeighting.NUM_EXAMPLES
+
+
+def _sgd(learning_rate):
+  return tff.learning.optimizers.build_sgdm(learning_rate)
+
+
+def _task(x, y, batch_size=2, sizes=SIZES):
+  indices, start = [], 0
+  for n in sizes:
+    indices.append(np.arange(start, start + n))
+    start += n
+  data = task_lib.client_data_from_arrays(
+      collections.OrderedDict(x=x[:start], y=y[:start]), indices)
+  spec = tff.simulation.baselines.ClientSpec(
+      num_epochs=1, batch_size=batch_size, shuffle_buffer_size=1)
+  preprocess = client_data.ExamplewisePreprocess(lambda e: e, spec)
+  return types.SimpleNamespace(datasets=types.SimpleNamespace(
+      train_data=data, train_preprocess_fn=preprocess))
+
+
+def _regression_task():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=[sum(SIZES), 3]).astype(np.float32)
+  y = (x @ rng.normal(scale=2.0, size=[3, 2])).astype(np.float32)
+  return _task(x, y)
+
+
+def _mlp_model_fn():
+  """Flatten, Dense-relu, Dense-softmax; cross-entropy and accuracy."""
+  def keras_model():
+    tf.keras.utils.set_random_seed(1)
+    return tf.keras.Sequential([
+        tf.keras.layers.Flatten(input_shape=(2, 2)),
+        tf.keras.layers.Dense(5, activation='relu'),
+        tf.keras.layers.Dense(3, activation='softmax'),
+    ])
+  spec = collections.OrderedDict(x=tf.TensorSpec([None, 2, 2], tf.float32),
+                                 y=tf.TensorSpec([None], tf.int32))
+  return task_lib.classification_model_fn(keras_model, spec)
+
+
+def _classification_task():
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=[sum(SIZES), 2, 2]).astype(np.float32)
+  y = rng.integers(0, 3, size=[sum(SIZES)]).astype(np.int32)
+  return _task(x, y, batch_size=3)
+
+
+def _assert_same(actual, expected, what):
+  actual_leaves, expected_leaves = (tf.nest.flatten(t)
+                                    for t in (actual, expected))
+  assert len(actual_leaves) == len(expected_leaves), what
+  for i, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
+    a, e = np.asarray(a), np.asarray(e)
+    if a.dtype.kind == 'f':
+      np.testing.assert_allclose(a, e, rtol=RTOL, atol=ATOL,
+                                 err_msg=f'{what}, leaf {i}')
+    else:
+      np.testing.assert_array_equal(a, e, err_msg=f'{what}, leaf {i}')
+
+
+def _assert_batched_equals_per_client(model_fn, task, aggregator, weighting,
+                                      rounds=2, cpp=False):
+  process = algorithms.build_fedavg(
+      model_fn, client_optimizer=_sgd(0.1), server_optimizer=_sgd(1.0),
+      model_aggregator=aggregator, client_weighting=weighting)
+  runner = simulation.InProcessRunner(process, client_threads=1)
+  batched = batched_clients.BatchedRunner(
+      runner, model_fn, aggregator,
+      client_weighting=weighting or _BY_EXAMPLES)
+  clients = client_data.ClientDatasets(task, seed=3, batched=True)
+  assert clients.can_batch
+  cohort = list(task.datasets.train_data.client_ids)
+  state_per_client = state_batched = state_cpp = runner.initialize()
+  if cpp:
+    state_cpp = process.initialize()
+  for round_num in range(1, rounds + 1):
+    cohort_data = clients.datasets(cohort, round_num)
+    assert hasattr(cohort_data, 'cohort_batches')
+    expected = runner.next(state_per_client, list(cohort_data))
+    actual = batched.next(state_batched,
+                          clients.datasets(cohort, round_num))
+    _assert_same(actual.metrics, expected.metrics, f'round {round_num}')
+    _assert_same(actual.state, expected.state, f'round {round_num}')
+    if cpp:
+      out_cpp = process.next(state_cpp, clients.datasets(cohort, round_num)
+                             ._built())  # pylint: disable=protected-access
+      _assert_same(actual.metrics, out_cpp.metrics, f'round {round_num} C++')
+      _assert_same(actual.state, out_cpp.state, f'round {round_num} C++')
+      state_cpp = out_cpp.state
+    state_per_client, state_batched = expected.state, actual.state
+  return actual
+
+
+def _dp(method, clip_norm, **kwargs):
+  return dp.dp_factory(method, noise_multiplier=0.5, clients_per_round=3.0,
+                       clip_norm=clip_norm, noise_seed=7, **kwargs)
+
+
+# ----------------------------------------------------------------------------
+# Equivalence.
+
+
+@pytest.mark.parametrize('method', ['clip', 'normalize', 'per_layer_clip',
+                                    'per_layer_normalize'])
+def test_dp_bounding_equals_per_client_path(method):
+  # A clip norm the updates exceed (clipping acts) on the regression model.
+  _assert_batched_equals_per_client(tiny_model.model_fn, _regression_task(),
+                                    _dp(method, 0.3), None)
+
+
+@pytest.mark.parametrize('method', ['clip', 'per_layer_normalize'])
+def test_dp_adaptive_bounding_equals_per_client_path(method):
+  # The clipped counts (the quantile's record) go through the same sums.
+  _assert_batched_equals_per_client(tiny_model.model_fn, _regression_task(),
+                                    _dp(method, 'adaptive'), None, rounds=3)
+
+
+@pytest.mark.parametrize('weighting', [_BY_EXAMPLES, _UNIFORM])
+def test_mean_without_dp_equals_per_client_path(weighting):
+  # TFF's weighted mean: sum(w u) and sum(w), by examples or uniform.
+  _assert_batched_equals_per_client(tiny_model.model_fn, _regression_task(),
+                                    None, weighting)
+
+
+def test_dense_classifier_equals_per_client_path_and_cpp_runtime():
+  # Flatten and Dense layers, ReLU and softmax, cross-entropy on logits
+  # recovered from the softmax, the accuracy metric; DP normalization, and
+  # TFF's C++ runtime as a second oracle.
+  output = _assert_batched_equals_per_client(
+      _mlp_model_fn(), _classification_task(), _dp('normalize', 0.2), None,
+      cpp=True)
+  train = output.metrics['client_work']['train']
+  assert train['num_examples'] == sum(SIZES)
+  assert train['num_batches'] == sum(-(-n // 3) for n in SIZES)
+
+
+def test_dense_classifier_without_dp_equals_cpp_runtime():
+  _assert_batched_equals_per_client(_mlp_model_fn(), _classification_task(),
+                                    None, _BY_EXAMPLES, cpp=True)
+
+
+# ----------------------------------------------------------------------------
+# The padded batches.
+
+
+@pytest.mark.parametrize('sizes,cohort', [
+    (SIZES, ['4', '0', '3', '2']),
+    # A client above tf.data's shuffle buffer: its batches from tf.data.
+    ((5, client_data.SHUFFLE_BUFFER + 3, 0), ['1', '0', '2']),
+])
+def test_cohort_batches_are_the_datasets_batches(sizes, cohort):
+  # Client by client, step by step, the real entries of the padded index
+  # are the examples the client's dataset yields, in order.
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=[sum(sizes), 3]).astype(np.float32)
+  task = _task(x, x[:, :2], sizes=sizes)
+  clients = client_data.ClientDatasets(task, seed=5, batched=True)
+  examples, index = clients.cohort_batches(cohort, 9)
+  datasets = clients.datasets(cohort, 9)
+  assert index.shape[0] == len(cohort)
+  for c, dataset in enumerate(datasets):
+    batches = list(dataset)
+    rows = index[c].numpy()
+    assert sum((row >= 0).any() for row in rows) == len(batches)
+    for s, batch in enumerate(batches):
+      taken = rows[s][rows[s] >= 0]
+      np.testing.assert_array_equal(tf.gather(examples['x'], taken),
+                                    batch['x'])
+
+
+# ----------------------------------------------------------------------------
+# What is refused.
+
+
+def test_conv_model_is_unsupported():
+  def model_fn():
+    keras_model = tf.keras.Sequential([
+        tf.keras.layers.Conv2D(2, 1, input_shape=(2, 2, 1)),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(3, activation='softmax')])
+    return tff.learning.models.from_keras_model(
+        keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(),
+        input_spec=collections.OrderedDict(
+            x=tf.TensorSpec([None, 2, 2, 1], tf.float32),
+            y=tf.TensorSpec([None], tf.int32)))
+  process = algorithms.build_fedavg(
+      model_fn, client_optimizer=_sgd(0.1), server_optimizer=_sgd(1.0))
+  runner = simulation.InProcessRunner(process, client_threads=1)
+  with pytest.raises(batched_clients.Unsupported, match='Conv2D'):
+    batched_clients.BatchedRunner(runner, model_fn)
+
+
+def test_momentum_and_client_noise_are_unsupported():
+  process = algorithms.build_fedavg(
+      tiny_model.model_fn, client_optimizer=_sgd(0.1),
+      server_optimizer=_sgd(1.0))
+  runner = simulation.InProcessRunner(process, client_threads=1)
+  with pytest.raises(batched_clients.Unsupported, match='sgdm'):
+    batched_clients.BatchedRunner(runner, tiny_model.model_fn,
+                                  client_optimizer='sgdm')
+  noisy = _dp('clip', 0.3, noise_placement='client')
+  process = algorithms.build_fedavg(
+      tiny_model.model_fn, client_optimizer=_sgd(0.1),
+      server_optimizer=_sgd(1.0), model_aggregator=noisy)
+  runner = simulation.InProcessRunner(process, client_threads=1)
+  with pytest.raises(batched_clients.Unsupported, match='clients'):
+    batched_clients.BatchedRunner(runner, tiny_model.model_fn, noisy)

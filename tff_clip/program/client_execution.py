@@ -1,0 +1,60 @@
+"""Which path trains a round's clients: batched or client by client.
+
+`clients(config, task, runner, noise_multiplier, server_parts)` gives the run's
+`ClientDatasets` and its runner, wrapped in
+`tff_clip.runtime.batched_clients.BatchedRunner` where `--client_execution`
+and the run allow it. Both paths compute the same rounds (to float rounding:
+the batched path sums the clients in another order), so the path is how a
+run executes, not what it computes (`config.EXECUTION_KEYS`).
+"""
+
+from __future__ import annotations
+
+__all__ = ['clients']
+
+
+def clients(config, task, runner, noise_multiplier, server_parts):
+  """(client datasets, runner, 'batched' or 'per_client').
+
+  `server_parts(config, noise_multiplier)`: the process's (aggregator,
+  server optimizer, client weighting) (`assembly.server_parts`).
+
+  --client_execution=batched on a run the batched path cannot reproduce is
+  a `config.ConfigError` naming why.
+  """
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import batched_clients  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import client_data  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import simulation  # pylint: disable=g-import-not-at-top
+  wanted = config.client_execution
+  datasets = client_data.ClientDatasets(
+      task, config.seed, config.local_steps, batched=wanted != 'per_client')
+  if wanted == 'per_client':
+    return datasets, runner, 'per_client'
+  reason = None
+  if not isinstance(runner, simulation.InProcessRunner):
+    reason = (f"--executor={config.executor} trains the clients on TFF's "
+              'workers')
+  elif config.audit_canaries:
+    reason = "the audit's canaries live in the DP query"
+  elif not datasets.can_batch:
+    reason = "the task's client data cannot be batched as tensors"
+  else:
+    aggregator, _, weighting = server_parts(config, noise_multiplier)
+    options = any(v is not None for v in (
+        config.local_clip_norm, config.blur_strength, config.lus_sparsity))
+    try:
+      batched = batched_clients.BatchedRunner(
+          runner, task.model_fn, aggregator, config.client_optimizer,
+          weighting or tff.learning.ClientWeighting.NUM_EXAMPLES,
+          client_options=options)
+      return datasets, batched, 'batched'
+    except batched_clients.Unsupported as e:
+      reason = str(e)
+  if wanted == 'batched':
+    raise config_lib.ConfigError(
+        f'--client_execution=batched: {reason}; use --client_execution=auto '
+        'or per_client.')
+  datasets = client_data.ClientDatasets(task, config.seed, config.local_steps)
+  return datasets, runner, 'per_client'

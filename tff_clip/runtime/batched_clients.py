@@ -1,0 +1,420 @@
+"""A round's client work as one TensorFlow call over the whole cohort.
+
+`InProcessRunner.next` calls the `MapReduceForm`'s `work` once per client and
+`accumulate` once per client: for a small model most of a round is Python's
+overhead around those small calls (docs/benchmarks.md, "Where a frontier
+training's time goes"). `BatchedRunner` computes what `work`, `accumulate` and
+`report` compute together, the pre-noise aggregate of the round, in one
+`tf.function` over the cohort's examples as padded tensors with a client
+axis, and hands it to the form's own `update`, which adds the DP noise with
+the secret key in the server state, moves the adaptive norms and takes the
+server step exactly as on the per-client path:
+
+  prepare(state)  -- the form's graph, unchanged (the client input)
+  one call:  the clients' batches [C, S, B, ...] with masks;
+             S local SGD steps on all C clients at once (explicit batched
+             matrix products; a padded example contributes nothing, a
+             client takes exactly as many steps as it has batches);
+             the model deltas (zeroed when not finite, as TFF does), the
+             training metrics' sums, then the aggregator's client half on
+             every client (the DP query's own `preprocess_record`:
+             `tff_clip.aggregation.bounding` with its exact norm guarantee)
+             and the sums over the clients
+  update(state, aggregate)  -- the form's graph, unchanged (noise, server)
+
+What is supported (`check_supported` says why not, in one line):
+
+* models from `tff.learning.models.from_keras_model` whose Keras model is a
+  chain of `Flatten`, `Reshape`, `InputLayer`, `Dense` (any Keras
+  activation) and `Activation` layers, with no non-trainable weights and no
+  regularization losses, one loss (a Keras `LossFunctionWrapper`, e.g.
+  sparse categorical cross-entropy or mean squared error) and metrics that
+  are `MeanMetricWrapper`s (e.g. `SparseCategoricalAccuracy`);
+* plain SGD on the client (`tff.learning.optimizers.build_sgdm(lr)`), TFF's
+  model-delta client work (no BLUR, LUS, model or local clipping);
+* the aggregators `tff_clip.aggregation.dp.DPBoundingFactory` (the four
+  boundings, fixed or adaptive norms, central noise, the default record
+  sum) and TFF's default `MeanFactory` (no bounding, no DP);
+* the clients' data of `tff_clip.runtime.client_data.ClientDatasets` with
+  an examplewise preprocessing (`cohort_batches`): the same batches, from the
+  same `tf.data` shuffles and seeds, as the datasets the per-client path
+  iterates.
+
+Anything else runs on the per-client path (`--client_execution=auto`), or is
+refused (`batched`). The aggregate equals the per-client path's to float
+tolerance (the clients' sums are taken in another order):
+`tests/test_batched_clients.py`.
+"""
+
+from __future__ import annotations
+
+import collections
+import collections.abc
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clip.runtime import tf_graphs
+
+__all__ = ['CLIENT_EXECUTIONS', 'BatchedRunner', 'Unsupported',
+           'check_supported']
+
+# --client_execution: the batched path where the model allows it, or
+# either path forced.
+CLIENT_EXECUTIONS = ('auto', 'batched', 'per_client')
+
+
+class Unsupported(ValueError):
+  """The batched path cannot reproduce this round exactly (why, in one line)."""
+
+
+# ----------------------------------------------------------------------------
+# The model as a function of stacked weights.
+
+_PASSTHROUGH = ('InputLayer',)
+
+
+def _keras_parts(model):
+  """(keras model, loss object, metrics) of a `from_keras_model` model."""
+  keras_model = getattr(model, '_keras_model', None)
+  loss_fns = getattr(model, '_loss_fns', None)
+  if keras_model is None or loss_fns is None:
+    raise Unsupported('the model is not TFF\'s `from_keras_model`')
+  if len(loss_fns) != 1:
+    raise Unsupported('the model has more than one loss')
+  loss = loss_fns[0]
+  if not isinstance(loss, tf.keras.losses.Loss) or not hasattr(loss, 'fn'):
+    raise Unsupported(f'the loss {loss!r} is not a Keras LossFunctionWrapper')
+  if loss.reduction not in (tf.keras.losses.Reduction.AUTO,
+                            tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE):
+    raise Unsupported(f'the loss reduces by {loss.reduction!r}')
+  if keras_model.losses:
+    raise Unsupported('the Keras model has regularization losses')
+  if keras_model.non_trainable_weights:
+    raise Unsupported('the Keras model has non-trainable weights')
+  return keras_model, loss, model.get_metrics()
+
+
+def _layer_plan(keras_model) -> list:
+  """[(kind, layer, weight indices)] in the order the model applies them."""
+  index = {id(v): i for i, v in enumerate(keras_model.trainable_weights)}
+  plan = []
+  for layer in keras_model.layers:
+    kind = type(layer).__name__
+    if kind in _PASSTHROUGH:
+      continue
+    if kind == 'Dense':
+      plan.append(('dense', layer, [index[id(layer.kernel)]] +
+                   ([index[id(layer.bias)]] if layer.use_bias else [])))
+    elif kind in ('Flatten', 'Reshape', 'Activation'):
+      plan.append((kind.lower(), layer, []))
+    else:
+      raise Unsupported(f'the model has a {kind} layer')
+  inbound = getattr(keras_model, '_self_tracked_trackables', None)
+  del inbound
+  if not isinstance(keras_model, tf.keras.Sequential):
+    raise Unsupported('the Keras model is not a Sequential chain')
+  return plan
+
+
+def _forward(plan, weights, x):
+  """Predictions [C, B, ...] of each client's model (weights [C, ...])."""
+  for kind, layer, ix in plan:
+    if kind == 'flatten':
+      x = tf.reshape(x, tf.concat([tf.shape(x)[:2], [-1]], 0))
+    elif kind == 'reshape':
+      x = tf.reshape(x, tf.concat([tf.shape(x)[:2],
+                                   list(layer.target_shape)], 0))
+    elif kind == 'activation':
+      x = layer.activation(x)
+    else:  # dense
+      if x.shape.rank != 3:
+        raise Unsupported('a Dense layer takes inputs of rank > 2')
+      x = tf.einsum('cbi,cio->cbo', x, weights[ix[0]])
+      if len(ix) > 1:
+        x = x + weights[ix[1]][:, tf.newaxis, :]
+      x = layer.activation(x)
+  return x
+
+
+# ----------------------------------------------------------------------------
+# The client input and the aggregate, leaf by leaf.
+
+
+def _names(struct_type):
+  return [name for name, _ in tff.structure.to_elements(struct_type)]
+
+
+def _leaves(type_spec) -> list:
+  if isinstance(type_spec, tff.StructType):
+    return [leaf for _, t in tff.structure.to_elements(type_spec)
+            for leaf in _leaves(t)]
+  return [type_spec]
+
+
+def check_supported(runner, model_fn, aggregator, client_optimizer: str,
+                    client_options: bool = False) -> None:
+  """Raises `Unsupported` (one line) unless `BatchedRunner` can run `runner`'s
+  rounds exactly; see the module docstring."""
+  _Plan(runner, model_fn, aggregator, client_optimizer, client_options)
+
+
+class _Plan:
+  """What the batched round needs of the process, checked."""
+
+  def __init__(self, runner, model_fn, aggregator, client_optimizer,
+               client_options):
+    from tff_clip.aggregation import dp  # pylint: disable=g-import-not-at-top
+    if client_optimizer != 'sgd':
+      raise Unsupported(f'the client optimizer is {client_optimizer}, not sgd')
+    if client_options:
+      raise Unsupported('the client work has options (BLUR, LUS, local or '
+                        'model clipping)')
+    work_type = runner._work.type_signature  # pylint: disable=protected-access
+    if any(_leaves(t) for t in runner._secure_types):  # pylint: disable=protected-access
+      raise Unsupported('the aggregator uses secure sums')
+    client_input_type = work_type.parameter[1]
+    if len(client_input_type) not in (2, 3):
+      raise Unsupported('the client input is not <weights, hparams, '
+                        'aggregator>')
+    weights_type, hparams_type = client_input_type[0], client_input_type[1]
+    agg_params_type = (client_input_type[2] if len(client_input_type) == 3
+                       else tff.StructType([]))
+    if _leaves(weights_type[1]):
+      raise Unsupported('the model has non-trainable weights')
+    if _names(hparams_type) != ['learning_rate']:
+      raise Unsupported('the client optimizer is not plain SGD')
+    self.num_trainable = len(_leaves(weights_type[0]))
+    self.num_agg_params = len(_leaves(agg_params_type))
+    report_type = runner._report.type_signature.result  # pylint: disable=protected-access
+    self.report_type = report_type
+    metrics_type = report_type[0]
+    self.metric_names = _names(metrics_type)
+    self.metric_leaves = [len(_leaves(metrics_type[i]))
+                          for i in range(len(metrics_type))]
+
+    with tf.Graph().as_default():
+      model = model_fn()
+      keras_model, self.loss, metrics = _keras_parts(model)
+      self.plan = _layer_plan(keras_model)
+      self.weight_specs = [tf.TensorSpec(v.shape, v.dtype)
+                           for v in keras_model.trainable_weights]
+      self.metrics = {}
+      for metric in metrics:
+        name = metric.name
+        if name in ('loss', 'num_examples', 'num_batches'):
+          continue
+        if not isinstance(metric, tf.keras.metrics.MeanMetricWrapper):
+          raise Unsupported(f'the metric {name} is not a MeanMetricWrapper')
+        self.metrics[name] = metric
+      expected = set(self.metrics) | {'loss', 'num_examples', 'num_batches'}
+      if set(self.metric_names) != expected:
+        raise Unsupported(f'the metrics {self.metric_names} are not the '
+                          f'model\'s {sorted(expected)}')
+      # The type the process created its aggregator for.
+      value_type = weights_type[0]
+      if aggregator is None or isinstance(
+          aggregator, tff.aggregators.MeanFactory):
+        self.query = None
+        if self.num_agg_params or len(report_type) != 3:
+          raise Unsupported('the mean aggregator has another form')
+      elif isinstance(aggregator, dp.DPBoundingFactory):
+        spec = aggregator.spec
+        if aggregator.record_aggregation_factory is not None:
+          raise Unsupported('the DP records are not summed by TFF\'s '
+                            'SumFactory')
+        if spec.noise_placement != 'central':
+          raise Unsupported('the noise is placed on the clients')
+        self.query = aggregator.build_query(value_type)
+        self.params_structure = self.query.derive_sample_params(
+            self.query.initial_global_state())
+        if (len(tf.nest.flatten(self.params_structure)) !=
+            self.num_agg_params or len(report_type) != 2):
+          raise Unsupported('the DP aggregator has another form')
+        template = tff.types.type_to_tf_tensor_specs(value_type)
+        self.sample_specs = [
+            tf.TensorSpec(t.shape, t.dtype) for t in tf.nest.flatten(
+                self.query.initial_sample_state(template))]
+        if [(s.dtype.as_numpy_dtype, tuple(s.shape))
+            for s in self.sample_specs] != [
+                (t.dtype.type, tuple(t.shape))
+                for t in _leaves(report_type[1])]:
+          raise Unsupported('the DP aggregator\'s sums have another form')
+      else:
+        raise Unsupported(
+            f'the aggregator {type(aggregator).__name__} is not tff_clip\'s '
+            'DP factory or TFF\'s mean')
+    self.weighted = self.query is None
+
+
+class BatchedRunner:
+  """`runner` (an `InProcessRunner`) with each round's client work in one call.
+
+  `next(state, cohort)` takes what `ClientDatasets.datasets` returns (a
+  `client_data.CohortDatasets`); any other sequence of datasets runs on the
+  wrapped runner's per-client path. Everything else is the wrapped
+  runner's.
+
+  Args:
+    runner: a `tff_clip.runtime.simulation.InProcessRunner`.
+    model_fn: the process's `model_fn`.
+    aggregator: the process's model aggregator factory (None: TFF's mean).
+    client_optimizer: the client optimizer's name ('sgd' is supported).
+    client_weighting: `tff.learning.ClientWeighting` of a mean aggregator.
+    client_options: whether the client work has BLUR, LUS, local or model
+      clipping (not supported).
+
+  Raises:
+    Unsupported: where the batched path cannot reproduce the round.
+  """
+
+  def __init__(self, runner, model_fn, aggregator=None,
+               client_optimizer: str = 'sgd',
+               client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES,
+               client_options: bool = False):
+    self._runner = runner
+    self._p = _Plan(runner, model_fn, aggregator, client_optimizer,
+                    client_options)
+    self._uniform = client_weighting == tff.learning.ClientWeighting.UNIFORM
+    self._round = None  # Traced on the first batched round.
+
+  def __getattr__(self, name):
+    return getattr(self._runner, name)
+
+  @property
+  def runner(self):
+    """The wrapped per-client runner."""
+    return self._runner
+
+  # --------------------------------------------------------------------------
+
+  def _client_sums(self, client_input, examples, index):
+    """The report's leaves: metrics and the aggregator's client sums."""
+    p = self._p
+    trainable = client_input[:p.num_trainable]
+    learning_rate = client_input[p.num_trainable]
+    agg_params = client_input[p.num_trainable + 1:]
+    mask = index >= 0  # [C, S, B]
+    gather_index = tf.maximum(index, 0)
+    # As TFF's `forward_pass` reads a batch: x and y by key, or in order.
+    if isinstance(examples, collections.abc.Mapping):
+      x_all, y_all = examples['x'], examples['y']
+    else:
+      x_all, y_all = examples[0], examples[1]
+    num_clients = tf.shape(index)[0]
+    num_steps = tf.shape(index)[1]
+    batch_sizes = tf.reduce_sum(tf.cast(mask, tf.int64), axis=2)  # [C, S]
+    weights = [tf.tile(w[tf.newaxis], tf.concat(
+        [[num_clients], tf.ones([w.shape.rank], tf.int32)], 0))
+               for w in trainable]
+
+    metric_names = list(p.metrics)
+    zero_f = tf.zeros([num_clients], tf.float32)
+
+    def step(s, weights, loss_total, loss_count, metric_sums):
+      step_mask = tf.cast(mask[:, s], tf.float32)  # [C, B]
+      x = tf.gather(x_all, gather_index[:, s])
+      y = tf.gather(y_all, gather_index[:, s])
+      size = tf.cast(batch_sizes[:, s], tf.float32)  # [C]
+      with tf.GradientTape() as tape:
+        tape.watch(weights)
+        predictions = _forward(p.plan, weights, x)
+        per_example = tf.cast(p.loss.call(y, predictions), tf.float32)
+        # Keras's SUM_OVER_BATCH_SIZE over the client's real examples.
+        client_loss = tf.math.divide_no_nan(
+            tf.reduce_sum(per_example * step_mask, axis=1), size)
+        total = tf.reduce_sum(client_loss)
+      gradients = tape.gradient(total, weights)
+      weights = [w - tf.reshape(learning_rate, []) * g
+                 for w, g in zip(weights, gradients)]
+      # TFF's loss metric: Mean(batch loss, sample_weight=batch size).
+      loss_total += client_loss * size
+      loss_count += size
+      new_sums = []
+      for name, (total_m, count_m) in zip(metric_names, metric_sums):
+        values = tf.cast(p.metrics[name]._fn(  # pylint: disable=protected-access
+            y, predictions, **p.metrics[name]._fn_kwargs), tf.float32)  # pylint: disable=protected-access
+        new_sums.append((total_m + tf.reduce_sum(values * step_mask, axis=1),
+                         count_m + tf.reduce_sum(step_mask, axis=1)))
+      return s + 1, weights, loss_total, loss_count, new_sums
+
+    _, local, loss_total, loss_count, metric_sums = tf.while_loop(
+        lambda s, *_: s < num_steps, step,
+        (tf.constant(0), weights, zero_f, zero_f,
+         [(zero_f, zero_f) for _ in metric_names]))
+
+    deltas = [w[tf.newaxis] - l for w, l in zip(trainable, local)]
+    # TFF's `zero_all_if_any_non_finite`, client by client.
+    finite = tf.reduce_all(tf.stack([
+        tf.reduce_all(tf.math.is_finite(tf.reshape(d, [num_clients, -1])),
+                      axis=1) for d in deltas]), axis=0)  # [C]
+    deltas = [tf.where(tf.reshape(finite, [-1] + [1] * (d.shape.rank - 1)),
+                       d, tf.zeros_like(d)) for d in deltas]
+    num_examples = tf.reduce_sum(batch_sizes, axis=1)  # [C] int64
+    num_batches = tf.reduce_sum(tf.cast(batch_sizes > 0, tf.int64), axis=1)
+
+    metrics = collections.OrderedDict()
+    for name in p.metric_names:
+      if name == 'loss':
+        metrics[name] = [tf.reduce_sum(loss_total), tf.reduce_sum(loss_count)]
+      elif name == 'num_examples':
+        metrics[name] = [tf.reduce_sum(num_examples)]
+      elif name == 'num_batches':
+        metrics[name] = [tf.reduce_sum(num_batches)]
+      else:
+        total_m, count_m = metric_sums[metric_names.index(name)]
+        metrics[name] = [tf.reduce_sum(total_m), tf.reduce_sum(count_m)]
+    out = [leaf for name in p.metric_names for leaf in metrics[name]]
+
+    if p.query is None:  # TFF's weighted mean: sum(w u), sum(w).
+      if self._uniform:
+        weight = tf.ones([num_clients], tf.float32)
+      else:
+        weight = tf.cast(num_examples, tf.float32)
+      weight = tf.where(finite, weight, tf.zeros_like(weight))
+      out += [tf.reduce_sum(
+          d * tf.reshape(weight, [-1] + [1] * (d.shape.rank - 1)), axis=0)
+              for d in deltas]
+      out.append(tf.reduce_sum(weight))
+      return out
+    params = tf.nest.pack_sequence_as(p.params_structure, list(agg_params))
+    # Client by client, in cohort order, as TFF's `accumulate` sums them (a
+    # loop traces in a fraction of `vectorized_map`'s time, and for a small
+    # model a round runs as fast).
+
+    def record(c, sums):
+      records = tf.nest.flatten(p.query.preprocess_record(
+          params, [d[c] for d in deltas]))
+      return c + 1, [s + r for s, r in zip(sums, records)]
+
+    _, sums = tf.while_loop(
+        lambda c, _: c < num_clients, record,
+        (tf.constant(0), [tf.zeros(s.shape, s.dtype)
+                          for s in p.sample_specs]))
+    out += sums
+    return out
+
+  def _trace(self, client_input, examples, index):
+    self._round = tf.function(self._client_sums).get_concrete_function(
+        [tf.TensorSpec.from_tensor(tf.convert_to_tensor(t))
+         for t in client_input],
+        tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]],
+                                                      t.dtype), examples),
+        tf.TensorSpec([None, None, None], tf.int64))
+
+  def next(self, state, client_datasets):
+    """One round: the process's `next(state, client_datasets)`."""
+    batches = getattr(client_datasets, 'cohort_batches', None)
+    if batches is None:
+      return self._runner.next(state, client_datasets)
+    runner = self._runner
+    examples, index = batches()
+    state_leaves = tf_graphs.flatten_value(state, runner._state_type, [])  # pylint: disable=protected-access
+    client_input = list(runner._prepare(*state_leaves))  # pylint: disable=protected-access
+    if self._round is None:
+      self._trace(client_input, examples, index)
+    report = self._round(client_input, examples, index)
+    result = runner._update(*state_leaves, *report)  # pylint: disable=protected-access
+    return tf_graphs.pack_value(runner._result_type, result)  # pylint: disable=protected-access
