@@ -128,6 +128,28 @@ def _exit_now(code: int) -> None:
     os._exit(code)  # pylint: disable=protected-access
 
 
+def _ascii_numbers(flag_values) -> None:
+  """Numeric absl flags read ASCII digits only, no underscores.
+
+  Python's int() and float() read other scripts' digits ('٣' is 3, a
+  fullwidth '１' is 1) and underscores ('1_0' is 10): on a command line
+  these are typos or look-alikes, refused as `tff_clip.checks.ascii_number`
+  refuses them for the training program's flags.
+  """
+  for flag in flag_values._flags().values():  # pylint: disable=protected-access
+    parser = flag.parser
+    if (isinstance(parser, (flags.FloatParser, flags.IntegerParser)) and
+        not getattr(parser, 'ascii_only', False)):
+      def convert(argument, convert=parser.convert):
+        if isinstance(argument, str) and (not argument.isascii() or
+                                          '_' in argument):
+          raise ValueError(
+              f'not an ASCII number without underscores: {argument!r}')
+        return convert(argument)
+      parser.convert = convert
+      parser.ascii_only = True
+
+
 def run(main, argv=None, interrupted=None, fast_exit=False) -> None:
   """Parses flags, calls `main(argv)` and exits with its code.
 
@@ -151,6 +173,7 @@ def run(main, argv=None, interrupted=None, fast_exit=False) -> None:
       code = 0
     else:
       try:
+        _ascii_numbers(flags.FLAGS)
         rest = flags.FLAGS(argv)
       except flags.Error as e:
         code = fail(f'{e} (see --help)')

@@ -144,6 +144,12 @@ ACCOUNTANT_REFUSED = [
     ('--noise_multiplier=1e300',
      r'`noise_multiplier` = 1e\+300 overflows float32'),
     ('--accountants=', r'`accountants` is empty: name at least one of rdp'),
+    # Python's float() and int() would read these as 1 and 10.
+    ('--noise_multiplier=\uff11',
+     r'--noise_multiplier=\uff11: not an ASCII number without underscores'),
+    ('--rounds=1_0', r'--rounds=1_0: not an ASCII number without underscores'),
+    ('--population_size=\u0663\u0660\u0660\u0660\u0660',
+     r'not an ASCII number without underscores'),
 ]
 
 
