@@ -11,6 +11,7 @@
 
 import dataclasses
 import json
+import re
 import time
 
 import numpy as np
@@ -91,7 +92,8 @@ def test_dp_console_shows_only_released_values(tmp_path, capsys, progress):
                                   progress=progress))
   console = capsys.readouterr()
   shown = console.out + console.err
-  assert 'eps=' in shown and 'acc=' in shown  # Released: shown.
+  # Released: shown, epsilon with its accountant and delta.
+  assert 'acc=' in shown and re.search(r'eps\S* .*\((PLD|RDP), delta ', shown)
   assert 'loss=' not in shown  # The clients' training loss: withheld.
   assert 'round/s' not in shown and 's/round' not in shown  # Timings.
   assert '00:0' not in shown  # tqdm's elapsed and remaining times.

@@ -33,7 +33,9 @@ def clients(config, task, runner, noise_multiplier, server_parts):
   if wanted == 'per_client':
     return datasets, runner, 'per_client'
   reason = None
-  if not isinstance(runner, simulation.InProcessRunner):
+  # Exactly the in-process runner: a SplitRunner (`--executor=local`,
+  # `remote`) subclasses it but trains the clients on TFF's workers.
+  if type(runner) is not simulation.InProcessRunner:  # pylint: disable=unidiomatic-typecheck
     reason = (f"--executor={config.executor} trains the clients on TFF's "
               'workers')
   elif config.audit_canaries:
