@@ -27,7 +27,7 @@ alternating order.
 
 The graph cache is off (`TFF_CLIP_GRAPH_CACHE=off`), as in a fresh clone's
 first run. Then (not with `--quick`) the README main command
-(`scripts.train --flagfile=scripts/flags/digits_demo.flags`, a fresh
+(`scripts.train --flagfile=scripts/flags/digits_demo.cfg`, a fresh
 process) against `python -c "import tensorflow, tensorflow_federated"`,
 both warm (each run once first, untimed), median of `--repeats`.
 """
@@ -140,7 +140,7 @@ def readme_seconds(repeats: int) -> dict:
     a = _command_seconds(imports)
     b = _command_seconds([
         sys.executable, '-m', 'scripts.train',
-        '--flagfile=scripts/flags/digits_demo.flags',
+        '--flagfile=scripts/flags/digits_demo.cfg',
         f'--root_output_dir={root}/{i}', '--progress=false'])
     if i:
       times['import TF + TFF'].append(a)

@@ -1165,3 +1165,48 @@ def test_share_run_never_follows_a_link_into_the_checkpoints(copy, tmp_path):
       assert content != secret
       if path.name != 'model.npz':
         assert not any(key in content for key in keys), path
+
+
+def test_a_ring_with_one_changed_element_is_written_whole_and_loads_exactly(
+    tmp_path):
+  """Only a ring whose every vector 1.. is, byte for byte, the last
+  checkpoint's vector before it is written as one new vector: one changed
+  element in its oldest vector makes the leaf inline, and it loads back as
+  saved."""
+  states, _ = _banded_states(bands=4, rounds=3)
+  changed = [leaf.copy() for leaf in states[2]]
+  ring = 2  # The model's two leaves, then the rings (3 vectors each).
+  changed[ring][-1].flat[7] += 1.0
+  store = checkpoints.Checkpoints(str(tmp_path / 'checkpoints'))
+  store.save(1, states[0], {'model': None})
+  store.save(2, states[1], {'model': None})
+  store.save(3, changed, {'model': None})
+  with np.load(store.path(3)) as data:
+    assert f'leaf_{ring:05d}' in data.files  # Inline, not referred to.
+    assert f'leaf_{ring + 1:05d}' not in data.files  # Shifted: referred to.
+  leaves, _ = checkpoints.Checkpoints(store.directory).load(3)
+  for got, want in zip(leaves, changed, strict=True):
+    assert got.tobytes() == want.tobytes()
+
+
+def test_a_save_hashes_each_leaf_at_most_twice_whatever_its_rows(
+    tmp_path, monkeypatch):
+  """Whether a ring shifted is one hash of a leaf's vectors 1.. and one of
+  its vectors ..-2, not one per vector: a 784 x 10 weight costs two hashes
+  a round, not 784."""
+  calls = [0]
+  real = checkpoints.hashlib.sha256
+
+  def counted(*args):
+    calls[0] += 1
+    return real(*args)
+
+  monkeypatch.setattr(checkpoints.hashlib, 'sha256', counted)
+  rng = np.random.default_rng(0)
+  store = checkpoints.Checkpoints(str(tmp_path / 'checkpoints'))
+  for round_num in (1, 2):
+    state = [rng.normal(size=(784, 10)).astype(np.float32),
+             rng.normal(size=10).astype(np.float32)]
+    calls[0] = 0
+    store.save(round_num, state, {'model': None})
+    assert calls[0] <= 2, (round_num, calls[0])

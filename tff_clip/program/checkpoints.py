@@ -38,15 +38,25 @@ SECRET_FILE_MODE = 0o600
 
 
 def _digest(array: np.ndarray) -> bytes:
-  """SHA-256 of an array's dtype, shape and bytes: whether a ring shifted."""
+  """SHA-256 of an array's dtype, shape and bytes: whether a ring shifted.
+
+  One pass over the bytes of a whole stack of vectors: `_digest(leaf[1:])
+  == _digest(last[:-1])` holds exactly when each of the leaf's vectors 1..
+  is the last leaf's vector before it (same dtype, vector shape and count,
+  same bytes), at the cost of two hashes a leaf, not one a vector."""
   h = hashlib.sha256(f'{array.dtype.str}{array.shape}'.encode())
-  h.update(np.ascontiguousarray(array).tobytes())
+  h.update(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
   return h.digest()
 
 
 def _vectors(leaf: np.ndarray) -> bool:
   """Whether a leaf could be a ring: two or more vectors along axis 0."""
   return leaf.ndim >= 2 and leaf.shape[0] >= 2
+
+
+def _remembered(leaf: np.ndarray, where):
+  """What the next save compares a leaf with (`Checkpoints._last`)."""
+  return (_digest(leaf[:-1]), where) if _vectors(leaf) else None
 
 
 def _slice_refs(data) -> dict[int, list[tuple[int, int]]]:
@@ -88,9 +98,12 @@ class Checkpoints:
   def __init__(self, directory: str, keep: int = 2):
     self.directory = directory
     self._keep = keep
-    # Per leaf of the last checkpoint saved or loaded, per axis-0 vector:
-    # (its digest, (slices file's round, row) or None when written inline).
-    self._last: list[list[tuple[bytes, Optional[tuple[int, int]]]]] = []
+    # Per leaf of the last checkpoint saved or loaded: None when it is no
+    # stack of vectors, else (the digest of its vectors but the last, where
+    # each vector was written: [(slices file's round, row), ...], or None
+    # when the leaf was written inline).
+    self._last: list[Optional[tuple[bytes,
+                                    Optional[list[tuple[int, int]]]]]] = []
 
   def _make_private(self) -> None:
     """Creates the directory (0700), or narrows an existing one and its files.
@@ -138,21 +151,20 @@ class Checkpoints:
     them where they were written."""
     inline, new, flat, last = {}, {}, [], []
     for i, leaf in enumerate(arrays):
-      digests = [_digest(v) for v in leaf] if _vectors(leaf) else []
-      before = self._last[i] if i < len(self._last) else []
-      if (digests and len(before) == len(digests) and
-          digests[1:] == [d for d, _ in before[:-1]]):
-        if all(where is not None for _, where in before[:-1]):
+      before = self._last[i] if i < len(self._last) else None
+      if (_vectors(leaf) and before is not None and
+          _digest(leaf[1:]) == before[0]):
+        if before[1] is not None:
           new[f'leaf_{i:05d}'] = leaf[:1]
-          where = [(round_num, 0)] + [w for _, w in before[:-1]]
+          where = [(round_num, 0)] + before[1][:-1]
         else:  # The ring was inline: its vectors are written here once.
           new[f'leaf_{i:05d}'] = leaf
           where = [(round_num, j) for j in range(len(leaf))]
         flat += [i, len(where)] + [n for pair in where for n in pair]
-        last.append(list(zip(digests, where)))
       else:
         inline[f'leaf_{i:05d}'] = leaf
-        last.append([(d, None) for d in digests])
+        where = None
+      last.append(_remembered(leaf, where))
     return inline, new, flat, last
 
   def save(self, round_num: int, leaves: Sequence[Any],
@@ -226,10 +238,8 @@ class Checkpoints:
     leaves = [stored.get(i) for i in range(len(stored))]
     if any(leaf is None for leaf in leaves):
       raise run_records.RunRecordError(f'{path} is damaged (leaves missing).')
-    self._last = [
-        [(_digest(v), refs[i][j] if i in refs else None)
-         for j, v in enumerate(leaf)] if _vectors(leaf) else []
-        for i, leaf in enumerate(leaves)]
+    self._last = [_remembered(leaf, refs.get(i))
+                  for i, leaf in enumerate(leaves)]
     return leaves, header
 
   def _vectors_of(self, path: str, leaf: int, at: int) -> np.ndarray:
