@@ -29,7 +29,7 @@ from tff_clip.aggregation.baselines import BASELINES, NO_BOUNDING, TFF_GAUSSIAN,
 __all__ = [
     'BOUNDINGS', 'CLIENT_OPTIMIZERS', 'EXECUTION_KEYS', 'EXECUTORS',
     'ConfigError', 'SERVER_OPTIMIZERS', 'TrainConfig', 'blur_clip_norm',
-    'default_experiment_name', 'fields', 'flag_error', 'validate',
+    'check_noise', 'default_experiment_name', 'fields', 'flag_error', 'validate',
 ]
 
 # The --bounding values: tff_clip's registered boundings and the baselines
@@ -461,6 +461,12 @@ def _check_mechanism(config):
     raise flag_error(e) from None
 
 
+def check_noise(config: TrainConfig, noise_multiplier: float) -> None:
+  """`config`'s mechanism checked with z = `noise_multiplier` (calibrated)."""
+  _check_mechanism(dataclasses.replace(
+      config, noise_multiplier=noise_multiplier, target_epsilon=None))
+
+
 def _check_privacy(config):
   _positive(config.target_epsilon, 'target_epsilon', optional=True,
             dtype=np.float64)
@@ -475,7 +481,6 @@ def _check_privacy(config):
 
 
 def _check_training(config):
-  # numpy's seeds (Keras' set_random_seed) are 32-bit.
   _check(checks.integer, config.seed, 'seed', minimum=0, maximum=SEED_MAX)
   _count(config.clients_per_round, 'clients_per_round', optional=True)
   _check(checks.rounds, config.rounds, 'rounds')
