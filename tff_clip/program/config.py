@@ -23,6 +23,7 @@ import numpy as np
 from tff_clip import checks
 from tff_clip import names
 from tff_clip.aggregation import mechanisms
+from tff_clip.aggregation import noise_following
 from tff_clip.aggregation import spec
 from tff_clip.aggregation.baselines import BASELINES, NO_BOUNDING, TFF_GAUSSIAN, TFF_TREE, Baseline, baseline  # pylint: disable=unused-import
 
@@ -159,7 +160,8 @@ class TrainConfig:
   bounding: str = _field(
       'noise_following', 'How each client update is bounded before '
       'aggregation. noise_following: clip, or normalize where the noise on '
-      'the mean update is at least 1.6 C (z sqrt(d) / n >= 1.6); chosen '
+      f'the mean update is at least {noise_following.NORMALIZE_FROM:g} C (z '
+      f'sqrt(d) / n >= {noise_following.NORMALIZE_FROM:g}); chosen '
       "from public numbers, recorded as the run summary's `bounding`.",
       BOUNDINGS)
   # The DP parameters, declared in `tff_clip.aggregation.spec.DPSpec` (`dp_spec`).
