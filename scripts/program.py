@@ -9,7 +9,6 @@ benchmarks and reproductions call. The library (`tff_clip`) never imports
 """
 
 import contextlib
-import dataclasses
 import glob
 import math
 import os
@@ -104,8 +103,7 @@ def _check_population(config):
     noise_multiplier = checks_before_build.resolve_noise_multiplier(
         config, population or config.clients_per_round)
     # The calibrated z, checked as a given one would be (z C, z C / n).
-    config_lib.validate(dataclasses.replace(
-        config, noise_multiplier=noise_multiplier, target_epsilon=None))
+    config_lib.check_noise(config, noise_multiplier)
 
 
 def _check_workers(config):
@@ -215,19 +213,22 @@ def build_task(config: TrainConfig):
     raise ConfigError(f'--task_option (task {config.task!r}): {e}') from e
 
 
-def run(config: TrainConfig, quiet: bool = False):
+def run(config: TrainConfig, quiet: bool = False, *, checked: bool = False):
   """Trains (or resumes, or reports) `config`'s run on its named task.
 
   `quiet`: nothing on stdout (the benchmarks run hundreds of trainings and
-  print one line each); errors still raise.
+  print one line each); errors still raise. `checked`: the caller has run
+  `validate` and `preflight` on `config` already (`scripts.train`), so a
+  command validates its configuration once; else they run here.
   """
-  validate(config)
-  preflight(config)
+  if not checked:
+    validate(config)
+    preflight(config)
   from tff_clip.program import training  # pylint: disable=g-import-not-at-top
   if not quiet:
-    return training.run(config, build_task)
+    return training.run(config, build_task, validated=True)
   with open(os.devnull, 'w') as devnull, contextlib.redirect_stdout(devnull):
-    return training.run(config, build_task)
+    return training.run(config, build_task, validated=True)
 
 
 def format_epsilon(epsilon) -> str:

@@ -208,7 +208,7 @@ def main(argv) -> int:
     logging.set_verbosity(logging.WARNING)  # TF/TFF info logs hide the bar.
   from tff_clip.program import run_records  # pylint: disable=g-import-not-at-top
   try:
-    summary = program.run(config)
+    summary = program.run(config, checked=True)  # `_check`: checked once.
   except config_lib.ConfigError as e:
     return cli.fail(e)
   except run_records.RunRecordError as e:  # Damaged records, full disk.

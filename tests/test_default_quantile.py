@@ -84,14 +84,21 @@ def test_bad_input_is_refused_naming_the_argument(argument, z, n, d):
 def test_a_given_quantile_is_kept_and_none_follows_the_noise():
   base = dict(bounding_method='normalize', noise_multiplier=1.0,
               clients_per_round=8, clip_norm='adaptive')
-  assert spec.DPSpec(**base, target_quantile=0.9).quantile_for(100) == 0.9
-  assert spec.DPSpec(**base, target_quantile=0.0).quantile_for(100) == 0.0
+  def quantile(dimension, **fields):
+    return noise_following.resolve(spec.DPSpec(**base, **fields),
+                        dimension).target_quantile
+
+  assert quantile(100, target_quantile=0.9) == 0.9
+  assert quantile(100, target_quantile=0.0) == 0.0
   # z sqrt(d) / n = 1 x 10 / 8 = 1.25: past the switch, 0.1.
-  assert spec.DPSpec(**base).quantile_for(100) == 0.1
+  assert quantile(100) == 0.1
   # 1 x 20 / 8 = 2.5: past the second switch, 0.03.
-  assert spec.DPSpec(**base).quantile_for(400) == 0.03
+  assert quantile(400) == 0.03
   # 1 x 8 / 8 = 1: below the switch, the median.
-  assert spec.DPSpec(**base).quantile_for(64) == 0.5
+  assert quantile(64) == 0.5
+  # A fixed clip norm tracks no quantile.
+  assert noise_following.resolve(spec.DPSpec(**dict(base, clip_norm=1.0)),
+                      100).target_quantile is None
 
 
 def test_the_default_is_noise_following_and_the_run_records_what_it_chose():
@@ -101,10 +108,10 @@ def test_the_default_is_noise_following_and_the_run_records_what_it_chose():
   base = dict(bounding_method='noise_following', clients_per_round=8,
               clip_norm='adaptive')
   # z sqrt(d) / n = 1.6 x 10 / 8 = 2 >= 1.6, and 1 x 10 / 8 < 1.6.
-  assert spec.DPSpec(**base, noise_multiplier=1.6).bounding_for(100).name == (
-      'normalize')
-  assert spec.DPSpec(**base, noise_multiplier=1.0).bounding_for(100).name == (
-      'clip')
+  assert noise_following.resolve(spec.DPSpec(**base, noise_multiplier=1.6),
+                      100).bounding == 'normalize'
+  assert noise_following.resolve(spec.DPSpec(**base, noise_multiplier=1.0),
+                      100).bounding == 'clip'
 
 
 def _tff_default(function: str, argument: str):

@@ -129,7 +129,8 @@ def test_only_a_quantile_that_follows_the_noise_at_the_median_switches(
   fields = collections.OrderedDict(bounding_method='noise_following',
                                    clients_per_round=N)
   fields.update(spec)
-  assert DPSpec(**fields).switch_for(D) == switch
+  assert noise_following.resolve(DPSpec(**fields), D).quantile_switch == (
+      switch)
 
 
 def test_the_released_target_quantile_moves_in_the_aggregator():

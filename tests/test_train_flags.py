@@ -208,3 +208,42 @@ def test_missing_task_data_is_one_line_saying_where_it_belongs(tmp_path):
        f'--root_output_dir={tmp_path / "runs"}'], timeout=600,
       TFF_CLIP_SHARED_DATA=str(tmp_path / 'nowhere')), tmp_path / 'runs')
   assert 'tinyshakespeare.txt' in line and 'TFF_CLIP_SHARED_DATA' in line
+
+
+# Runs `scripts.train`'s `main` with argv[1:] up to the training, counting
+# the configurations validated: `training.run` stands in for the training
+# and prints how many `config.validate` checked (it imports no TensorFlow).
+_VALIDATIONS = '''
+import sys
+from scripts import train
+from tff_clip.program import config as config_lib
+from tff_clip.program import training
+checked = []
+validate = config_lib.validate
+def counted(config):
+  checked.append(config)
+  validate(config)
+config_lib.validate = counted
+def stand_in(config, task_builder, release_managers=(), *, validated=False):
+  if not validated:
+    training.validate(config)
+  print(len(checked), validated, 'tensorflow' in sys.modules)
+  raise SystemExit(0)
+training.run = stand_in
+train.FLAGS(['scripts.train', *sys.argv[1:]])
+train.main(['scripts.train'])
+'''
+
+
+@pytest.mark.parametrize('noise', ['--noise_multiplier=0.5',
+                                   '--target_epsilon=8'])
+def test_a_command_validates_its_configuration_once(tmp_path, noise):
+  """`scripts.train` checks its flags before TensorFlow loads, and the
+  training it hands them to does not check them again (a calibrated
+  --target_epsilon's noise is checked as the mechanism, not as a second
+  configuration)."""
+  proc = as_a_user.run(['-c', _VALIDATIONS, noise,
+                        f'--root_output_dir={tmp_path / "runs"}'],
+                       timeout=120)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.split() == ['1', 'True', 'False']

@@ -393,12 +393,12 @@ def _scale_leaves(leaves, factors, compute_dtype):
   return out
 
 
-def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate:
+def bound(structure, method, clip_norm=None, budgets=None) -> BoundedUpdate:
   """Bounds `structure` and reports what it did.
 
   Args:
     structure: a (nested) structure of float tensors: one client's update.
-    method: the name of a registered bounding (`tff_clip.aggregation.boundings`):
+    method: a bounding (`tff_clip.aggregation.boundings`) or its registered name:
       'clip' (u * min(1, C/||u||)), 'normalize' (C u / ||u||, Das et al.
       2022 DP-NormFedAvg), 'per_layer_clip' (u_h * min(1, C_h/||u_h||),
       Pelikan et al. 2025) or 'per_layer_normalize' (C_h u_h / ||u_h||).
@@ -414,9 +414,9 @@ def bound(structure, method: str, clip_norm=None, budgets=None) -> BoundedUpdate
   bounder = mechanisms.bounding(method, 'method').resolve(0.0, 1.0, 1)
   per_layer = bounder.per_layer
   if per_layer and budgets is None:
-    raise ValueError(f'`budgets` is required for method {method!r}.')
+    raise ValueError(f'`budgets` is required for method {bounder.name!r}.')
   if not per_layer and clip_norm is None:
-    raise ValueError(f'`clip_norm` is required for method {method!r}.')
+    raise ValueError(f'`clip_norm` is required for method {bounder.name!r}.')
   if not per_layer and not tf.is_tensor(clip_norm):
     checks.positive_float(clip_norm, 'clip_norm')
 

@@ -60,6 +60,7 @@ import tensorflow_privacy as tfp
 from tff_clip.aggregation import aggregators
 from tff_clip.aggregation import bounding
 from tff_clip.aggregation import dp_queries
+from tff_clip.aggregation import noise_following
 from tff_clip.aggregation import spec as spec_lib
 
 # The queries (`tff_clip.aggregation.dp_queries`) are re-exported below.
@@ -132,6 +133,14 @@ class BaseDPBoundingFactory:
     """How bounded records are summed (None: `tff.aggregators.SumFactory`)."""
     return self._record_aggregation_factory
 
+  def resolve(self, value_type) -> noise_following.ResolvedMechanism:
+    """The mechanism that runs for updates of `value_type`
+    (`noise_following.resolve`, with d the number of values in
+    `value_type`): what `build_query` builds from."""
+    leaves = tf.nest.flatten(tff.types.type_to_tf_tensor_specs(value_type))
+    return noise_following.resolve(
+        self._spec, sum(leaf.shape.num_elements() for leaf in leaves))
+
   def build_query(self, value_type) -> tfp.SumAggregationDPQuery:
     """The tensorflow-privacy query `create` wraps, for `value_type`.
 
@@ -142,9 +151,9 @@ class BaseDPBoundingFactory:
     tensor_specs = tff.types.type_to_tf_tensor_specs(value_type)
     leaves = tf.nest.flatten(tensor_specs)
     # The model's size d: with z and n it sets the default bounding and
-    # quantile (`tff_clip.aggregation.noise_following`).
-    dimension = sum(leaf.shape.num_elements() for leaf in leaves)
-    method = spec.bounding_for(dimension).name
+    # quantile (`tff_clip.aggregation.noise_following`), resolved once.
+    resolved = self.resolve(value_type)
+    method = resolved.bounding
     per_layer = spec.per_layer
     num_layers = len(leaves)
     fractions = None
@@ -184,9 +193,9 @@ class BaseDPBoundingFactory:
       count_seed = (None if spec.noise_seed is None else
                     spec.noise_seed + 1)
       estimator = CountQuantileEstimatorQuery(
-          initial, spec.quantile_for(dimension), spec.clip_learning_rate,
+          initial, resolved.target_quantile, spec.clip_learning_rate,
           None if z == 0 else count_stddev, n, geometric_update=True,
-          noise_seed=count_seed, switch=spec.switch_for(dimension))
+          noise_seed=count_seed, switch=resolved.quantile_switch)
       query = AdaptiveBoundedSumQuery(sum_query, estimator,
                                       per_layer_quantiles)
     # The products the mechanism computes, in the dtypes it computes them.

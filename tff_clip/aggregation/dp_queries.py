@@ -138,7 +138,7 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
     """The record's tensor specs (correlated noise keeps past noise)."""
     self._template = template
 
-  def __init__(self, bounding_method: str, clip_norm, noise_multiplier: float,
+  def __init__(self, bounding_method, clip_norm, noise_multiplier: float,
                layer_fractions: Optional[np.ndarray] = None,
                noise_seed: Optional[int] = None,
                noise_placement: str = spec_lib.parameter(
@@ -154,9 +154,9 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
     self._noise = mechanisms.noise_mechanism(
         noise_mechanism, bands, rounds=rounds, separation=separation,
         **options)
-    self._method = bounding_method
-    self._per_layer = mechanisms.bounding(bounding_method,
-                                          'bounding').per_layer
+    # The bounding object (`tff_clip.aggregation.boundings`), or its name.
+    self._method = mechanisms.bounding(bounding_method, 'bounding')
+    self._per_layer = self._method.per_layer
     self._clip_norm = np.asarray(clip_norm, np.float32)
     self._vector = self._clip_norm.ndim == 1
     if self._per_layer and not self._vector and layer_fractions is None:

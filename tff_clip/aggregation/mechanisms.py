@@ -92,8 +92,11 @@ NOISE_MECHANISMS = Registry('noise_mechanism', [
 ])
 
 
-def bounding(name: str, label: str = 'bounding_method') -> boundings.Bounding:
-  """The bounding registered as `name` (ValueError naming `label`)."""
+def bounding(name, label: str = 'bounding_method') -> boundings.Bounding:
+  """The bounding registered as `name` (ValueError naming `label`). A
+  `Bounding` given as `name` is returned as it is."""
+  if isinstance(name, boundings.Bounding):
+    return name
   return BOUNDINGS.get(name, label)()
 
 

@@ -29,6 +29,8 @@ Below r = 1.15 the default is therefore TFF's own adaptive clipping at the
 median until round 20, and at 0.1 from then on where its norm has doubled
 since round 10; from 1.15 adaptive clipping at the 0.1 quantile, from 1.6
 adaptive normalization at it, and from 2 adaptive normalization at 0.03.
+`resolve` applies the rules to a `DPSpec` once (`ResolvedMechanism`): the
+aggregator builds from its result and a run records it.
 The measurements the rule was chosen from are in docs/frontier_history_2.md
 ("A default that follows the noise") and docs/frontier_history_4.md ("The
 0.03 quantile where the noise dominates", "A median that leaves when the
@@ -43,9 +45,11 @@ References:
   Objectives, and with Normalized Client Updates" (normalization).
 """
 
+from __future__ import annotations
+
 import dataclasses
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 
@@ -53,9 +57,10 @@ from tff_clip import checks
 
 __all__ = ['LOWEST_QUANTILE', 'LOWEST_QUANTILE_FROM', 'LOW_QUANTILE',
            'LOW_QUANTILE_FROM', 'MEDIAN', 'NORMALIZE_FROM', 'QuantileSwitch',
-           'SWITCH_GROWTH', 'SWITCH_REFERENCE_ROUND', 'SWITCH_ROUND',
-           'noise_following_bounding', 'noise_following_quantile',
-           'noise_following_switch', 'noise_to_bound_ratio']
+           'ResolvedMechanism', 'SWITCH_GROWTH', 'SWITCH_REFERENCE_ROUND',
+           'SWITCH_ROUND', 'noise_following_bounding',
+           'noise_following_quantile', 'noise_following_switch',
+           'noise_to_bound_ratio', 'resolve']
 
 # Chosen on the validation splits of the frontier's two settings (MNIST
 # logistic regression, d = 7,850, and the digits MLP, d = 2,410; 1,000
@@ -179,3 +184,67 @@ def noise_following_switch(noise_multiplier: float,
     return None
   return QuantileSwitch(SWITCH_REFERENCE_ROUND, SWITCH_ROUND, SWITCH_GROWTH,
                         LOW_QUANTILE)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedMechanism:
+  """What a DP aggregation runs for an update of d numbers, decided once.
+
+  Made by `resolve` (and, for TFF's baselines, by the training program with
+  TFF's own defaults): the bounding that runs (`noise_following` resolved to
+  clip or normalize), the target quantile the adaptive norm tracks (None: no
+  adaptive norm), its `QuantileSwitch` (None: it never moves), and the public
+  numbers they were resolved from: the noise multiplier z (None: a run
+  without DP, bounded as at z = 0), the model's size d and the expected
+  cohort n. `tff_clip.aggregation.dp.DPBoundingFactory` builds its query from
+  it; the training program records `to_dict()` as config.json's `resolved`,
+  which a resumed or reported run compares with what it resolves now.
+  """
+  bounding: str
+  target_quantile: Optional[float]
+  quantile_switch: Optional[QuantileSwitch]
+  noise_multiplier: Optional[float]
+  dimension: int
+  clients_per_round: Union[int, float]
+
+  def to_dict(self) -> dict:
+    """The fields by name, the switch as a dict (JSON as recorded)."""
+    out = {field.name: getattr(self, field.name)
+           for field in dataclasses.fields(self)}
+    if self.quantile_switch is not None:
+      out['quantile_switch'] = dataclasses.asdict(self.quantile_switch)
+    return out
+
+
+def resolve(dp_spec, dimension: int, *,
+            private: bool = True) -> ResolvedMechanism:
+  """The one resolution of `dp_spec`'s defaults for an update of `dimension`.
+
+  `dp_spec` is a `tff_clip.aggregation.spec.DPSpec` (checked already).
+  From the public numbers z (`dp_spec.noise_multiplier`), n
+  (`dp_spec.clients_per_round`) and d (`dimension`) alone, so it costs no
+  privacy: the bounding
+  (`noise_following` chooses clip or normalize), the target quantile (the
+  one given, else the one that follows the noise; None without an adaptive
+  norm) and its switch (only a quantile that follows the noise, with one
+  adaptive norm, has one). `private` False: a run without DP (z must be 0),
+  recorded with noise multiplier None.
+  """
+  d = checks.integer(dimension, 'dimension', minimum=1)
+  z, n = dp_spec.noise_multiplier, dp_spec.clients_per_round
+  if not private and z != 0:
+    raise ValueError(f'`noise_multiplier` = {z:g} in a run without DP '
+                     '(private=False); give 0.')
+  quantile = switch = None
+  if dp_spec.adaptive:
+    quantile = dp_spec.target_quantile
+    if quantile is None:
+      quantile = noise_following_quantile(z, n, d)
+      if not (dp_spec.per_layer and dp_spec.per_layer_quantiles):
+        switch = noise_following_switch(z, n, d)
+  return ResolvedMechanism(
+      bounding=dp_spec.bounding.resolve(z, n, d).name,
+      target_quantile=quantile, quantile_switch=switch,
+      noise_multiplier=z if private else None, dimension=d,
+      # A count as an int (as the training program's flag gives it).
+      clients_per_round=int(n) if float(n).is_integer() else n)

@@ -37,8 +37,6 @@ import numpy as np
 from tff_clip import checks
 from tff_clip.aggregation import blt
 from tff_clip.aggregation import mechanisms
-from tff_clip.aggregation.noise_following import noise_following_quantile
-from tff_clip.aggregation.noise_following import noise_following_switch
 from tff_clip.names import DENOMINATORS, NOISE_PLACEMENTS, SPLITS
 
 __all__ = ['DPSpec', 'ExplicitBudgets', 'MAX_VALUE_NOISE_INFLATION',
@@ -436,32 +434,6 @@ class DPSpec:
   def adaptive(self) -> bool:
     """True when the clip norm tracks a quantile of the client norms."""
     return isinstance(self.clip_norm, str)
-
-  def quantile_for(self, dimension: int) -> float:
-    """The target quantile for an update of `dimension` numbers: the one
-    given, or (None) `noise_following_quantile` of z, n and `dimension`."""
-    if self.target_quantile is not None:
-      return self.target_quantile
-    return noise_following_quantile(self.noise_multiplier,
-                                    self.clients_per_round, dimension)
-
-  def switch_for(self, dimension: int):
-    """The `noise_following.QuantileSwitch` of the adaptive norm (one norm,
-    not per-layer quantiles), or None: only a quantile that follows the
-    noise (`target_quantile` None) has one, `noise_following_switch` of z,
-    n and `dimension`; a quantile given is tracked for the whole run."""
-    if (self.target_quantile is not None or not self.adaptive or
-        (self.per_layer and self.per_layer_quantiles)):
-      return None
-    return noise_following_switch(self.noise_multiplier,
-                                  self.clients_per_round, dimension)
-
-  def bounding_for(self, dimension: int):
-    """The bounding that runs for an update of `dimension` numbers: the one
-    named, or for 'noise_following' the one `noise_following_bounding`
-    chooses from z, n and `dimension`."""
-    return self.bounding.resolve(self.noise_multiplier,
-                                 self.clients_per_round, dimension)
 
   @property
   def per_layer(self) -> bool:

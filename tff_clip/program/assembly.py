@@ -227,7 +227,8 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
     # CE-FedAvg with a moving threshold, noise-free.
     clip_norm = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
         initial_estimate=config.initial_clip_norm,
-        target_quantile=config.dp_spec(0.0).quantile_for(1),  # No noise.
+        target_quantile=resolve_mechanism(  # No noise: d plays no part.
+            config, None, 1).target_quantile,
         learning_rate=config.clip_learning_rate, multiplier=1.0,
         increment=0.0, secure_estimation=False)
   else:
@@ -293,58 +294,36 @@ def _dimension(weights) -> int:
   return sum(int(np.size(v)) for v in weights.trainable)
 
 
-def _tracked_quantile(config: TrainConfig, noise_multiplier,
-                      dimension: int) -> Optional[float]:
-  """The target quantile the run's adaptive norm tracks (None: no adaptive
-  norm): --target_quantile, else TFF's default for a TFF baseline, else
-  `noise_following.noise_following_quantile` of z, n and the model's size d
-  (what `dp.DPBoundingFactory` resolves from the update's type)."""
-  if config.clip_norm != 'adaptive' or config.bounding == config_lib.NO_BOUNDING:
-    return None
-  if config_lib.baseline(config) is not None:
-    return baseline_quantile(config)
-  return config.dp_spec(noise_multiplier or 0.0).quantile_for(dimension)
-
-
-def _tracked_switch(config: TrainConfig, noise_multiplier,
-                    dimension: int) -> Optional[dict]:
-  """The move of the tracked quantile (`noise_following.QuantileSwitch` as
-  a dict), or None: only tff_clip's quantile that follows the noise has one
-  (what `dp.DPBoundingFactory` resolves from the update's type)."""
-  if (_tracked_quantile(config, noise_multiplier, dimension) is None or
-      config_lib.baseline(config) is not None):
-    return None
-  switch = config.dp_spec(noise_multiplier or 0.0).switch_for(dimension)
-  return None if switch is None else dataclasses.asdict(switch)
-
-
-def _resolved_bounding(config: TrainConfig, noise_multiplier,
-                       dimension: int) -> str:
-  """The bounding the run's aggregator applies: --bounding, or for
-  'noise_following' (the default) the one it chooses from z, n and the
-  model's size d (what `dp.DPBoundingFactory` resolves from the update's
-  type)."""
-  if (config.bounding == config_lib.NO_BOUNDING or
-      config_lib.baseline(config) is not None):
-    return config.bounding
-  from tff_clip.aggregation import mechanisms  # pylint: disable=g-import-not-at-top
-  return mechanisms.bounding(config.bounding).resolve(
-      noise_multiplier or 0.0, config.clients_per_round, dimension).name
+def resolve_mechanism(config: TrainConfig, noise_multiplier,
+                      dimension: int):
+  """What the run's aggregator resolves its defaults to, from public numbers
+  (the noise multiplier z, None without DP; the cohort n; the model's size
+  d): `noise_following.resolve` of the run's `DPSpec` (what
+  `dp.DPBoundingFactory` builds from), or for a baseline --bounding its own
+  name and TFF's target quantile (None without an adaptive norm)."""
+  from tff_clip.aggregation import noise_following  # pylint: disable=g-import-not-at-top
+  if config_lib.baseline(config) is None:
+    return noise_following.resolve(config.dp_spec(noise_multiplier or 0.0), dimension,
+                        private=noise_multiplier is not None)
+  adaptive = (config.clip_norm == 'adaptive' and
+              config.bounding != config_lib.NO_BOUNDING)
+  return noise_following.ResolvedMechanism(
+      bounding=config.bounding,
+      target_quantile=baseline_quantile(config) if adaptive else None,
+      quantile_switch=None, noise_multiplier=noise_multiplier,
+      dimension=dimension, clients_per_round=config.clients_per_round)
 
 
 def resolved_choices(config: TrainConfig, noise_multiplier,
                      dimension: int) -> dict:
-  """What this tff_clip resolves the run's defaults to, from public numbers
-  (the noise multiplier z, the cohort n, the model's size d): the bounding
-  (--bounding=noise_following), the tracked target quantile (None without
-  an adaptive norm), its switch (a `noise_following.QuantileSwitch` dict or
-  None), the server step (--server_step=auto), the client groups
+  """What this tff_clip resolves the run's defaults to, from public numbers:
+  the mechanism (`resolve_mechanism`: the bounding, the tracked target
+  quantile and its switch, with the z, d and n they were resolved from),
+  the server step (--server_step=auto) and the client groups
   (`sampling.group_scheme`). A run records them when it starts
   (`run_directory.RESOLVED_KEY`): a rerun under another rule refuses."""
   return collections.OrderedDict(
-      bounding=_resolved_bounding(config, noise_multiplier, dimension),
-      target_quantile=_tracked_quantile(config, noise_multiplier, dimension),
-      quantile_switch=_tracked_switch(config, noise_multiplier, dimension),
+      resolve_mechanism(config, noise_multiplier, dimension).to_dict(),
       server_step=resolved_server_step(config, noise_multiplier),
       client_groups=sampling_lib.group_scheme(config.sampling))
 
@@ -458,13 +437,12 @@ class Session:
         raise ConfigError(str(e).splitlines()[0]) from e
     self.initial_weights = initial_model_weights(self.task, config.seed)
     self.dimension = _dimension(self.initial_weights)
-    choices = resolved_choices(config, self.noise_multiplier, self.dimension)
-    self.bounding = choices['bounding']
-    self.target_quantile = choices['target_quantile']
-    self.server_step = choices['server_step']
-    self.resolved = collections.OrderedDict(  # Recorded at start: RESOLVED_KEY.
-        choices, noise_multiplier=self.noise_multiplier,
-        dimension=self.dimension, clients_per_round=config.clients_per_round)
+    # Recorded at start: RESOLVED_KEY.
+    self.resolved = resolved_choices(config, self.noise_multiplier,
+                                     self.dimension)
+    self.bounding = self.resolved['bounding']
+    self.target_quantile = self.resolved['target_quantile']
+    self.server_step = self.resolved['server_step']
     if cached is None:
       from tff_clip.runtime import runner_cache  # pylint: disable=g-import-not-at-top
       (self.process,) = runners(config, self.process)

@@ -23,13 +23,14 @@ import numpy as np
 from tff_clip import checks
 from tff_clip import names
 from tff_clip.aggregation import mechanisms
+from tff_clip.aggregation import noise_following
 from tff_clip.aggregation import spec
 from tff_clip.aggregation.baselines import BASELINES, NO_BOUNDING, TFF_GAUSSIAN, TFF_TREE, Baseline, baseline  # pylint: disable=unused-import
 
 __all__ = [
     'BOUNDINGS', 'CLIENT_OPTIMIZERS', 'EXECUTION_KEYS', 'EXECUTORS',
     'ConfigError', 'SERVER_OPTIMIZERS', 'TrainConfig', 'blur_clip_norm',
-    'default_experiment_name', 'fields', 'flag_error', 'validate',
+    'check_noise', 'default_experiment_name', 'fields', 'flag_error', 'validate',
 ]
 
 # The --bounding values: tff_clip's registered boundings and the baselines
@@ -159,7 +160,8 @@ class TrainConfig:
   bounding: str = _field(
       'noise_following', 'How each client update is bounded before '
       'aggregation. noise_following: clip, or normalize where the noise on '
-      'the mean update is at least 1.6 C (z sqrt(d) / n >= 1.6); chosen '
+      f'the mean update is at least {noise_following.NORMALIZE_FROM:g} C (z '
+      f'sqrt(d) / n >= {noise_following.NORMALIZE_FROM:g}); chosen '
       "from public numbers, recorded as the run summary's `bounding`.",
       BOUNDINGS)
   # The DP parameters, declared in `tff_clip.aggregation.spec.DPSpec` (`dp_spec`).
@@ -461,6 +463,12 @@ def _check_mechanism(config):
     raise flag_error(e) from None
 
 
+def check_noise(config: TrainConfig, noise_multiplier: float) -> None:
+  """`config`'s mechanism checked with z = `noise_multiplier` (calibrated)."""
+  _check_mechanism(dataclasses.replace(
+      config, noise_multiplier=noise_multiplier, target_epsilon=None))
+
+
 def _check_privacy(config):
   _positive(config.target_epsilon, 'target_epsilon', optional=True,
             dtype=np.float64)
@@ -475,7 +483,6 @@ def _check_privacy(config):
 
 
 def _check_training(config):
-  # numpy's seeds (Keras' set_random_seed) are 32-bit.
   _check(checks.integer, config.seed, 'seed', minimum=0, maximum=SEED_MAX)
   _count(config.clients_per_round, 'clients_per_round', optional=True)
   _check(checks.rounds, config.rounds, 'rounds')

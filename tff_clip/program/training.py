@@ -80,7 +80,8 @@ EXTRAPOLATION_CLIENTS_PER_ROUND = 1_000
 
 
 def run(config: TrainConfig, task_builder: TaskBuilder,
-        release_managers: Sequence[Any] = ()) -> dict[str, Any]:
+        release_managers: Sequence[Any] = (), *,
+        validated: bool = False) -> dict[str, Any]:
   """Trains (or resumes, or reports a finished) run per `config`.
 
   Args:
@@ -100,8 +101,11 @@ def run(config: TrainConfig, task_builder: TaskBuilder,
       releases from here on, keyed by its round, behind the run's release
       filter (under DP, only what epsilon covers), after `releases.jsonl`,
       `metrics.csv` and TensorBoard.
+    validated: True where the caller has passed `config` through `validate`
+      already (`scripts.program.run`): a command validates it once.
   """
-  validate(config)
+  if not validated:
+    validate(config)
   out = config.output_dir
   status = run_directory.existing_run(config)
   if status != 'new' and config.private:
