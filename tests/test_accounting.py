@@ -492,6 +492,16 @@ def test_the_numpy_epsilon_is_dp_accountings_at_its_edges():
           pmf.get_epsilon_for_delta(delta)), (lower_loss, infinity_mass, delta)
 
 
+def test_a_sparse_pmfs_epsilon_is_dp_accountings():
+  # A PLD whose losses are few (z large against the grid, or composed
+  # events) is a `SparsePLDPmf`, with no dense array: dp_accounting answers.
+  sparse = pld_pmf.SparsePLDPmf({-3: 0.2, 0: 0.5, 4: 0.299}, 0.01, 1e-3,
+                                True)
+  for delta in (1e-6, 1e-3, 0.01, 0.1):
+    assert accountants._pmf_epsilon(sparse, delta) == (  # pylint: disable=protected-access
+        sparse.get_epsilon_for_delta(delta)), delta
+
+
 def test_an_epsilon_asked_again_is_the_one_computed_and_types_are_kept():
   """A guarantee asked twice is answered from the process's cache with the
   figure computed afresh; an event differing only in a value's type

@@ -283,10 +283,12 @@ def _pmf_epsilon(pmf, delta: float):
   within 1e-9 of the loss, the test is redone with `math.log`. Anything
   else (an overflow, a zero mass) is left to dp_accounting."""
   # pylint: disable=protected-access
+  if type(pmf) is not pld_pmf.DensePLDPmf:  # pylint: disable=unidiomatic-typecheck
+    return pmf.get_epsilon_for_delta(delta)  # Sparse: no `_probs`.
   probs, infinity_mass = pmf._probs, pmf._infinity_mass
   size = len(probs)
-  if (type(pmf) is not pld_pmf.DensePLDPmf or infinity_mass > delta or  # pylint: disable=unidiomatic-typecheck
-      size == 0 or np.asarray(probs).dtype != np.float64):
+  if (infinity_mass > delta or size == 0 or
+      np.asarray(probs).dtype != np.float64):
     return pmf.get_epsilon_for_delta(delta)
   steps = np.full(size, -pmf._discretization, np.float64)
   steps[0] = (pmf._lower_loss + size - 1) * pmf._discretization
