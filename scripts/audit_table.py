@@ -66,7 +66,7 @@ def main(argv):
     audit = summary['empirical_epsilon']
     counts = (audit['inserted'], audit['candidates'], audit['delta'])
     rows.append(
-        f'| {z} | {_fmt(summary.get("epsilon_rdp", summary["epsilon"]))} | '
+        f'| {z} | {_fmt(summary["epsilon"])} | '
         f'{_estimate(audit["final_model"], *counts)} | '
         f'{_fmt(audit["final_model"]["lower_bound"])} | '
         f'{_estimate(audit["all_iterates"], *counts)} | '
@@ -74,9 +74,11 @@ def main(argv):
         f'{audit["inserted"]} / {audit["candidates"]} | '
         f'{summary["final_eval_accuracy"]:.3f} |')
   confidence = f'{audit["confidence"]:.0%}'
+  # The run's one epsilon, named by its accountant (`summary['accountant']`).
+  accountant = summary.get('accountant', 'rdp').upper()
   table = '\n'.join([
-      f'| z | ledger epsilon (RDP) | final model: estimate (~95% range) | final '
-      f'model: lower bound ({confidence}) | all iterates: estimate (~95% '
+      f'| z | ledger epsilon ({accountant}) | final model: estimate (~95% '
+      f'range) | final model: lower bound ({confidence}) | all iterates: estimate (~95% '
       f'range) | all iterates: lower '
       f'bound ({confidence}) | canaries inserted / candidates | accuracy |',
       '|---:|---:|---:|---:|---:|---:|---:|---:|', *rows])
