@@ -78,9 +78,9 @@ def main(argv):
   accountant = summary.get('accountant', 'rdp').upper()
   table = '\n'.join([
       f'| z | ledger epsilon ({accountant}) | final model: estimate (~95% '
-      f'range) | final model: lower bound ({confidence}) | all iterates: estimate (~95% '
-      f'range) | all iterates: lower '
-      f'bound ({confidence}) | canaries inserted / candidates | accuracy |',
+      f'range) | final model: lower bound ({confidence}) | all iterates: '
+      f'estimate (~95% range) | all iterates: lower bound ({confidence}) | '
+      'canaries inserted / candidates | accuracy |',
       '|---:|---:|---:|---:|---:|---:|---:|---:|', *rows])
   print(table)
   if _OUT.value:
