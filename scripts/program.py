@@ -291,5 +291,6 @@ def format_summary(summary) -> str:
           f' (z = {ext["noise_multiplier"]:.4g}, same rounds).')
   if summary.get('empirical_epsilon'):
     from tff_clip.privacy import audit  # pylint: disable=g-import-not-at-top
-    lines.append(audit.format_report(summary['empirical_epsilon'], epsilon))
+    lines.append(audit.format_report(summary['empirical_epsilon'], epsilon,
+                                     summary.get('accountant')))
   return '\n'.join(lines)

@@ -562,11 +562,15 @@ def audit_report(query: CanaryQuery, aggregator_state, model_delta,
   return report
 
 
-def format_report(report: dict[str, Any], ledger_epsilon: float) -> str:
-  """Human-readable lines for the end of a run."""
+def format_report(report: dict[str, Any], ledger_epsilon: float,
+                  accountant: Optional[str] = None) -> str:
+  """Human-readable lines for the end of a run; `accountant` names the
+  ledger epsilon's (the run's one figure)."""
+  named = f' by {accountant.upper()}' if accountant else ''
   lines = [f'empirical privacy audit: {report["inserted"]} canary clients '
            f'inserted of {report["candidates"]} candidates, delta = '
-           f'{report["delta"]:g} (ledger epsilon = {ledger_epsilon:.4g})']
+           f'{report["delta"]:g} (ledger epsilon = {ledger_epsilon:.4g}'
+           f'{named})']
   for name, label in (('final_model', 'final model '),
                       ('all_iterates', 'all iterates')):
     if name in report:
