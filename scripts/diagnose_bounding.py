@@ -133,7 +133,10 @@ def _norm_and_stddev(state, config):
 def diagnose(base, name):
   """(rows, final test accuracy) of one DP run of `base` under CONFIGS[name]."""
   from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
-  config = dataclasses.replace(base, **CONFIGS[name])
+  # Client by client: the probe replays each client's own dataset through
+  # TFF's client work, which the batched path's cohort tensors are not.
+  config = dataclasses.replace(base, **CONFIGS[name],
+                               client_execution='per_client')
   program.validate(config)
   session = assembly.Session(config, program.build_task)
   probe = probes.ClientUpdates(config, session.task)
