@@ -306,6 +306,14 @@ def _rounds(session, state, rounds=2):
   return _leaves(session, state), metrics, session.evaluate(state), state
 
 
+def _batched_round(session, state, round_num=1):
+  """One round with the cohort's batches (`ClientDatasets.datasets`): the
+  batched client path where the session took it. Its output."""
+  cohort = session.sampler.sample(round_num)
+  return session.process.next(
+      state, session.client_datasets.datasets(cohort, round_num))
+
+
 def _assert_same_rounds(oracle, session):
   """Two rounds of each from `oracle`'s initial state (one noise key for
   both) end bit for bit alike: weights, metrics, evaluation. Their states."""
@@ -747,7 +755,7 @@ def _without_noise_keys(session, state) -> list:
 def test_other_hyperparameters_start_from_their_own_traces_state(rebased):
   from tff_clip.program import hyperparameters
   served, traced = rebased
-  assert isinstance(served.process, hyperparameters.Rebased)
+  assert isinstance(_loaded_runner(served), hyperparameters.Rebased)
   expected = _without_noise_keys(traced, traced.initial_state())
   actual = _without_noise_keys(served, served.initial_state())
   assert len(expected) == len(actual) > 0
@@ -769,6 +777,42 @@ def test_other_hyperparameters_run_bit_for_bit_as_their_own_trace(rebased):
   assert len(releases) == 2
   assert sum(e.noise_multiplier**-2 for e in releases) == pytest.approx(
       2.0**-2, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_rebased_run_trains_its_cohort_in_one_call_of_its_own_trace(
+    built, rebased):
+  # The grid's other cells take the batched client path too, each with the
+  # cohort call traced for its own hyperparameters: a trace is kept under
+  # the run's exact key, so a run of other values never takes another's.
+  from tff_clip.runtime import batched_clients
+  served, traced = rebased
+  assert served.client_execution == traced.client_execution == 'batched'
+  assert isinstance(served.process, batched_clients.BatchedRunner)
+  state = served.initial_state()
+  own = _batched_round(traced, state)
+  for a, b in zip(_leaves(served, _batched_round(served, state).state),
+                  _leaves(traced, own.state), strict=True):
+    np.testing.assert_array_equal(a, b)
+  _batched_round(built['warm'], built['warm'].initial_state())
+  assert served.process._round is not None
+  assert served.process._round is not built['warm'].process._round
+
+
+@pytest.mark.slow
+def test_a_later_seed_takes_the_cohort_call_traced_by_the_first(built):
+  # A seed is data, not graph (`process_cache.DATA_ONLY`): the sessions of
+  # one cell's seeds share one trace of the cohort call, and each is its own
+  # trace's run (the bit-for-bit test above compares them).
+  from scripts import program
+  from tff_clip.program import assembly
+  first = assembly.Session(dataclasses.replace(built['config'], seed=5),
+                           program.build_task)
+  second = assembly.Session(dataclasses.replace(built['config'], seed=6),
+                            program.build_task)
+  for session in (first, second):
+    _batched_round(session, session.initial_state())
+  assert first.process._round is second.process._round
 
 
 @pytest.mark.slow
@@ -794,7 +838,7 @@ def test_a_value_that_is_a_constant_of_a_graph_gets_its_own_trace(built):
   first = assembly.Session(config, program.build_task)
   second = assembly.Session(other, program.build_task)
   assert len(built['traced']) == before + 2
-  assert not isinstance(second.process, hyperparameters.Rebased)
+  assert not isinstance(_loaded_runner(second), hyperparameters.Rebased)
   # Stored under the exact key: a later run of norm 0.3 traces nothing.
   _forget_loaded_runners()
   assembly.Session(other, program.build_task)
@@ -818,4 +862,4 @@ def test_a_noise_level_that_changes_the_default_bounding_gets_its_own_trace(
   clipping = assembly.Session(config, program.build_task)
   assert clipping.bounding == 'clip'
   assert len(built['traced']) == before + 1
-  assert not isinstance(clipping.process, hyperparameters.Rebased)
+  assert not isinstance(_loaded_runner(clipping), hyperparameters.Rebased)

@@ -455,8 +455,11 @@ class Session:
     self.test_data = _eval_dataset(self.task, config.eval_split)
     from tff_clip.program import client_execution  # pylint: disable=g-import-not-at-top
     self.client_datasets, self.process, self.client_execution = (
-        client_execution.clients(config, self.task, self.process,
-                                 self.noise_multiplier, server_parts))
+        client_execution.clients(
+            config, self.task, self.process, self.noise_multiplier,
+            server_parts, trace_key=process_cache.graph_cache_key(
+                config, task_builder, self.noise_multiplier, self.task,
+                exact=True)))
 
   def initial_state(self):
     return self.process.set_model_weights(self.process.initialize(),

@@ -13,17 +13,22 @@ from __future__ import annotations
 __all__ = ['clients']
 
 
-def clients(config, task, runner, noise_multiplier, server_parts):
+def clients(config, task, runner, noise_multiplier, server_parts,
+            trace_key=None):
   """(client datasets, runner, 'batched' or 'per_client').
 
   `server_parts(config, noise_multiplier)`: the process's (aggregator,
   server optimizer, client weighting) (`assembly.server_parts`).
+
+  `trace_key`: the run's exact graph-cache key, under which the batched
+  round's trace is kept for this process's later runs (None: not kept).
 
   --client_execution=batched on a run the batched path cannot reproduce is
   a `config.ConfigError` naming why.
   """
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip.program import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import hyperparameters  # pylint: disable=g-import-not-at-top
   from tff_clip.runtime import batched_clients  # pylint: disable=g-import-not-at-top
   from tff_clip.runtime import client_data  # pylint: disable=g-import-not-at-top
   from tff_clip.runtime import simulation  # pylint: disable=g-import-not-at-top
@@ -33,9 +38,13 @@ def clients(config, task, runner, noise_multiplier, server_parts):
   if wanted == 'per_client':
     return datasets, runner, 'per_client'
   reason = None
-  # Exactly the in-process runner: a SplitRunner (`--executor=local`,
-  # `remote`) subclasses it but trains the clients on TFF's workers.
-  if type(runner) is not simulation.InProcessRunner:  # pylint: disable=unidiomatic-typecheck
+  # Exactly the in-process runner (or the cached one with this run's own
+  # hyperparameter states, `hyperparameters.Rebased`): a SplitRunner
+  # (`--executor=local`, `remote`) subclasses it but trains the clients on
+  # TFF's workers.
+  inner = (runner._runner if isinstance(runner, hyperparameters.Rebased)  # pylint: disable=protected-access
+           else runner)
+  if type(inner) is not simulation.InProcessRunner:  # pylint: disable=unidiomatic-typecheck
     reason = (f"--executor={config.executor} trains the clients on TFF's "
               'workers')
   elif config.audit_canaries:
@@ -50,7 +59,7 @@ def clients(config, task, runner, noise_multiplier, server_parts):
       batched = batched_clients.BatchedRunner(
           runner, task.model_fn, aggregator, config.client_optimizer,
           weighting or tff.learning.ClientWeighting.NUM_EXAMPLES,
-          client_options=options)
+          client_options=options, trace_key=trace_key)
       return datasets, batched, 'batched'
     except batched_clients.Unsupported as e:
       reason = str(e)

@@ -48,6 +48,7 @@ tolerance (the clients' sums are taken in another order):
 
 from __future__ import annotations
 
+import atexit
 import collections
 import collections.abc
 from typing import Any, Optional, Sequence
@@ -249,6 +250,21 @@ class _Plan:
     self.weighted = self.query is None
 
 
+# The cohort's traced call, kept for later sessions of the same process
+# (a sweep's or a frontier worker's seeds): (trace key, client weighting,
+# input specs) -> concrete function. The trace key is the run's exact
+# graph-cache key (`tff_clip.program.process_cache.graph_cache_key` with
+# `exact=True`): every field a graph is built from, the hyperparameters'
+# values and the resolved noise multiplier among them, so an entry is only
+# ever taken by a run whose aggregator and model would trace the very same
+# graph. Runs without a key (a fixed noise seed, an audited run, the graph
+# cache switched off) trace their own.
+_TRACES_KEPT = 4
+_traces = collections.OrderedDict()
+# Freed before the interpreter tears its modules down (as `runner_cache`).
+atexit.register(_traces.clear)
+
+
 class BatchedRunner:
   """`runner` (an `InProcessRunner`) with each round's client work in one call.
 
@@ -265,6 +281,9 @@ class BatchedRunner:
     client_weighting: `tff.learning.ClientWeighting` of a mean aggregator.
     client_options: whether the client work has BLUR, LUS, local or model
       clipping (not supported).
+    trace_key: the run's exact graph-cache key, under which the cohort's
+      traced call is kept for later runs of this process (`_traces`); None
+      traces one for this runner alone.
 
   Raises:
     Unsupported: where the batched path cannot reproduce the round.
@@ -273,12 +292,14 @@ class BatchedRunner:
   def __init__(self, runner, model_fn, aggregator=None,
                client_optimizer: str = 'sgd',
                client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES,
-               client_options: bool = False):
+               client_options: bool = False,
+               trace_key: Optional[str] = None):
     self._runner = runner
     self._p = _Plan(runner, model_fn, aggregator, client_optimizer,
                     client_options)
     self._uniform = client_weighting == tff.learning.ClientWeighting.UNIFORM
     self._round = None  # Traced on the first batched round.
+    self._trace_key = trace_key
 
   def __getattr__(self, name):
     return getattr(self._runner, name)
@@ -397,12 +418,25 @@ class BatchedRunner:
     return out
 
   def _trace(self, client_input, examples, index):
-    self._round = tf.function(self._client_sums).get_concrete_function(
-        [tf.TensorSpec.from_tensor(tf.convert_to_tensor(t))
-         for t in client_input],
-        tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]],
-                                                      t.dtype), examples),
-        tf.TensorSpec([None, None, None], tf.int64))
+    del index  # Any [clients, steps, batch] of example rows.
+    specs = ([tf.TensorSpec.from_tensor(tf.convert_to_tensor(t))
+              for t in client_input],
+             tf.nest.map_structure(
+                 lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype),
+                 examples),
+             tf.TensorSpec([None, None, None], tf.int64))
+    key = None
+    if self._trace_key is not None:
+      key = (self._trace_key, self._uniform, repr(specs))
+      self._round = _traces.get(key)
+      if self._round is not None:
+        _traces.move_to_end(key)
+        return
+    self._round = tf.function(self._client_sums).get_concrete_function(*specs)
+    if key is not None:
+      _traces[key] = self._round
+      while len(_traces) > _TRACES_KEPT:
+        _traces.popitem(last=False)
 
   def next(self, state, client_datasets):
     """One round: the process's `next(state, client_datasets)`."""
