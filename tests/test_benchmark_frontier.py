@@ -489,3 +489,50 @@ for method, against, epsilon, d in b.comparisons(runs, methods, [4.0], {},
       # no row), and BLT against banded noise with the same bounding; the
       # fixed BLT's banded twin did not run: no row.
       'blt_normalize_adaptive banded_normalize_adaptive_(tuned) 4.0 -1.1 3']
+
+
+def test_banded_and_blt_are_judged_against_independent_noise_too():
+  out = _python('''
+from scripts import benchmark_frontier as b
+from scripts import verdicts
+methods = ['normalize_adaptive', 'banded_normalize_adaptive',
+           'blt_normalize_adaptive']
+runs = {(m, 4.0): {s: verdicts.Run(0.5 + 0.01 * i + 0.001 * s * (i + 1), True)
+                   for s in range(3)} for i, m in enumerate(methods)}
+for method, against, epsilon, d in b.comparisons(runs, methods, [4.0], {},
+                                                 [4.0]):
+  if 'independent' in against:
+    print(method, against.replace(' ', '_'), round(d.difference, 6), d.seeds)
+''')
+  # (0.01 (i - j) + 0.001 s (i - j)) x 100 points, mean over s = 0, 1, 2.
+  assert out.splitlines() == [
+      'banded_normalize_adaptive '
+      'normalize_adaptive_(tuned,_independent_noise) 1.1 3',
+      'blt_normalize_adaptive '
+      'normalize_adaptive_(tuned,_independent_noise) 2.2 3']
+
+
+@pytest.mark.slow
+def test_calibration_benchmark_runs_the_cell_calibrated_both_ways(tmp_path):
+  result = as_a_user.run(['-m', 'scripts.benchmark_calibration', '--quick',
+                          f'--root_output_dir={tmp_path}', '--jobs=1'])
+  assert result.returncode == 0, result.stderr[-3000:]
+  root = tmp_path / 'mnist1000_calibration'
+  with open(root / 'calibration.csv', newline='') as f:
+    rows = list(csv.DictReader(f))
+  assert [r['method'] for r in rows] == ['default', 'tff_default']
+  for row in rows:
+    target = float(row['target_epsilon'])
+    # The reported accountant spends the target; RDP's calibration, more
+    # noise for less reported epsilon (dp_accounting's oracle in
+    # tests/test_one_epsilon.py).
+    assert 0.995 * target <= float(row['epsilon_reported']) <= target
+    assert float(row['z_rdp']) > float(row['z_reported'])
+    assert float(row['epsilon_rdp']) < 0.995 * target
+  assert len(os.listdir(root / 'reported' / 'final')) == 2
+  assert len(os.listdir(root / 'rdp' / 'final')) == 2
+  # The RDP runs were given their noise: fixed z, no target, in the record.
+  (run,) = [p for p in (root / 'rdp' / 'final').iterdir()
+            if p.name.startswith('default_')]
+  config = json.loads((run / 'config.json').read_text())
+  assert json.dumps(config).count('"target_epsilon": null') >= 1

@@ -67,6 +67,25 @@ def test_poisson_calibration_reports_the_target_by_pld(target):
   assert 0.995 * target <= oracle.get_epsilon(DELTA) <= target
 
 
+def test_calibrating_by_rdp_instead_spends_rdps_target_and_more_noise():
+  """What `scripts.benchmark_calibration` compares: the same run calibrated
+  by RDP's bound (dp_accounting's RdpAccountant, the oracle) carries more
+  noise, and PLD reports less than the target for it."""
+  target = 4.0
+  config = _config(target, 'poisson')
+  z_rdp = preflight.calibrate_with(config, K, 'rdp')
+  z_pld = preflight.resolve_noise_multiplier(config, K)
+  event = dp_accounting.SelfComposedDpEvent(
+      dp_accounting.PoissonSampledDpEvent(
+          N / K, dp_accounting.GaussianDpEvent(z_rdp)), T)
+  oracle = rdp.RdpAccountant().compose(event).get_epsilon(DELTA)
+  assert 0.995 * target <= oracle <= target
+  assert z_rdp > z_pld
+  reported = accounting.report_epsilon(
+      accounting.training_event(z_rdp, N, K, T, 'poisson'), DELTA)
+  assert reported.accountant == 'pld' and reported.epsilon < 0.995 * target
+
+
 @pytest.mark.parametrize('target', TARGETS)
 def test_fixed_size_calibration_reports_the_target_by_rdp(target):
   """No PLD exists for sampling without replacement: RDP, replace-one."""

@@ -22,7 +22,7 @@ from tff_clip.program.config import ConfigError, TrainConfig
 
 __all__ = [
     'STATE_COPIES_AT_PEAK', 'available_memory', 'check_noise_memory',
-    'resolve_noise_multiplier', 'with_population',
+    'calibrate_with', 'resolve_noise_multiplier', 'with_population',
 ]
 
 # Peak memory of a DP round in bytes per byte of the noise mechanism's state:
@@ -68,6 +68,20 @@ def resolve_noise_multiplier(config: TrainConfig, population: int):
     except ValueError as e:
       raise ConfigError(f'--target_epsilon: {e}') from e
   return _CALIBRATED[key]
+
+
+def calibrate_with(config: TrainConfig, population: int,
+                   accountant: str) -> float:
+  """z for `config.target_epsilon` by `accountant` ('rdp' or 'pld') instead
+  of the one the run reports: what another accountant's calibration would
+  have spent (`scripts.benchmark_calibration` runs both). Cached and
+  checked on use as a run's own calibration."""
+  name, arguments = _calibration(config, population)
+  arguments = dict(arguments, accountant=accountant)
+  try:
+    return _calibrate(name, arguments, config)
+  except ValueError as e:
+    raise ConfigError(f'--target_epsilon: {e}') from e
 
 
 # Calibration takes seconds: the program's early check and the session
