@@ -9,6 +9,7 @@ import csv
 import dataclasses
 import errno
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -522,13 +523,20 @@ def test_rerun_of_a_finished_run_reports_its_records_and_changes_nothing(
 def test_a_run_records_what_its_defaults_resolved_to(finished):
   """The default rule's choices, as config.json's `resolved`: the digits MLP
   (64-32-10: d = 64 x 32 + 32 + 32 x 10 + 10 = 2,410), z = 0.5, n = 6, so
-  z sqrt(d) / n = 4.1: normalization at the 0.03 quantile, the damped step."""
+  z sqrt(d) / n = 4.1: normalization at the 0.03 quantile, the damped step;
+  and the adaptive norm's split of z (Andrew et al. 2021): the count noise
+  sigma_b = max(n / 20, z / (2 sqrt(1 - 1.1^-2))) = 0.600, so that the value
+  noise z_v = (z^-2 - (2 sigma_b)^-2)^-1/2 = 1.1 z = 0.55."""
   run_dir, summary = finished
   recorded = json.loads((run_dir / 'config.json').read_text())['resolved']
+  sigma_b = max(6 / 20, 0.5 / (2 * math.sqrt(1 - 1.1**-2)))
+  assert recorded.pop('clipped_count_stddev') == pytest.approx(sigma_b)
+  assert recorded.pop('value_noise_multiplier') == pytest.approx(
+      (0.5**-2 - (2 * sigma_b)**-2)**-0.5) == pytest.approx(0.55)
   assert recorded == dict(bounding='normalize', target_quantile=0.03,
                           quantile_switch=None, server_step='damped',
                           client_groups=None, noise_multiplier=0.5,
-                          dimension=2410, clients_per_round=6)
+                          dimension=2410, clients_per_round=6, layers=4)
   assert {k: summary[k] for k in ('bounding', 'target_quantile',
                                   'server_step', 'noise_multiplier')} == {
                                       k: recorded[k] for k in (

@@ -87,10 +87,10 @@ from tff_clip.names import NOISE_PLACEMENTS  # pylint: disable=g-bad-import-orde
 # Noise calibration for adaptive clipping.
 
 
-# Re-exported from the TensorFlow-free spec (`tff_clip.aggregation.spec`).
-adaptive_noise_multipliers = spec_lib.adaptive_noise_multipliers
-default_clipped_count_stddev = spec_lib.default_clipped_count_stddev
-MAX_VALUE_NOISE_INFLATION = spec_lib.MAX_VALUE_NOISE_INFLATION
+# Defined with the rules that follow the noise (`noise_following`).
+adaptive_noise_multipliers = noise_following.adaptive_noise_multipliers
+default_clipped_count_stddev = noise_following.default_clipped_count_stddev
+MAX_VALUE_NOISE_INFLATION = noise_following.MAX_VALUE_NOISE_INFLATION
 
 
 # ----------------------------------------------------------------------------
@@ -119,9 +119,18 @@ class BaseDPBoundingFactory:
 
   def __init__(self, spec: spec_lib.DPSpec,
                record_aggregation_factory: Optional[
-                   tff.aggregators.UnweightedAggregationFactory] = None):
+                   tff.aggregators.UnweightedAggregationFactory] = None,
+               resolved: Optional[noise_following.ResolvedMechanism] = None):
     self._spec = spec
     self._record_aggregation_factory = record_aggregation_factory
+    if resolved is not None and (
+        resolved.noise_multiplier != spec.noise_multiplier or
+        resolved.clients_per_round != spec.clients_per_round):
+      raise ValueError(
+          f'`resolved` was resolved at z = {resolved.noise_multiplier}, n = '
+          f'{resolved.clients_per_round}; the spec has z = '
+          f'{spec.noise_multiplier}, n = {spec.clients_per_round}.')
+    self._resolved = resolved
 
   @property
   def spec(self) -> spec_lib.DPSpec:
@@ -134,12 +143,24 @@ class BaseDPBoundingFactory:
     return self._record_aggregation_factory
 
   def resolve(self, value_type) -> noise_following.ResolvedMechanism:
-    """The mechanism that runs for updates of `value_type`
-    (`noise_following.resolve`, with d the number of values in
-    `value_type`): what `build_query` builds from."""
+    """The mechanism that runs for updates of `value_type`: what
+    `build_query` builds from. The `resolved` object the factory was made
+    with (the training program resolves once, before it builds anything,
+    and records that object), refused for a `value_type` of another size
+    or number of layers; else `noise_following.resolve` with d the number
+    of values in `value_type` and its tensors as the layers."""
     leaves = tf.nest.flatten(tff.types.type_to_tf_tensor_specs(value_type))
-    return noise_following.resolve(
-        self._spec, sum(leaf.shape.num_elements() for leaf in leaves))
+    dimension = sum(leaf.shape.num_elements() for leaf in leaves)
+    if self._resolved is None:
+      return noise_following.resolve(self._spec, dimension,
+                                     layers=max(len(leaves), 1))
+    if (self._resolved.dimension, self._resolved.layers) != (
+        dimension, max(len(leaves), 1)):
+      raise ValueError(
+          f'`resolved` was resolved for {self._resolved.dimension} values in '
+          f'{self._resolved.layers} tensors; the update has {dimension} in '
+          f'{len(leaves)}.')
+    return self._resolved
 
   def build_query(self, value_type) -> tfp.SumAggregationDPQuery:
     """The tensorflow-privacy query `create` wraps, for `value_type`.
@@ -161,20 +182,17 @@ class BaseDPBoundingFactory:
       fractions = bounding.layer_budget_fractions(
           value_type, spec.split,
           None if spec.adaptive else spec.clip_norm)
-    z = spec.noise_multiplier
     n = spec.clients_per_round
     initial_norms = spec.clip_norm  # A scalar, or one per layer.
+    # The value's noise multiplier: z, or with an adaptive norm its share
+    # of z beside the clipped count's noise (`noise_following.noise_split`).
+    value_z = resolved.value_noise_multiplier
     if not spec.adaptive:
       query = sum_query = BoundedGaussianSumQuery(
-          method, spec.clip_norm, z, fractions, spec.noise_seed,
+          method, spec.clip_norm, value_z, fractions, spec.noise_seed,
           spec.noise_placement, n, spec.noise)
     else:
       per_layer_quantiles = per_layer and spec.per_layer_quantiles
-      num_counts = num_layers if per_layer_quantiles else 1
-      count_stddev = spec.clipped_count_stddev
-      if count_stddev is None:
-        count_stddev = default_clipped_count_stddev(z, n, num_counts)
-      value_z = adaptive_noise_multipliers(z, count_stddev, num_counts)
       initial = spec.initial_clip_norm
       if per_layer_quantiles:
         # Every layer starts at C0 / sqrt(H) (sqrt(sum C_h^2) = C0), not at
@@ -194,7 +212,7 @@ class BaseDPBoundingFactory:
                     spec.noise_seed + 1)
       estimator = CountQuantileEstimatorQuery(
           initial, resolved.target_quantile, spec.clip_learning_rate,
-          None if z == 0 else count_stddev, n, geometric_update=True,
+          resolved.clipped_count_stddev, n, geometric_update=True,
           noise_seed=count_seed, switch=resolved.quantile_switch)
       query = AdaptiveBoundedSumQuery(sum_query, estimator,
                                       per_layer_quantiles)
@@ -202,7 +220,7 @@ class BaseDPBoundingFactory:
     leaf_dtypes = [np.dtype(leaf.dtype.as_numpy_dtype) for leaf in leaves]
     spec.check_noise_scale(
         dtypes=sorted(set(leaf_dtypes), key=str),
-        value_noise_multiplier=value_z if spec.adaptive else z,
+        value_noise_multiplier=value_z,
         budgets=_initial_budgets(spec, fractions, initial_norms))
     sum_query.set_template(tensor_specs)
     if spec.denominator == 'expected':

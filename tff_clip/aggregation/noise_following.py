@@ -186,6 +186,79 @@ def noise_following_switch(noise_multiplier: float,
                         LOW_QUANTILE)
 
 
+# ----------------------------------------------------------------------------
+# The adaptive norm's noise split: the value and the clipped count share z.
+
+def adaptive_noise_multipliers(noise_multiplier: float,
+                               clipped_count_stddev: float,
+                               num_counts: int = 1) -> float:
+  """Value noise multiplier z_v so that value + counts are as private as z.
+
+  The value (z_v) and the count vector (noise multiplier
+  2 sigma_b / sqrt(k), sensitivity sqrt(k)/2) together form one Gaussian
+  mechanism with z^-2 = z_v^-2 + k (2 sigma_b)^-2 (Andrew et al. 2021;
+  TFF's `adaptive_clip_noise_params` for k = 1). k = H for per-layer
+  quantiles.
+  """
+  if noise_multiplier == 0:
+    return 0.0
+  count_term = num_counts * (2.0 * clipped_count_stddev)**-2
+  remaining = noise_multiplier**-2 - count_term
+  if remaining <= 0:
+    minimum = math.sqrt(num_counts) * noise_multiplier / 2.0
+    raise ValueError(
+        f'`clipped_count_stddev` = {clipped_count_stddev:g} is too small for '
+        f'`noise_multiplier` = {noise_multiplier:g}'
+        f'{f" with {num_counts} per-layer counts" if num_counts > 1 else ""}: '
+        f'it must exceed {minimum:g} (sqrt(k) z / 2). Raise '
+        '`clipped_count_stddev` or `clients_per_round`, or lower '
+        '`noise_multiplier`.')
+  return remaining**-0.5
+
+
+# The value noise may rise by at most this factor to pay for the count noise.
+MAX_VALUE_NOISE_INFLATION = 1.1
+
+
+def default_clipped_count_stddev(noise_multiplier: float,
+                                 clients_per_round: float,
+                                 num_counts: int = 1) -> float:
+  """sigma_b = max(n / 20, sqrt(k) z / (2 sqrt(1 - r^-2))), r = 1.1.
+
+  Andrew et al. (2021) suggest sigma_b = n/20. From the composition
+  z^-2 = z_v^-2 + k (2 sigma_b)^-2 (`adaptive_noise_multipliers`), that is
+  infeasible whenever sqrt(k) z / 2 >= n / 20 -- e.g. per-layer quantiles
+  (k = H counts) at z = 1 with 20 clients -- and costs a large value-noise
+  inflation just above that. The second term is the sigma_b at which the
+  value noise is exactly r z: solving r^-2 z^-2 = z^-2 - k (2 sigma_b)^-2
+  for sigma_b. Taking the larger of the two keeps n/20 where it is cheap and
+  otherwise caps the inflation z_v / z at r = 1.1, so every z >= 0, n >= 1
+  and k >= 1 builds. Zero when z = 0 (the noise-free estimator).
+  """
+  if noise_multiplier == 0:
+    return 0.0
+  r = MAX_VALUE_NOISE_INFLATION
+  capped = (math.sqrt(num_counts) * noise_multiplier /
+            (2.0 * math.sqrt(1.0 - r**-2)))
+  return max(clients_per_round / 20.0, capped)
+
+
+def noise_split(noise_multiplier: float, clients_per_round: float,
+                clipped_count_stddev: Optional[float] = None,
+                num_counts: int = 1) -> tuple[float, Optional[float]]:
+  """(z_v, sigma_b): the value noise multiplier and the clipped count's noise
+  of an adaptive norm at total z (`adaptive_noise_multipliers`), sigma_b the
+  one given or `default_clipped_count_stddev`; sigma_b None where z = 0 (a
+  noise-free estimator). The one place the split is computed: the factory's
+  query and `DPSpec`'s early check both take it from here."""
+  count = clipped_count_stddev
+  if count is None:
+    count = default_clipped_count_stddev(noise_multiplier, clients_per_round,
+                                         num_counts)
+  value = adaptive_noise_multipliers(noise_multiplier, count, num_counts)
+  return value, (None if noise_multiplier == 0 else count)
+
+
 @dataclasses.dataclass(frozen=True)
 class ResolvedMechanism:
   """What a DP aggregation runs for an update of d numbers, decided once.
@@ -198,7 +271,9 @@ class ResolvedMechanism:
   without DP, bounded as at z = 0), the model's size d and the expected
   cohort n. `tff_clip.aggregation.dp.DPBoundingFactory` builds its query from
   it; the training program records `to_dict()` as config.json's `resolved`,
-  which a resumed or reported run compares with what it resolves now.
+  which a resumed or reported run compares with what it resolves now. The
+  program resolves once, from the model, and builds its factory from this
+  very object (`DPBoundingFactory(spec, resolved=...)`).
   """
   bounding: str
   target_quantile: Optional[float]
@@ -206,6 +281,14 @@ class ResolvedMechanism:
   noise_multiplier: Optional[float]
   dimension: int
   clients_per_round: Union[int, float]
+  # The adaptive norm's split of z (`noise_split`): the value's noise
+  # multiplier and the clipped count's noise (None: no adaptive norm, or
+  # z = 0). Without an adaptive norm the value's is z itself.
+  value_noise_multiplier: Optional[float] = None
+  clipped_count_stddev: Optional[float] = None
+  # The model's layers (the tensors of an update): per-layer quantiles
+  # track one count each.
+  layers: int = 1
 
   def to_dict(self) -> dict:
     """The fields by name, the switch as a dict (JSON as recorded)."""
@@ -216,7 +299,7 @@ class ResolvedMechanism:
     return out
 
 
-def resolve(dp_spec, dimension: int, *,
+def resolve(dp_spec, dimension: int, *, layers: int = 1,
             private: bool = True) -> ResolvedMechanism:
   """The one resolution of `dp_spec`'s defaults for an update of `dimension`.
 
@@ -227,24 +310,33 @@ def resolve(dp_spec, dimension: int, *,
   (`noise_following` chooses clip or normalize), the target quantile (the
   one given, else the one that follows the noise; None without an adaptive
   norm) and its switch (only a quantile that follows the noise, with one
-  adaptive norm, has one). `private` False: a run without DP (z must be 0),
-  recorded with noise multiplier None.
+  adaptive norm, has one), and an adaptive norm's split of z between the
+  value and the clipped counts (`noise_split`; one count per layer of the
+  `layers` with per-layer quantiles). `private` False: a run without DP (z
+  must be 0), recorded with noise multiplier None.
   """
   d = checks.integer(dimension, 'dimension', minimum=1)
+  layers = checks.integer(layers, 'layers', minimum=1)
   z, n = dp_spec.noise_multiplier, dp_spec.clients_per_round
   if not private and z != 0:
     raise ValueError(f'`noise_multiplier` = {z:g} in a run without DP '
                      '(private=False); give 0.')
-  quantile = switch = None
+  quantile = switch = count_stddev = None
+  value_z = z
   if dp_spec.adaptive:
+    per_layer_counts = dp_spec.per_layer and dp_spec.per_layer_quantiles
     quantile = dp_spec.target_quantile
     if quantile is None:
       quantile = noise_following_quantile(z, n, d)
-      if not (dp_spec.per_layer and dp_spec.per_layer_quantiles):
+      if not per_layer_counts:
         switch = noise_following_switch(z, n, d)
+    value_z, count_stddev = noise_split(z, n, dp_spec.clipped_count_stddev,
+                                        layers if per_layer_counts else 1)
   return ResolvedMechanism(
       bounding=dp_spec.bounding.resolve(z, n, d).name,
       target_quantile=quantile, quantile_switch=switch,
       noise_multiplier=z if private else None, dimension=d,
       # A count as an int (as the training program's flag gives it).
-      clients_per_round=int(n) if float(n).is_integer() else n)
+      clients_per_round=int(n) if float(n).is_integer() else n,
+      value_noise_multiplier=value_z if private else None,
+      clipped_count_stddev=count_stddev if private else None, layers=layers)

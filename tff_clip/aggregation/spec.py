@@ -8,10 +8,10 @@ made (the TypeError / ValueError of `tff_clip.checks`, naming the argument;
 the bounding and the noise mechanism are looked up in `tff_clip.aggregation.mechanisms`
 and check themselves), and is then the one description of the mechanism
 that the factory, the flags (`tff_clip.program.config.validate`) and the audit read.
-The per-layer split's rules (`check_split`, `ExplicitBudgets`) and the
-adaptive-clipping noise split (`adaptive_noise_multipliers`,
-`default_clipped_count_stddev`) live here too, and so do the rules of the
-client algorithms (`check_client_arguments`: BLUR, LUS, model clipping,
+The per-layer split's rules (`check_split`, `ExplicitBudgets`) live here
+too (the adaptive norm's noise split is `tff_clip.aggregation.
+noise_following.noise_split`, which the spec's early check calls), and so
+do the rules of the client algorithms (`check_client_arguments`: BLUR, LUS, model clipping,
 per-step clipping), so that checking a configuration imports no TensorFlow.
 
 References:
@@ -37,13 +37,12 @@ import numpy as np
 from tff_clip import checks
 from tff_clip.aggregation import blt
 from tff_clip.aggregation import mechanisms
+from tff_clip.aggregation import noise_following
 from tff_clip.names import DENOMINATORS, NOISE_PLACEMENTS, SPLITS
 
-__all__ = ['DPSpec', 'ExplicitBudgets', 'MAX_VALUE_NOISE_INFLATION',
-           'NOISE_TAIL_STDDEVS', 'PARAMETERS', 'Split',
-           'Sparsity', 'adaptive_noise_multipliers', 'check_client_arguments',
-           'check_sparsity', 'check_split', 'default_clipped_count_stddev',
-           'parameter', 'parameters_doc']
+__all__ = ['DPSpec', 'ExplicitBudgets', 'NOISE_TAIL_STDDEVS', 'PARAMETERS',
+           'Split', 'Sparsity', 'check_client_arguments', 'check_sparsity',
+           'check_split', 'parameter', 'parameters_doc']
 
 
 class ExplicitBudgets:
@@ -104,63 +103,9 @@ def check_split(split: Split, num_layers: int | None = None,
 # Noise calibration for adaptive clipping (Andrew et al. 2021, Sec. 3).
 
 
-def adaptive_noise_multipliers(noise_multiplier: float,
-                               clipped_count_stddev: float,
-                               num_counts: int = 1) -> float:
-  """Value noise multiplier z_v so that value + counts are as private as z.
-
-  The value (z_v) and the count vector (noise multiplier
-  2 sigma_b / sqrt(k), sensitivity sqrt(k)/2) together form one Gaussian
-  mechanism with z^-2 = z_v^-2 + k (2 sigma_b)^-2 (Andrew et al. 2021;
-  TFF's `adaptive_clip_noise_params` for k = 1). k = H for per-layer
-  quantiles.
-  """
-  if noise_multiplier == 0:
-    return 0.0
-  count_term = num_counts * (2.0 * clipped_count_stddev)**-2
-  remaining = noise_multiplier**-2 - count_term
-  if remaining <= 0:
-    minimum = math.sqrt(num_counts) * noise_multiplier / 2.0
-    raise ValueError(
-        f'`clipped_count_stddev` = {clipped_count_stddev:g} is too small for '
-        f'`noise_multiplier` = {noise_multiplier:g}'
-        f'{f" with {num_counts} per-layer counts" if num_counts > 1 else ""}: '
-        f'it must exceed {minimum:g} (sqrt(k) z / 2). Raise '
-        '`clipped_count_stddev` or `clients_per_round`, or lower '
-        '`noise_multiplier`.')
-  return remaining**-0.5
-
-
 # The noise of a coordinate is taken to stay within this many standard
 # deviations: P(|N(0, 1)| > 10) = 1.5e-23 (`DPSpec.check_noise_scale`).
 NOISE_TAIL_STDDEVS = 10.0
-
-# The value noise may rise by at most this factor to pay for the count noise.
-MAX_VALUE_NOISE_INFLATION = 1.1
-
-
-def default_clipped_count_stddev(noise_multiplier: float,
-                                 clients_per_round: float,
-                                 num_counts: int = 1) -> float:
-  """sigma_b = max(n / 20, sqrt(k) z / (2 sqrt(1 - r^-2))), r = 1.1.
-
-  Andrew et al. (2021) suggest sigma_b = n/20. From the composition
-  z^-2 = z_v^-2 + k (2 sigma_b)^-2 (`adaptive_noise_multipliers`), that is
-  infeasible whenever sqrt(k) z / 2 >= n / 20 -- e.g. per-layer quantiles
-  (k = H counts) at z = 1 with 20 clients -- and costs a large value-noise
-  inflation just above that. The second term is the sigma_b at which the
-  value noise is exactly r z: solving r^-2 z^-2 = z^-2 - k (2 sigma_b)^-2
-  for sigma_b. Taking the larger of the two keeps n/20 where it is cheap and
-  otherwise caps the inflation z_v / z at r = 1.1, so every z >= 0, n >= 1
-  and k >= 1 builds. Zero when z = 0 (the noise-free estimator).
-  """
-  if noise_multiplier == 0:
-    return 0.0
-  r = MAX_VALUE_NOISE_INFLATION
-  capped = (math.sqrt(num_counts) * noise_multiplier /
-            (2.0 * math.sqrt(1.0 - r**-2)))
-  return max(clients_per_round / 20.0, capped)
-
 
 # numpy cannot describe bfloat16 (an `ml_dtypes` type): its largest value.
 _BFLOAT16_MAX = 3.3895313892515355e38
@@ -212,11 +157,11 @@ class DPSpec:
       'z >= 0, the TOTAL noise multiplier: noise N(0, (z S)^2 I) on the sum, '
       'S the L2 sensitivity; with adaptive clipping the value noise is '
       'raised so the round is exactly as private as one Gaussian mechanism '
-      'with z (`adaptive_noise_multipliers`). z = 0 (or -0.0): no noise, '
+      'with z (`noise_following.adaptive_noise_multipliers`). z = 0 (or -0.0): no noise, '
       'the bounding alone, NOT private (epsilon infinite).')
   clients_per_round: float = _parameter(
       'n > 0, the expected cohort size: the denominator, and an input of the '
-      'default count noise `default_clipped_count_stddev`.')
+      'default count noise `noise_following.default_clipped_count_stddev`.')
   clip_norm: Union[float, str] = _parameter(
       "Clip norm C > 0, or 'adaptive': start at `initial_clip_norm` and "
       'track `target_quantile` of the client norms.', 'adaptive')
@@ -327,11 +272,6 @@ class DPSpec:
     if self.clipped_count_stddev is not None:
       put('clipped_count_stddev', checks.positive_float(
           self.clipped_count_stddev, 'clipped_count_stddev'))
-      # With one count (the number of layers is not known here) the noise
-      # split must be feasible; per-layer counts are checked at `create`.
-      if self.adaptive and z > 0 and not (
-          self.per_layer and per_layer_quantiles):
-        adaptive_noise_multipliers(z, self.clipped_count_stddev)
     if self.per_layer:
       check_split(self.split)
       if isinstance(self.split, ExplicitBudgets) and self.adaptive:
@@ -351,12 +291,13 @@ class DPSpec:
     if self.noise_seed is not None:  # An int64 key; the count noise: seed + 1.
       put('noise_seed', checks.integer(self.noise_seed, 'noise_seed',
                                        maximum=checks.INT64_MAX - 1))
-    value_z = z  # Per-layer counts: z_v >= z, checked again at `create`.
-    if self.adaptive and z > 0 and not (self.per_layer and
-                                        per_layer_quantiles):
-      value_z = adaptive_noise_multipliers(
-          z, self.clipped_count_stddev or default_clipped_count_stddev(
-              z, self.clients_per_round))
+    # With one count (the number of layers is not known here) the noise
+    # split must be feasible; per-layer counts (z_v >= z) are checked again
+    # at `create`, when the layers are known.
+    value_z = z
+    if self.adaptive and not (self.per_layer and per_layer_quantiles):
+      value_z, _ = noise_following.noise_split(
+          z, self.clients_per_round, self.clipped_count_stddev)
     self.check_noise_scale(value_noise_multiplier=value_z)
 
   def check_noise_scale(self, dtypes=(np.float32,),

@@ -213,8 +213,11 @@ _BASELINE_AGGREGATORS = {
 }
 
 
-def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
-  """The model aggregator: bounding, then (when private) noise, then mean."""
+def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float],
+                     resolved=None):
+  """The model aggregator: bounding, then (when private) noise, then mean.
+  `resolved`: the session's `resolve_mechanism`, which the DP factory builds
+  from (None: it resolves at `create`, as for a library user)."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_clip.aggregation import aggregators, dp  # pylint: disable=g-import-not-at-top
   if config_lib.baseline(config) is not None:
@@ -222,13 +225,14 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
   if noise_multiplier is not None:
     # --noise_seed None: a key from OS entropy, drawn in the graph at
     # initialize and kept only in the (checkpointed) aggregator state.
-    return dp.DPBoundingFactory(config.dp_spec(noise_multiplier))
+    return dp.DPBoundingFactory(config.dp_spec(noise_multiplier),
+                                resolved=resolved)
   if config.clip_norm == 'adaptive':
     # CE-FedAvg with a moving threshold, noise-free.
     clip_norm = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
         initial_estimate=config.initial_clip_norm,
-        target_quantile=resolve_mechanism(  # No noise: d plays no part.
-            config, None, 1).target_quantile,
+        target_quantile=(resolved or resolve_mechanism(  # d plays no part.
+            config, None, 1)).target_quantile,
         learning_rate=config.clip_learning_rate, multiplier=1.0,
         increment=0.0, secure_estimation=False)
   else:
@@ -237,24 +241,25 @@ def build_aggregator(config: TrainConfig, noise_multiplier: Optional[float]):
 
 
 def server_parts(config: TrainConfig, noise_multiplier: Optional[float],
-                 model_aggregator=None):
+                 model_aggregator=None, resolved=None):
   """(model aggregator, server optimizer, client weighting) of `config`:
   what the process's server side is built from (`model_aggregator`, where
-  given, in place of `config`'s)."""
+  given, in place of `config`'s; `resolved`: `build_aggregator`'s)."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   # DP-FedAvg weighs clients uniformly (the sensitivity must not depend on
   # private example counts); otherwise FedAvg's example weighting.
   weighting = (tff.learning.ClientWeighting.UNIFORM
                if noise_multiplier is not None else None)
-  return (model_aggregator or build_aggregator(config, noise_multiplier),
+  return (model_aggregator or
+          build_aggregator(config, noise_multiplier, resolved),
           _server_optimizer(config, noise_multiplier), weighting)
 
 
 def build_process(config: TrainConfig, task, noise_multiplier,
-                  model_aggregator=None):
+                  model_aggregator=None, resolved=None):
   from tff_clip.learning import algorithms  # pylint: disable=g-import-not-at-top
   aggregator, server_optimizer, weighting = server_parts(
-      config, noise_multiplier, model_aggregator)
+      config, noise_multiplier, model_aggregator, resolved)
   return algorithms.build_fedavg(
       task.model_fn,
       client_optimizer=_client_optimizer(config),
@@ -281,21 +286,18 @@ def initial_model_weights(task, seed: int):
   return tf.nest.map_structure(lambda v: v.numpy(), weights)
 
 
-def _trainable_parameters(task) -> int:
-  """Trainable parameters of the task's model: one noise vector's size."""
+def _model_size(task) -> tuple[int, int]:
+  """(d, layers): the model's trainable values (one noise vector's size,
+  which the default bounding and quantile read with z and n) and tensors.
+  Unseeded: the traced graphs must not depend on the run's seed."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
-  return sum(int(np.prod(v.shape)) for v in weights.trainable)
-
-
-def _dimension(weights) -> int:
-  """d, the model's trainable size: the update's, which the default bounding
-  and quantile read (with z and n)."""
-  return sum(int(np.size(v)) for v in weights.trainable)
+  return (sum(int(np.prod(v.shape)) for v in weights.trainable),
+          max(len(weights.trainable), 1))
 
 
 def resolve_mechanism(config: TrainConfig, noise_multiplier,
-                      dimension: int):
+                      dimension: int, layers: int = 1):
   """What the run's aggregator resolves its defaults to, from public numbers
   (the noise multiplier z, None without DP; the cohort n; the model's size
   d): `noise_following.resolve` of the run's `DPSpec` (what
@@ -303,27 +305,32 @@ def resolve_mechanism(config: TrainConfig, noise_multiplier,
   name and TFF's target quantile (None without an adaptive norm)."""
   from tff_clip.aggregation import noise_following  # pylint: disable=g-import-not-at-top
   if config_lib.baseline(config) is None:
-    return noise_following.resolve(config.dp_spec(noise_multiplier or 0.0), dimension,
-                        private=noise_multiplier is not None)
+    return noise_following.resolve(
+        config.dp_spec(noise_multiplier or 0.0), dimension, layers=layers,
+        private=noise_multiplier is not None)
   adaptive = (config.clip_norm == 'adaptive' and
               config.bounding != config_lib.NO_BOUNDING)
   return noise_following.ResolvedMechanism(
       bounding=config.bounding,
       target_quantile=baseline_quantile(config) if adaptive else None,
       quantile_switch=None, noise_multiplier=noise_multiplier,
-      dimension=dimension, clients_per_round=config.clients_per_round)
+      dimension=dimension, clients_per_round=config.clients_per_round,
+      layers=layers)
 
 
 def resolved_choices(config: TrainConfig, noise_multiplier,
-                     dimension: int) -> dict:
+                     dimension: int, mechanism=None) -> dict:
   """What this tff_clip resolves the run's defaults to, from public numbers:
   the mechanism (`resolve_mechanism`: the bounding, the tracked target
   quantile and its switch, with the z, d and n they were resolved from),
   the server step (--server_step=auto) and the client groups
   (`sampling.group_scheme`). A run records them when it starts
-  (`run_directory.RESOLVED_KEY`): a rerun under another rule refuses."""
+  (`run_directory.RESOLVED_KEY`): a rerun under another rule refuses.
+  `mechanism`: the session's resolution, else resolved from z, d and n."""
+  if mechanism is None:
+    mechanism = resolve_mechanism(config, noise_multiplier, dimension)
   return collections.OrderedDict(
-      resolve_mechanism(config, noise_multiplier, dimension).to_dict(),
+      mechanism.to_dict(),
       server_step=resolved_server_step(config, noise_multiplier),
       client_groups=sampling_lib.group_scheme(config.sampling))
 
@@ -411,11 +418,19 @@ class Session:
           config.seed, config.separation)
     except ValueError as e:
       raise config_lib.flag_error(e) from None
+    self.dimension, layers = _model_size(self.task)
     if self.private and config.noise.state_vectors:
       # Before tracing and `initialize`: refused in seconds, not an
       # out-of-memory crash halfway.
-      preflight.check_noise_memory(config, _trainable_parameters(self.task))
+      preflight.check_noise_memory(config, self.dimension)
     self.auditor = None
+    # Resolved once, from z, n and the model: the DP factory is built from
+    # this object and the run records it (`resolved_choices`).
+    try:
+      self.mechanism = resolve_mechanism(config, self.noise_multiplier,
+                                         self.dimension, layers)
+    except ValueError as e:  # E.g. explicit count noise too small.
+      raise ConfigError(str(e).splitlines()[0]) from e
     # Loaded in this process already, or from disk; None: trace and build.
     cached, cache_key = process_cache.cached_runner(
         config, task_builder, self.noise_multiplier, self.task, server_parts)
@@ -427,19 +442,20 @@ class Session:
           # Under minimum separation a canary takes part in every round of
           # its group: the most participations the ledger allows a client.
           self.auditor = audit.CanaryFactory(
-              build_aggregator(config, self.noise_multiplier),
+              build_aggregator(config, self.noise_multiplier,
+                               self.mechanism),
               config.audit_canaries,
               1.0 if separated else self.sampler.sampling_probability,
               separation=config.separation if separated else None)
         self.process = build_process(config, self.task,
-                                     self.noise_multiplier, self.auditor)
+                                     self.noise_multiplier, self.auditor,
+                                     self.mechanism)
       except ValueError as e:  # E.g. explicit count noise too small.
         raise ConfigError(str(e).splitlines()[0]) from e
     self.initial_weights = initial_model_weights(self.task, config.seed)
-    self.dimension = _dimension(self.initial_weights)
     # Recorded at start: RESOLVED_KEY.
     self.resolved = resolved_choices(config, self.noise_multiplier,
-                                     self.dimension)
+                                     self.dimension, self.mechanism)
     self.bounding = self.resolved['bounding']
     self.target_quantile = self.resolved['target_quantile']
     self.server_step = self.resolved['server_step']
@@ -457,7 +473,8 @@ class Session:
     self.client_datasets, self.process, self.client_execution = (
         client_execution.clients(
             config, self.task, self.process, self.noise_multiplier,
-            server_parts, trace_key=process_cache.graph_cache_key(
+            functools.partial(server_parts, resolved=self.mechanism),
+            trace_key=process_cache.graph_cache_key(
                 config, task_builder, self.noise_multiplier, self.task,
                 exact=True)))
 
