@@ -19,14 +19,18 @@ and its ratio to the floor:
               (`scripts.benchmark_round.FRONTIER_CELL`) in this process,
               `--client_execution=batched` (everything of the run: session
               build, rounds, checkpoints, releases, final evaluation)
+  batched, another cell
+              the same at another server learning rate and target quantile
+              (a tuning grid's next cell: the traced process with this
+              run's own state, `hyperparameters.Rebased`)
   per_client  the same training, `--client_execution=per_client`
 
-Both trainings are timed warm (one untimed 2-round training of each path
+Every training is timed warm (one untimed 2-round training of each path
 first, as a frontier worker runs its trainings after its first one), in
-alternating order.
-
-The graph cache is off (`TFF_CLIP_GRAPH_CACHE=off`), as in a fresh clone's
-first run. Then (not with `--quick`) the README main command
+alternating order, with the graph cache in a fresh temporary directory
+(empty at the start, as in a fresh clone; a frontier worker's later
+trainings then take its loaded runner and the cohort call traced by the
+first, `tff_clip.runtime.batched_clients`). Then (not with `--quick`) the README main command
 (`scripts.train --flagfile=scripts/flags/digits_demo.cfg`, a fresh
 process) against `python -c "import tensorflow, tensorflow_federated"`,
 both warm (each run once first, untimed), median of `--repeats`.
@@ -103,7 +107,8 @@ def floor_seconds(rounds: int, seed: int = 0) -> float:
   return time.perf_counter() - start
 
 
-def training_seconds(path: str, rounds: int, seed: int) -> float:
+def training_seconds(path: str, rounds: int, seed: int,
+                     **cell) -> float:
   """Seconds of one frontier training on `path` (module docstring)."""
   # `scripts.benchmark_frontier.make_config` of its timed cell
   # (`scripts.benchmark_round.FRONTIER_CELL`: mnist1000, the default method
@@ -117,7 +122,7 @@ def training_seconds(path: str, rounds: int, seed: int) -> float:
       **dict(benchmark_settings.FRONTIER['mnist1000'], eval_every=10**6,
              progress=False, seed=seed, root_output_dir=root,
              eval_split='test', target_epsilon=4.0, noise_multiplier=None,
-             client_execution=path, rounds=rounds))
+             client_execution=path, rounds=rounds, **cell))
   program.validate(config)
   start = time.perf_counter()
   program.run(config, quiet=True)
@@ -158,27 +163,34 @@ def main(argv):
   rounds, repeats = _ROUNDS.value, _REPEATS.value
   if _QUICK.value:
     rounds, repeats = 2, 1
-  os.environ['TFF_CLIP_GRAPH_CACHE'] = 'off'
+  os.environ['TFF_CLIP_GRAPH_CACHE'] = tempfile.mkdtemp(
+      prefix='benchmark_floor_graphs_')
   # Warm, as a frontier worker's trainings after its first: one 2-round
   # training of each path first, untimed (imports, Keras, first traces).
   for path in ('batched', 'per_client'):
     training_seconds(path, 2, 99)
-  runs = {'floor': [], 'batched': [], 'per_client': []}
+  trainings = {
+      'batched': lambda seed: training_seconds('batched', rounds, seed),
+      'batched, another cell': lambda seed: training_seconds(
+          'batched', rounds, seed, server_learning_rate=0.5,
+          target_quantile=0.3),
+      'per_client': lambda seed: training_seconds('per_client', rounds, seed),
+  }
+  runs = {'floor': [], **{name: [] for name in trainings}}
   for repeat in range(repeats):
     runs['floor'].append(floor_seconds(rounds, repeat))
-    paths = ('batched', 'per_client') if repeat % 2 == 0 else (
-        'per_client', 'batched')
-    for path in paths:
-      runs[path].append(training_seconds(path, rounds, repeat))
+    names = list(trainings)
+    for name in names if repeat % 2 == 0 else names[::-1]:
+      runs[name].append(trainings[name](repeat))
     print(f'[{repeat + 1}/{repeats}] ' + ', '.join(
         f'{k} {v[-1]:.2f} s' for k, v in runs.items()), flush=True)
   floor = statistics.median(runs['floor'])
   print(f'\n{rounds} rounds of the mnist1000 frontier training '
         f'(median of {repeats}):')
-  print(f'{"":<12} {"seconds":>8} {"x floor":>8}')
+  print(f'{"":<22} {"seconds":>8} {"x floor":>8}')
   for name, values in runs.items():
     median = statistics.median(values)
-    print(f'{name:<12} {median:8.2f} {median / floor:8.1f}')
+    print(f'{name:<22} {median:8.2f} {median / floor:8.1f}')
   if not _QUICK.value:
     times = readme_seconds(repeats)
     base = times['import TF + TFF']
