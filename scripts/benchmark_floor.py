@@ -25,8 +25,7 @@ and its ratio to the floor:
               run's own state, `hyperparameters.Rebased`)
   per_client  the same training, `--client_execution=per_client`
 
-Every training is timed warm (one untimed 2-round training of each path
-first, as a frontier worker runs its trainings after its first one), in
+Every training is timed warm (one untimed training of each path first, as a frontier worker runs its trainings after its first one), in
 alternating order, with the graph cache in a fresh temporary directory
 (empty at the start, as in a fresh clone; a frontier worker's later
 trainings then take its loaded runner and the cohort call traced by the
@@ -165,10 +164,12 @@ def main(argv):
     rounds, repeats = 2, 1
   os.environ['TFF_CLIP_GRAPH_CACHE'] = tempfile.mkdtemp(
       prefix='benchmark_floor_graphs_')
-  # Warm, as a frontier worker's trainings after its first: one 2-round
-  # training of each path first, untimed (imports, Keras, first traces).
+  # Warm, as a frontier worker's trainings after its first: one training of
+  # each path first, untimed (imports, Keras, first traces, and the noise
+  # calibrated for these rounds, which a worker's later trainings find in
+  # the calibration cache).
   for path in ('batched', 'per_client'):
-    training_seconds(path, 2, 99)
+    training_seconds(path, rounds, 99)
   trainings = {
       'batched': lambda seed: training_seconds('batched', rounds, seed),
       'batched, another cell': lambda seed: training_seconds(
