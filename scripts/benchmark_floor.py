@@ -25,7 +25,8 @@ and its ratio to the floor:
               run's own state, `hyperparameters.Rebased`)
   per_client  the same training, `--client_execution=per_client`
 
-Every training is timed warm (one untimed training of each path first, as a frontier worker runs its trainings after its first one), in
+Every training is timed warm (one untimed training of each path first,
+as a frontier worker runs its trainings after its first one), in
 alternating order, with the graph cache in a fresh temporary directory
 (empty at the start, as in a fresh clone; a frontier worker's later
 trainings then take its loaded runner and the cohort call traced by the
