@@ -69,6 +69,7 @@ SMOKE_OVERRIDES = {
     'scripts.benchmark_correlated': ['--quick', '--bands=2'],
     'scripts.benchmark_frontier': ['--quick', '--jobs=1'],
     'scripts.benchmark_floor': ['--quick'],
+    'scripts.benchmark_calibration': ['--quick', '--jobs=1'],
     'scripts.diagnose_per_layer': ['--setting=digits', '--rounds=2'],
     'scripts.diagnose_bounding': ['--setting=digits1000', '--rounds=2'],
     'scripts.audit_table': ['--noise_multipliers=1'],
