@@ -85,3 +85,32 @@ def test_a_model_without_accuracy_reports_nan_accuracy():
       tff.learning.models.ModelWeights.from_model(model_fn()))
   assert np.isfinite(metrics['eval_loss'])
   assert np.isnan(metrics['eval_accuracy'])
+
+
+def _other_data():
+  """Another dataset of the same element spec: 11 examples."""
+  rng = np.random.default_rng(8)
+  return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+      x=rng.normal(size=[11, 4]).astype(np.float32),
+      y=rng.integers(0, 3, size=11).astype(np.int32))).batch(5)
+
+
+def test_a_shared_evaluation_gives_tffs_numbers_on_each_runs_data(tff_eval):
+  # A process's later runs of one model (their data differs by seed) share
+  # one evaluation under their key: each run's own data, each with TFF's
+  # numbers, one trace for both.
+  shared = evaluation.server_evaluation(_model_fn, key='model-a')
+  assert evaluation.server_evaluation(_model_fn, key='model-a') is shared
+  assert evaluation.server_evaluation(_model_fn, key='model-b') is not shared
+  assert evaluation.server_evaluation(_model_fn) is not shared
+  weights = _weights(3)
+  for data in (_test_data, _other_data, _test_data):
+    state = tff_eval.set_model_weights(tff_eval.initialize(), weights)
+    current = tff_eval.next(state, [data()]).metrics['client_work']['eval'][
+        'current_round_metrics']
+    result = shared(weights, data())
+    assert result['eval_loss'] == pytest.approx(float(current['loss']),
+                                                rel=1e-5)
+    assert result['eval_accuracy'] == pytest.approx(
+        float(current['sparse_categorical_accuracy']))
+  assert shared._unfinalized_metrics.experimental_get_tracing_count() == 1

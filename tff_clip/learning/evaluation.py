@@ -3,7 +3,9 @@
 The data never leaves the server, so nothing federated is traced: one model
 of the task's `model_fn` takes the weights, and one `tf.function` (traced on
 the first call) runs `forward_pass(batch, training=False)` over the data.
-The metrics are then finalized as TFF finalizes them. This is the
+The metrics are then finalized as TFF finalizes them. `server_evaluation`
+keeps one per model for a process's later runs (a sweep's or a frontier
+worker's seeds): its traced loop takes each run's dataset as an argument. This is the
 computation of TFF's `tff.learning.algorithms.build_fed_eval` for one client
 holding the data -- the same loop over the batches in the same order, then
 `report_local_unfinalized_metrics` and `metric_finalizers` -- without
@@ -12,6 +14,7 @@ building and tracing a federated process.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import math
 
@@ -19,40 +22,70 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-__all__ = ['ServerEvaluation']
+__all__ = ['ServerEvaluation', 'server_evaluation']
 
 
 class ServerEvaluation:
   """Loss and accuracy of model weights on one dataset the server holds."""
 
-  def __init__(self, model_fn, dataset):
+  def __init__(self, model_fn, dataset=None):
     """`model_fn`: a no-arg callable returning a
-    `tff.learning.models.VariableModel`; `dataset`: its batches."""
+    `tff.learning.models.VariableModel`; `dataset`: its batches (or given
+    to each call)."""
     model = model_fn()
     self._model = model
     self._weights = tff.learning.models.ModelWeights.from_model(model)
     self._finalizers = model.metric_finalizers()
+    self._dataset = dataset
 
     @tf.function
-    def unfinalized_metrics():
-      for batch in dataset:
+    def unfinalized_metrics(data):
+      for batch in data:
         model.forward_pass(batch, training=False)
       return model.report_local_unfinalized_metrics()
 
     self._unfinalized_metrics = unfinalized_metrics
 
-  def __call__(self, model_weights) -> collections.OrderedDict:
+  def __call__(self, model_weights, dataset=None) -> collections.OrderedDict:
     """{'eval_loss', 'eval_accuracy'} of `model_weights` (a
-    `tff.learning.models.ModelWeights`); NaN for a metric the model lacks."""
+    `tff.learning.models.ModelWeights`) on `dataset` (default: the one it
+    was made with); NaN for a metric the model lacks."""
+    data = self._dataset if dataset is None else dataset
     tf.nest.map_structure(lambda v, t: v.assign(t), self._weights,
                           model_weights)
     self._model.reset_metrics()  # Each call counts afresh, as TFF's does.
     metrics = {name: _eagerly(self._finalizers[name])(value)
-               for name, value in self._unfinalized_metrics().items()}
+               for name, value in self._unfinalized_metrics(data).items()}
     return collections.OrderedDict(
         eval_loss=_scalar(metrics.get('loss')),
         eval_accuracy=_scalar(metrics.get('sparse_categorical_accuracy',
                                           metrics.get('accuracy'))))
+
+
+_KEPT = 4
+# key -> ServerEvaluation, the most recently used last; freed before the
+# interpreter tears its modules down (a traced function freed after that
+# prints a TypeError traceback).
+_shared = collections.OrderedDict()
+atexit.register(_shared.clear)
+
+
+def server_evaluation(model_fn, key=None) -> ServerEvaluation:
+  """A `ServerEvaluation` of `model_fn`'s model, called with the data.
+
+  `key`: a name of the model (the training program gives its run's exact
+  graph-cache key, which holds the task builder's source and every field a
+  model is built from); the evaluation made under it earlier in this
+  process is reused, its loop traced once for every dataset of one element
+  spec. None: a new one.
+  """
+  if key is None:
+    return ServerEvaluation(model_fn)
+  found = _shared.pop(key, None) or ServerEvaluation(model_fn)
+  _shared[key] = found
+  while len(_shared) > _KEPT:
+    _shared.popitem(last=False)
+  return found
 
 
 def _eagerly(finalizer):

@@ -470,13 +470,14 @@ class Session:
       self.process = cached
     self.test_data = _eval_dataset(self.task, config.eval_split)
     from tff_clip.program import client_execution  # pylint: disable=g-import-not-at-top
+    # What this run's traced calls are kept under (None: not kept).
+    self.trace_key = process_cache.graph_cache_key(
+        config, task_builder, self.noise_multiplier, self.task, exact=True)
     self.client_datasets, self.process, self.client_execution = (
         client_execution.clients(
             config, self.task, self.process, self.noise_multiplier,
             functools.partial(server_parts, resolved=self.mechanism),
-            trace_key=process_cache.graph_cache_key(
-                config, task_builder, self.noise_multiplier, self.task,
-                exact=True)))
+            trace_key=self.trace_key))
 
   def initial_state(self):
     return self.process.set_model_weights(self.process.initialize(),
@@ -545,12 +546,13 @@ class Session:
   def evaluate(self, state):
     """Loss and accuracy on the server-held test data: plain TensorFlow,
     whichever runtime trains (the data never leaves the server)."""
-    return self._evaluation(self.process.get_model_weights(state))
+    return self._evaluation(self.process.get_model_weights(state),
+                            self.test_data)
 
   @functools.cached_property
   def _evaluation(self):
     from tff_clip.learning import evaluation  # pylint: disable=g-import-not-at-top
-    return evaluation.ServerEvaluation(self.task.model_fn, self.test_data)
+    return evaluation.server_evaluation(self.task.model_fn, self.trace_key)
 
 
 _SESSIONS_KEPT = 3
