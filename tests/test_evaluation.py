@@ -26,12 +26,12 @@ def _model_fn():
       metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
 
 
-def _test_data():
-  """23 examples in batches of 5: the last batch is short."""
-  rng = np.random.default_rng(7)
+def _test_data(examples=23, seed=7):
+  """`examples` examples in batches of 5: the last batch is short."""
+  rng = np.random.default_rng(seed)
   return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
-      x=rng.normal(size=[23, 4]).astype(np.float32),
-      y=rng.integers(0, 3, size=23).astype(np.int32))).batch(5)
+      x=rng.normal(size=[examples, 4]).astype(np.float32),
+      y=rng.integers(0, 3, size=examples).astype(np.int32))).batch(5)
 
 
 def _weights(seed):
@@ -89,10 +89,7 @@ def test_a_model_without_accuracy_reports_nan_accuracy():
 
 def _other_data():
   """Another dataset of the same element spec: 11 examples."""
-  rng = np.random.default_rng(8)
-  return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
-      x=rng.normal(size=[11, 4]).astype(np.float32),
-      y=rng.integers(0, 3, size=11).astype(np.int32))).batch(5)
+  return _test_data(11, seed=8)
 
 
 def test_a_shared_evaluation_gives_tffs_numbers_on_each_runs_data(tff_eval):
