@@ -29,8 +29,11 @@ Below r = 1.15 the default is therefore TFF's own adaptive clipping at the
 median until round 20, and at 0.1 from then on where its norm has doubled
 since round 10; from 1.15 adaptive clipping at the 0.1 quantile, from 1.6
 adaptive normalization at it, and from 2 adaptive normalization at 0.03.
-`resolve` applies the rules to a `DPSpec` once (`ResolvedMechanism`): the
-aggregator builds from its result and a run records it.
+`resolve` applies the rules to a `DPSpec` once (`ResolvedMechanism`),
+with an adaptive norm's split of z between the value and the clipped
+counts (`noise_split`: Andrew et al.'s composition, the count noise
+`default_clipped_count_stddev` unless given): the aggregator builds from
+its result and a run records it.
 The measurements the rule was chosen from are in docs/frontier_history_2.md
 ("A default that follows the noise") and docs/frontier_history_4.md ("The
 0.03 quantile where the noise dominates", "A median that leaves when the
