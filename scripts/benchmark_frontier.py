@@ -35,8 +35,9 @@ tuning each with the same budget):
    method (both picked by validation accuracy, so the test seeds do not
    pick them); each correlated-noise tff_clip method against TFF's
    correlated counterpart under the same participation (`tree_adaptive`
-   for an adaptive norm), and each BLT method against banded noise with
-   the same bounding (the same seed: the same groups and cohorts). Each
+   for an adaptive norm), each BLT method against banded noise with the
+   same bounding (the same seed: the same groups and cohorts), and each
+   banded or BLT method against independent noise with its bounding. Each
    verdict says how many seeds it paired and how many of them drew fresh
    noise keys (read from the runs' config.json).
 
