@@ -37,6 +37,7 @@ from scripts import benchmark_frontier as frontier
 from scripts import cli
 from scripts import outputs
 from scripts import program
+from scripts import trainings
 from scripts import verdicts
 
 CALIBRATIONS = ('reported', 'rdp')
@@ -82,7 +83,7 @@ def main(argv):
   if quick:
     epsilons = epsilons[:1]
   setting = frontier._SETTING.value  # pylint: disable=protected-access
-  jobs = frontier._JOBS.value or frontier._cores()  # pylint: disable=protected-access
+  jobs = frontier._JOBS.value or trainings.cores()  # pylint: disable=protected-access
   root = os.path.join(frontier._ROOT.value, f'{setting}_calibration')  # pylint: disable=protected-access
   cells, population = [], None
   for method in methods:
@@ -94,7 +95,7 @@ def main(argv):
           for i, (_, _, by_calibration, _) in enumerate(cells)
           for calibration in CALIBRATIONS
           for config in by_calibration[calibration]]
-  results = frontier.run_all([config for _, _, config in plan], jobs,
+  results = trainings.run_all([config for _, _, config in plan], jobs,
                              'calibration')
   runs = collections.defaultdict(dict)
   spent = collections.defaultdict(list)

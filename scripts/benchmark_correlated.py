@@ -53,6 +53,8 @@ from scripts import benchmark_settings
 from scripts import cli
 from scripts import outputs
 from scripts import program
+from scripts import trainings
+from scripts import verdicts
 from tff_clip.program import config as config_lib
 
 # name -> (TrainConfig fields, default b). Digits and MNIST-28 fix the
@@ -86,6 +88,10 @@ _BANDS = flags.DEFINE_integer('bands', None, 'b: bands, tree restart period '
 _VARIANTS = flags.DEFINE_list('variants', [], 'Variants (default all).')
 _QUICK = flags.DEFINE_bool('quick', False, 'CI size: 2 rounds, 1 seed, one '
                            'epsilon.')
+_JOBS = flags.DEFINE_integer(
+    'jobs', 1, 'Trainings run side by side, each in its own process '
+    '(`scripts.trainings.run_all`); 1: one after another, in this '
+    'process.')
 _ROOT = flags.DEFINE_string('root_output_dir', 'runs/correlated',
                             'Output root.')
 
@@ -166,6 +172,10 @@ def summarise(results, names, epsilons):
       row[f'eps{epsilon:g}_std'] = (statistics.stdev(accuracies)
                                     if len(accuracies) > 1 else 0.0)
       row[f'eps{epsilon:g}_seeds'] = len(accuracies)
+      # The epsilon the runs' ledgers report (at most the target).
+      spent = [r['spent'] for r in results if r['variant'] == name and
+               r['epsilon'] == epsilon and r.get('spent') is not None]
+      row[f'eps{epsilon:g}_spent'] = max(spent) if spent else None
     # The clients per round of its runs (a separated variant's: the smallest
     # group of each seed, `benchmark_settings.separated_cohort`).
     row['cohort'] = benchmark_settings.cohort_range(
@@ -173,6 +183,30 @@ def summarise(results, names, epsilons):
         if r['variant'] == name and r.get('cohort') is not None)
     rows.append(row)
   return rows
+
+
+def paired(results, names, epsilons, bands):
+  """(variant, against, epsilon, PairedDifference) rows: every correlated
+  variant against independent noise and against TFF's tree of the same b,
+  paired by seed (`scripts.verdicts`), where both ran."""
+  runs = collections.defaultdict(dict)
+  for r in results:
+    runs[r['variant'], r['epsilon']][r['seed']] = verdicts.Run(
+        r['accuracy'], r['fresh'])
+  baselines = [b for b in ('independent', f'tff_tree_{bands}') if b in names]
+  out = []
+  for against in baselines:
+    for name in names:
+      if name in baselines:
+        continue
+      for epsilon in epsilons:
+        out.append((name, against, epsilon, verdicts.compare(
+            runs[name, epsilon], runs[against, epsilon])))
+  if len(baselines) == 2:
+    out.extend((baselines[1], baselines[0], epsilon, verdicts.compare(
+        runs[baselines[1], epsilon], runs[baselines[0], epsilon]))
+               for epsilon in epsilons)
+  return out
 
 
 def format_table(rows, epsilons):
@@ -238,19 +272,22 @@ def main(argv):
                    root)
   except config_lib.ConfigError as e:
     return cli.fail(e)
+  if _JOBS.value < 1:
+    return cli.fail('--jobs must be at least 1.')
+  outcomes = trainings.run_all([p[3] for p in plan], _JOBS.value,
+                                        'correlated')
   results = []
-  for i, (name, epsilon, seed, config) in enumerate(plan, 1):
-    summary = program.run(config, quiet=True)
+  for (name, epsilon, seed, config), (accuracy, spent) in zip(plan, outcomes):
+    run_dir = os.path.join(config.root_output_dir, config.experiment_name)
     results.append(dict(variant=name, epsilon=epsilon, seed=seed,
-                        accuracy=summary['final_eval_accuracy'],
-                        cohort=config.clients_per_round))
-    print(f'[{i}/{len(plan)}] {name} epsilon {epsilon:g} seed {seed}: '
-          f'accuracy {summary["final_eval_accuracy"]:.4f} (cohort '
-          f'{config.clients_per_round}, z = '
-          f'{summary["noise_multiplier"]:.4g}, epsilon '
-          f'{summary["epsilon"]:.4g})', flush=True)
+                        accuracy=accuracy, spent=spent,
+                        cohort=config.clients_per_round,
+                        fresh=verdicts.fresh_noise_key(run_dir)))
   rows = summarise(results, names, epsilons)
   text = format_table(rows, epsilons)
+  comparisons = paired(results, names, epsilons, bands)
+  if comparisons:
+    text += '\n\n' + verdicts.format_report(comparisons)
   outputs.write_csv(os.path.join(root, 'correlated.csv'), rows)
   with open(os.path.join(root, 'correlated.md'), 'w') as f:
     f.write(text + '\n')

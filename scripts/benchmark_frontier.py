@@ -70,13 +70,9 @@ it ran).
 """
 
 import collections
-import concurrent.futures
-import ctypes
 import dataclasses
 import itertools
-import multiprocessing
 import os
-import signal
 import statistics
 
 from absl import flags
@@ -85,6 +81,7 @@ from scripts import benchmark_settings
 from scripts import cli
 from scripts import outputs
 from scripts import program
+from scripts import trainings
 from scripts import verdicts
 from tff_clip.program import config as config_lib
 
@@ -107,17 +104,9 @@ _FINAL_SEEDS = flags.DEFINE_integer(
     "wide as 5 do. A rerun with more reuses the finished seeds' runs.")
 
 
-def _cores() -> int:
-  """The cores this process may run on."""
-  try:
-    return len(os.sched_getaffinity(0))
-  except AttributeError:  # Not Linux.
-    return os.cpu_count() or 1
-
-
 _JOBS = flags.DEFINE_integer(
     'jobs', None, 'Trainings run side by side, each in its own process, so '
-    f'N jobs keep N cores busy. Default: one per core ({_cores()} here); 1 '
+    f'N jobs keep N cores busy. Default: one per core ({trainings.cores()} here); 1 '
     'trains in this process, one run after another.')
 _QUICK = flags.DEFINE_bool('quick', False, 'CI size: 2 rounds, 1 seed, one '
                            'epsilon, two methods, two grid cells.')
@@ -393,57 +382,6 @@ def format_same_cell(rows) -> str:
   return '\n'.join(lines)
 
 
-def _train(config):
-  """One run in a worker process: (final accuracy, epsilon)."""
-  summary = program.run(config, quiet=True)
-  return summary['final_eval_accuracy'], summary['epsilon']
-
-
-def _tie_to_parent():
-  """Pool workers stop when this process dies (PR_SET_PDEATHSIG), and leave
-  a Ctrl-C to it (`run_all` stops them).
-
-  Without the first a killed benchmark leaves its workers training on, and a
-  rerun starts the same runs beside them (which the run lock then refuses);
-  without the second, the terminal's Ctrl-C, sent to them too, prints a
-  traceback from every idle worker.
-  """
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
-  try:
-    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)
-  except OSError:
-    pass
-
-
-def run_all(configs, jobs: int, label: str) -> list:
-  """Runs `configs` (`jobs` at a time); returns (accuracy, epsilon) each."""
-  if jobs == 1 or len(configs) <= 1:
-    results = []
-    for i, config in enumerate(configs, 1):
-      results.append(_train(config))
-      print(f'[{label} {i}/{len(configs)}] {config.experiment_name}: '
-            f'{results[-1][0]:.4f}', flush=True)
-    return results
-  context = multiprocessing.get_context('spawn')
-  # One process a training: N jobs keep N cores busy (no more processes
-  # than trainings).
-  workers = min(jobs, len(configs))
-  with concurrent.futures.ProcessPoolExecutor(
-      workers, mp_context=context, initializer=_tie_to_parent) as pool:
-    futures = [pool.submit(_train, config) for config in configs]
-    try:
-      for i, (config, future) in enumerate(zip(configs, futures), 1):
-        print(f'[{label} {i}/{len(configs)}] {config.experiment_name}: '
-              f'{future.result()[0]:.4f}', flush=True)
-    except KeyboardInterrupt:
-      # Stop now, not after the queued runs: a rerun resumes every run.
-      pool.shutdown(wait=False, cancel_futures=True)
-      for process in multiprocessing.active_children():
-        process.terminate()
-      raise
-    return [future.result() for future in futures]
-
-
 def nearest(value, choices):
   return min(choices, key=lambda c: (abs(c - value), c))
 
@@ -583,7 +521,7 @@ def main(argv):
   for name in ('tuning_seeds', 'final_seeds', 'jobs'):
     if flags.FLAGS[name].value is not None and flags.FLAGS[name].value <= 0:
       return cli.fail(f'--{name} must be positive.')
-  jobs = _cores() if _JOBS.value is None else _JOBS.value
+  jobs = trainings.cores() if _JOBS.value is None else _JOBS.value
   tuning_seeds = [TUNING_SEED_BASE + s for s in range(_TUNING_SEEDS.value)]
   final_seeds = list(range(_FINAL_SEEDS.value))
   quick = _QUICK.value
@@ -617,7 +555,7 @@ def main(argv):
                             tuning_seeds, root, quick)
   except config_lib.ConfigError as e:
     return cli.fail(e)
-  tuned = run_all([plan[3] for plan in tune_plan], jobs, 'tune')
+  tuned = trainings.run_all([plan[3] for plan in tune_plan], jobs, 'tune')
   chosen, tuning_rows = choose(tune_plan, [acc for acc, _ in tuned], cells)
   if tuning_rows:  # None where only untuned methods run, without a ceiling.
     outputs.write_csv(os.path.join(root, 'tuning.csv'), tuning_rows)
@@ -642,7 +580,7 @@ def main(argv):
                         root, quick)
   except config_lib.ConfigError as e:
     return cli.fail(e)
-  finals = run_all([plan[2] for plan in final_plan], jobs, 'final')
+  finals = trainings.run_all([plan[2] for plan in final_plan], jobs, 'final')
   runs = collections.defaultdict(dict)  # (method, epsilon): {seed: Run}
   spent = collections.defaultdict(list)
   cohorts = collections.defaultdict(list)

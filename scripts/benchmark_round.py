@@ -447,10 +447,11 @@ def frontier_trainings(seeds: int, rounds, root: str,
   """Wall seconds of each training of the frontier cell (`FRONTIER_CELL`,
   seeds 0 to `seeds` - 1, `rounds` each or the setting's), one after
   another in this process, as a `scripts.benchmark_frontier` worker runs
-  them (`_train`). `tuning`: training i is instead grid cell i (cycling
+  them (`scripts.trainings.train`). `tuning`: training i is instead grid cell i (cycling
   through `FRONTIER_TUNING_CELLS`) of `FRONTIER_TUNING_METHOD`, seed i."""
   import dataclasses  # pylint: disable=g-import-not-at-top
   from scripts import benchmark_frontier  # pylint: disable=g-import-not-at-top
+  from scripts import trainings  # pylint: disable=g-import-not-at-top
   setting, method, epsilon = FRONTIER_CELL
   walls = []
   for seed in range(seeds):
@@ -463,7 +464,7 @@ def frontier_trainings(seeds: int, rounds, root: str,
     if rounds is not None:
       config = dataclasses.replace(config, rounds=rounds)
     started = time.perf_counter()
-    benchmark_frontier._train(config)  # pylint: disable=protected-access
+    trainings.train(config)
     walls.append(time.perf_counter() - started)
   return walls
 

@@ -110,3 +110,27 @@ plan = b.configs('digits', ['blt_20'], table, [8.0], [0], None,
 assert name == 'blt_20' and config.separation == 20, config
 ''', REPO)
   assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_correlated_variants_are_paired_by_seed_with_both_baselines(tmp_path):
+  # Seeds 0-2: BLT 10, 12, 14 points above independent noise. Student t
+  # with 2 degrees of freedom: 12 -+ 4.303 * 2 / sqrt(3) = [7.03, 16.97].
+  result = _python('''
+from scripts import benchmark_correlated as b
+results = []
+for seed, gap in enumerate((0.10, 0.12, 0.14)):
+  for name, accuracy in (('independent', 0.5), ('blt_5', 0.5 + gap),
+                         ('tff_tree_5', 0.4)):
+    results.append(dict(variant=name, epsilon=4.0, seed=seed,
+                        accuracy=accuracy, fresh=True))
+rows = b.paired(results, ['independent', 'blt_5', 'tff_tree_5'], [4.0], 5)
+for name, against, epsilon, d in rows:
+  print(name, against, round(d.difference, 2), round(d.low, 2),
+        round(d.high, 2), d.verdict)
+''', tmp_path)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.splitlines() == [
+      'blt_5 independent 12.0 7.03 16.97 win',
+      'blt_5 tff_tree_5 22.0 17.03 26.97 win',
+      'tff_tree_5 independent -10.0 -10.0 -10.0 loss',
+  ]

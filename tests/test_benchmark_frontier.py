@@ -421,12 +421,12 @@ def test_correlated_methods_run_under_the_same_protocol(tmp_path):
   root = tmp_path / 'mnist1000'
   with open(root / 'frontier.csv', newline='') as f:
     rows = {r['method']: r for r in csv.DictReader(f)}
-  # Calibrated to epsilon 8 with the accountant's RDP bound: no run spends
-  # more; the banded run's ledger (PLD) reports less, and says so.
+  # Calibrated to epsilon 8 by the accountant the ledger reports: every run
+  # spends the target (banded noise with an adaptive norm too: its count
+  # noise is charged at the mechanism's sensitivity), none more.
   for row in rows.values():
-    assert 0 < float(row['eps8_spent']) <= 8 * (1 + 1e-3)
-  assert float(rows['banded_normalize_adaptive']['eps8_spent']) < 8
-  assert 'banded_normalize_adaptive: 7.' in (root / 'frontier.md').read_text()
+    assert 0.995 * 8 <= float(row['eps8_spent']) <= 8 * (1 + 1e-3)
+  assert 'below the target' not in (root / 'frontier.md').read_text()
   # Untuned, banded noise is compared with TFF's tree aggregation.
   assert '| banded_normalize_adaptive | 8 | tff_tree_adaptive |' in (
       root / 'chosen.md').read_text()

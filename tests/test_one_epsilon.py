@@ -226,3 +226,29 @@ def test_a_void_guarantee_beyond_plds_grid_is_reported_by_rdp():
   assert reported.accountant == 'rdp'
   assert reported.epsilon > 1e6
   assert 'e+' in accountants.epsilon_label(reported.epsilon, 'rdp', 1e-5)
+
+
+@pytest.mark.parametrize('mechanism, fields', [
+    ('blt', {}), ('banded', dict(bands=2))])
+def test_correlated_noise_with_an_adaptive_norm_spends_the_target(
+    tmp_path, mechanism, fields):
+  """The adaptive norm's count noise is independent across rounds while the
+  value's goes through the mechanism (a Gaussian of z_v / s a participation,
+  s > 1): the split charges the count at that s, so value and count spend
+  the whole target the run was calibrated for, not 6% less (the ledger of
+  a BLT run on digits reported 3.77 for a target of 4 when the count was
+  charged as under independent noise). Oracle: the ledger's own PLD figure
+  over the events the aggregator recorded, against the target."""
+  from scripts import program  # pylint: disable=g-import-not-at-top
+  target = 4.0
+  config = training.TrainConfig(
+      root_output_dir=str(tmp_path), experiment_name=mechanism, rounds=4,
+      sampling='min_separation', min_separation=2, noise_mechanism=mechanism,
+      eval_every=4, noise_multiplier=None, target_epsilon=target,
+      delta=1e-4, progress=False, **fields)
+  summary = program.run(config)
+  assert summary['accountant'] == 'pld'
+  assert 0.995 * target <= summary['epsilon'] <= target
+  resolved = json.loads(
+      (tmp_path / mechanism / 'config.json').read_text())['resolved']
+  assert resolved['clipped_count_stddev'] is not None  # An adaptive norm.

@@ -50,6 +50,34 @@ def test_the_split_is_andrew_et_als_closed_form():
       1.0, None)
 
 
+@pytest.mark.parametrize('mechanism', [
+    dict(noise_mechanism='banded', bands=4, min_separation=4),
+    dict(noise_mechanism='blt', rounds=20, min_separation=5)])
+def test_under_correlated_noise_value_and_count_spend_the_calibrated_gaussian(
+    mechanism):
+  # A participation releases the value through the mechanism (a Gaussian of
+  # z_v / s, s its participation sensitivity) and the count with noise of
+  # its own (one of 2 sigma_b): together the one Gaussian of z / s the run
+  # was calibrated for. Oracle: dp_accounting's RDP of the pair against the
+  # one Gaussian.
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  spec = _spec(clipped_count_stddev=2.0, **mechanism)
+  s = spec.noise.participation_sensitivity
+  assert s > 1.0
+  resolved = noise_following.resolve(spec, 8)
+  z_v, sigma_b = (resolved.value_noise_multiplier,
+                  resolved.clipped_count_stddev)
+  pair = dp_accounting.ComposedDpEvent([
+      dp_accounting.GaussianDpEvent(z_v / s),
+      dp_accounting.GaussianDpEvent(2 * sigma_b)])
+  one = dp_accounting.GaussianDpEvent(1.0 / s)
+  rdp = lambda e: dp_accounting.rdp.RdpAccountant().compose(e).get_epsilon(
+      1e-5)
+  assert rdp(pair) == pytest.approx(rdp(one), rel=1e-9)
+  # Charged as under independent noise (s = 1), the pair spent less.
+  assert z_v < (1.0 - (2 * 2.0)**-2)**-0.5
+
+
 def test_a_factory_builds_its_query_from_the_object_it_was_given():
   spec = _spec()
   resolved = noise_following.resolve(spec, 8, layers=2)

@@ -264,6 +264,13 @@ def test_growth_held_refuses_a_bad_warmup_naming_it(warmup, error):
     (dict(server_step='fixed'), 1.0, 'fixed'),
     (dict(server_step='damped'), None, 'damped'),
     (dict(server_step='held'), 1.0, 'held'),
+    # Correlated noise: consecutive rounds' noise points apart by design.
+    (dict(noise_mechanism='blt', sampling='min_separation', min_separation=5),
+     1.0, 'fixed'),
+    (dict(noise_mechanism='banded', bands=4, sampling='min_separation',
+          min_separation=4), 1.0, 'fixed'),
+    (dict(noise_mechanism='tree', sampling='min_separation', min_separation=4),
+     1.0, 'fixed'),
 ])
 def test_the_default_damps_dp_runs_of_tff_clips_boundings_only(
     fields, noise, resolved):
@@ -279,6 +286,47 @@ def test_the_default_damps_dp_runs_of_tff_clips_boundings_only(
   assert layers[:-1] == {'fixed': [], 'damped': ['_OscillationDamped'],
                          'held': ['_GrowthHeld', '_OscillationDamped']
                          }[resolved]
+
+
+@pytest.mark.parametrize('step', ['damped', 'held'])
+def test_a_damped_step_under_correlated_noise_is_refused_naming_both_flags(
+    step):
+  # BLT's, banded and tree noise cancel across rounds: consecutive rounds'
+  # noise has a negative cosine far beyond independent noise's N(0, 1/d),
+  # so the damping would halve the step every round (a BLT run on digits
+  # ended at 2e-12 of its learning rate and chance accuracy).
+  from tff_clip.program import config as config_lib
+  config = config_lib.TrainConfig(
+      noise_mechanism='blt', sampling='min_separation', min_separation=5,
+      noise_multiplier=1.0, server_step=step)
+  with pytest.raises(config_lib.ConfigError,
+                     match=f"--server_step={step}.*--noise_mechanism=blt"):
+    config_lib.validate(config)
+
+
+@pytest.mark.parametrize('name, bands', [('blt', 1), ('banded', 5),
+                                         ('tree', 5)])
+def test_correlated_noise_alone_makes_the_damped_step_halve(name, bands):
+  # Why `auto` keeps a correlated run's step fixed: the damped step fed
+  # noise alone (no signal) keeps its learning rate under independent noise
+  # and halves it under the mechanism's noise (sampled from its own
+  # covariance across rounds, an oracle independent of its TF stream).
+  from tff_clip.aggregation import mechanisms
+  d, rounds = 2_000, 30
+  mechanism = mechanisms.noise_mechanism(name, bands, rounds=rounds,
+                                         separation=5)
+  independent = np.random.default_rng(0).standard_normal((rounds, d))
+  correlated = np.linalg.cholesky(
+      mechanism.noise_covariance(rounds)) @ independent
+  for noise, halves in ((independent, False), (correlated, True)):
+    optimizer = server_step.oscillation_damped(
+        tff.learning.optimizers.build_sgdm(1.0))
+    weights = (tf.zeros([d]),)
+    state = optimizer.initialize((tf.TensorSpec([d], tf.float32),))
+    for t in range(rounds):
+      state, weights = optimizer.next(
+          state, weights, (tf.constant(noise[t], tf.float32),))
+    assert (server_step.step_scale(state) < 0.5) == halves, name
 
 
 def test_an_unknown_server_step_is_refused_naming_the_flag():

@@ -194,26 +194,34 @@ def noise_following_switch(noise_multiplier: float,
 
 def adaptive_noise_multipliers(noise_multiplier: float,
                                clipped_count_stddev: float,
-                               num_counts: int = 1) -> float:
+                               num_counts: int = 1,
+                               sensitivity: float = 1.0) -> float:
   """Value noise multiplier z_v so that value + counts are as private as z.
 
   The value (z_v) and the count vector (noise multiplier
   2 sigma_b / sqrt(k), sensitivity sqrt(k)/2) together form one Gaussian
   mechanism with z^-2 = z_v^-2 + k (2 sigma_b)^-2 (Andrew et al. 2021;
   TFF's `adaptive_clip_noise_params` for k = 1). k = H for per-layer
-  quantiles.
+  quantiles. Under correlated noise a participation releases the value
+  through a mechanism of sensitivity s (`NoiseMechanism.
+  participation_sensitivity`: a Gaussian of z_v / s) beside a count of
+  independent noise, and the pair is the Gaussian of z / s the run is
+  calibrated for when z^-2 = z_v^-2 + k (2 s sigma_b)^-2 (s = 1: the above).
   """
   if noise_multiplier == 0:
     return 0.0
-  count_term = num_counts * (2.0 * clipped_count_stddev)**-2
+  count_term = num_counts * (2.0 * sensitivity * clipped_count_stddev)**-2
   remaining = noise_multiplier**-2 - count_term
   if remaining <= 0:
-    minimum = math.sqrt(num_counts) * noise_multiplier / 2.0
+    minimum = math.sqrt(num_counts) * noise_multiplier / (2.0 * sensitivity)
+    rule = 'sqrt(k) z / 2' if sensitivity == 1 else (
+        f'sqrt(k) z / (2 s), s = {sensitivity:g} the noise mechanism\'s '
+        'participation sensitivity')
     raise ValueError(
         f'`clipped_count_stddev` = {clipped_count_stddev:g} is too small for '
         f'`noise_multiplier` = {noise_multiplier:g}'
         f'{f" with {num_counts} per-layer counts" if num_counts > 1 else ""}: '
-        f'it must exceed {minimum:g} (sqrt(k) z / 2). Raise '
+        f'it must exceed {minimum:g} ({rule}). Raise '
         '`clipped_count_stddev` or `clients_per_round`, or lower '
         '`noise_multiplier`.')
   return remaining**-0.5
@@ -225,41 +233,55 @@ MAX_VALUE_NOISE_INFLATION = 1.1
 
 def default_clipped_count_stddev(noise_multiplier: float,
                                  clients_per_round: float,
-                                 num_counts: int = 1) -> float:
-  """sigma_b = max(n / 20, sqrt(k) z / (2 sqrt(1 - r^-2))), r = 1.1.
+                                 num_counts: int = 1,
+                                 sensitivity: float = 1.0) -> float:
+  """sigma_b = max(n / 20, sqrt(k) z / (2 s sqrt(1 - r^-2))), r = 1.1.
 
   Andrew et al. (2021) suggest sigma_b = n/20. From the composition
-  z^-2 = z_v^-2 + k (2 sigma_b)^-2 (`adaptive_noise_multipliers`), that is
-  infeasible whenever sqrt(k) z / 2 >= n / 20 -- e.g. per-layer quantiles
-  (k = H counts) at z = 1 with 20 clients -- and costs a large value-noise
-  inflation just above that. The second term is the sigma_b at which the
-  value noise is exactly r z: solving r^-2 z^-2 = z^-2 - k (2 sigma_b)^-2
-  for sigma_b. Taking the larger of the two keeps n/20 where it is cheap and
-  otherwise caps the inflation z_v / z at r = 1.1, so every z >= 0, n >= 1
-  and k >= 1 builds. Zero when z = 0 (the noise-free estimator).
+  z^-2 = z_v^-2 + k (2 s sigma_b)^-2 (`adaptive_noise_multipliers`; s the
+  noise mechanism's participation sensitivity, 1 for independent noise),
+  that is infeasible whenever sqrt(k) z / (2 s) >= n / 20 -- e.g. per-layer
+  quantiles (k = H counts) at z = 1 with 20 clients -- and costs a large
+  value-noise inflation just above that. The second term is the sigma_b at
+  which the value noise is exactly r z: solving
+  r^-2 z^-2 = z^-2 - k (2 s sigma_b)^-2 for sigma_b. Taking the larger of
+  the two keeps n/20 where it is cheap and otherwise caps the inflation
+  z_v / z at r = 1.1, so every z >= 0, n >= 1 and k >= 1 builds. Zero when
+  z = 0 (the noise-free estimator).
   """
   if noise_multiplier == 0:
     return 0.0
   r = MAX_VALUE_NOISE_INFLATION
   capped = (math.sqrt(num_counts) * noise_multiplier /
-            (2.0 * math.sqrt(1.0 - r**-2)))
+            (2.0 * sensitivity * math.sqrt(1.0 - r**-2)))
   return max(clients_per_round / 20.0, capped)
 
 
 def noise_split(noise_multiplier: float, clients_per_round: float,
                 clipped_count_stddev: Optional[float] = None,
-                num_counts: int = 1) -> tuple[float, Optional[float]]:
+                num_counts: int = 1,
+                sensitivity: float = 1.0) -> tuple[float, Optional[float]]:
   """(z_v, sigma_b): the value noise multiplier and the clipped count's noise
   of an adaptive norm at total z (`adaptive_noise_multipliers`), sigma_b the
   one given or `default_clipped_count_stddev`; sigma_b None where z = 0 (a
-  noise-free estimator). The one place the split is computed: the factory's
-  query and `DPSpec`'s early check both take it from here."""
+  noise-free estimator). `sensitivity`: the noise mechanism's participation
+  sensitivity s (1 for independent noise), so that value and counts spend
+  exactly the Gaussian of z / s the run is calibrated and accounted for.
+  The one place the split is computed: the factory's query and `DPSpec`'s
+  early check both take it from here."""
   count = clipped_count_stddev
   if count is None:
     count = default_clipped_count_stddev(noise_multiplier, clients_per_round,
-                                         num_counts)
-  value = adaptive_noise_multipliers(noise_multiplier, count, num_counts)
+                                         num_counts, sensitivity)
+  value = adaptive_noise_multipliers(noise_multiplier, count, num_counts,
+                                     sensitivity)
   return value, (None if noise_multiplier == 0 else count)
+
+
+def split_sensitivity(noise) -> float:
+  """s of `noise_split` for a noise mechanism (1 without one: independent
+  noise, or TFF's own mechanisms' split)."""
+  return 1.0 if noise is None else float(noise.participation_sensitivity)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,8 +355,9 @@ def resolve(dp_spec, dimension: int, *, layers: int = 1,
       quantile = noise_following_quantile(z, n, d)
       if not per_layer_counts:
         switch = noise_following_switch(z, n, d)
-    value_z, count_stddev = noise_split(z, n, dp_spec.clipped_count_stddev,
-                                        layers if per_layer_counts else 1)
+    value_z, count_stddev = noise_split(
+        z, n, dp_spec.clipped_count_stddev, layers if per_layer_counts else 1,
+        split_sensitivity(dp_spec.noise))
   return ResolvedMechanism(
       bounding=dp_spec.bounding.resolve(z, n, d).name,
       target_quantile=quantile, quantile_switch=switch,

@@ -297,7 +297,8 @@ class DPSpec:
     value_z = z
     if self.adaptive and not (self.per_layer and per_layer_quantiles):
       value_z, _ = noise_following.noise_split(
-          z, self.clients_per_round, self.clipped_count_stddev)
+          z, self.clients_per_round, self.clipped_count_stddev,
+          sensitivity=noise_following.split_sensitivity(noise))
     self.check_noise_scale(value_noise_multiplier=value_z)
 
   def check_noise_scale(self, dtypes=(np.float32,),

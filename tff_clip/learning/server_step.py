@@ -202,7 +202,11 @@ def oscillation_damped(inner_optimizer: _Optimizer,
   independent isotropic vectors in R^d (cosine ~ N(0, 1/d)): the Gaussian
   noise of a DP aggregate alone, or an update with no common direction,
   almost never crosses it, whatever the noise multiplier, so a run whose
-  updates are noise keeps its learning rate.
+  updates are noise keeps its learning rate. That null holds for noise
+  independent across rounds only: correlated noise (banded, BLT, tree) is
+  anti-correlated between consecutive rounds by design and crosses the
+  limit every few rounds (tests/test_server_step.py), so tff_clip's runs
+  keep a fixed step there (`--server_step=auto`) and refuse this one.
 
   With DP noise the update it reads is the noised aggregate, which the
   round releases anyway: the damping is post-processing and costs no

@@ -136,13 +136,15 @@ def _client_optimizer(config):
 
 def resolved_server_step(config: TrainConfig, noise_multiplier) -> str:
   """'damped', 'held' or 'fixed': --server_step, or for 'auto' (the default)
-  damped in a DP run of tff_clip's own boundings and fixed otherwise (no DP,
-  or TFF's baselines, which keep TFF's server step)."""
+  damped in a DP run of tff_clip's own boundings with independent noise and
+  fixed otherwise (no DP; TFF's baselines, which keep TFF's server step; and
+  correlated noise, whose rounds' noise is anti-correlated by design, which
+  the damping would read as oscillation: `server_step.oscillation_damped`)."""
   if config.server_step != 'auto':
     return config.server_step
   private = noise_multiplier is not None
   return ('damped' if private and config_lib.baseline(config) is None
-          else 'fixed')
+          and not config.noise.correlated else 'fixed')
 
 
 def _server_optimizer(config, noise_multiplier=None):

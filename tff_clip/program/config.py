@@ -47,8 +47,7 @@ EVAL_SPLITS = ('test', 'validation')
 
 # How a run is executed, not what it computes: these may change on resume.
 EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'client_execution',
-                  'workers',
-                  'worker_timeout_s', 'progress', 'root_output_dir',
+                  'workers', 'worker_timeout_s', 'progress', 'root_output_dir',
                   'checkpoint_interval_s')
 
 # Earlier names of fields, read from a recorded config.json on resume (one
@@ -60,9 +59,7 @@ RENAMED_KEYS = {'local_clip': 'local_clip_norm', 'blur_lambda': 'blur_strength'}
 LEGACY_DEFAULTS = {'server_step': 'fixed'}
 DEFAULT_CLIENTS_PER_ROUND = 20  # Unless separated: the smallest group.
 
-
-# The largest --seed: numpy's and Keras' seeds are 32-bit.
-SEED_MAX = 2**32 - 1
+SEED_MAX = 2**32 - 1  # The largest --seed: numpy's and Keras' are 32-bit.
 
 
 class ConfigError(ValueError):
@@ -89,10 +86,8 @@ def _option_value(text: str):
   if ',' in text:
     return tuple(_option_value(part) for part in text.split(','))
   lowered = text.strip().lower()
-  if lowered == 'none':
-    return None
-  if lowered in ('true', 'false'):
-    return lowered == 'true'
+  if lowered in ('none', 'true', 'false'):
+    return None if lowered == 'none' else lowered == 'true'
   for kind in (int, float):
     try:
       return checks.ascii_number(text, kind)
@@ -211,8 +206,8 @@ class TrainConfig:
       '(tff_clip.learning.server_step.oscillation_damped); held: damped, '
       'and no longer than the smallest update norm since round 10 '
       '(server_step.growth_held); both post-processing, no privacy cost; '
-      'fixed: neither. auto: damped in DP runs of tff_clip\'s boundings, '
-      'fixed without DP and for TFF\'s baselines.',
+      'fixed: neither. auto: damped in DP runs of tff_clip\'s boundings '
+      'with independent noise, else fixed.',
       SERVER_STEPS)
   local_epochs: int = _field(1, 'Passes over the client data per round.')
   local_steps: Optional[int] = _field(
@@ -578,6 +573,11 @@ def _check_correlated(config):
     noise.check_participation()
   except ValueError as e:
     raise flag_error(e) from None
+  if noise.correlated and config.server_step in ('damped', 'held'):
+    raise ConfigError(
+        f'--server_step={config.server_step} reads opposed updates as '
+        f'oscillation; --noise_mechanism={noise.name} opposes consecutive '
+        'rounds\' noise by design: use --server_step=fixed (or auto).')
 
 
 def blur_clip_norm(config: TrainConfig) -> Optional[float]:

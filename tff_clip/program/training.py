@@ -326,7 +326,7 @@ def _summary(config, session, ledger, last_eval, last_row):
     # Where it could move (`noise_following.QuantileSwitch`): where it ended.
     summary['final_target_quantile'] = last_row['target_quantile']
   # As resolved (--server_step=auto: damped in DP runs of tff_clip's
-  # boundings).
+  # boundings with independent noise).
   summary['server_step'] = session.server_step
   if 'objective' in last_row:
     # The synthetic problems' measure of progress (f(w) - f(w*), ||x||^2).
