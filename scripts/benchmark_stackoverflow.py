@@ -9,14 +9,16 @@ The shape is the benchmark of Choquette-Choo, McMahan, Rush and Thakurta
 (ICML 2023, "Multi-Epoch Matrix Factorization Mechanisms for Private Machine
 Learning"): 342,477 users, TFF's next-word LSTM over a 10,000-word
 vocabulary (`tasks.models.create_stackoverflow_lstm`, 4,050,748 parameters),
-1,000 users a round with minimum separation b = 342, so that a user takes
+1,000 users a round (1,001 here: every user of the smallest of the equal
+groups) with minimum separation b = 342, so that a user takes
 part at most k = 6 times in 2,052 rounds. The users are
 `tasks.stackoverflow.GeneratedClientData`: each one's sentences are
 generated on demand from (seed, user id), so the population is never held.
 The sampler (`tff_clip.privacy.sampling`, min_separation) deals the users into
 b groups of equal sizes (342,477 users, b = 342: 1,001 or 1,002) and refuses
 a cohort larger than the smallest group: the cohort is
-min(--clients_per_round, the smallest group), printed with the groups.
+min(--clients_per_round, the smallest group), by default the smallest
+group, printed with the groups.
 
 Each mechanism (independent, banded with each of --bands, and BLT once the
 library registers a 'blt' noise mechanism) is measured in a process of its
@@ -73,8 +75,9 @@ from scripts import cli
 _VOCAB = flags.DEFINE_integer('vocab_size', 10_000, 'Words in the vocabulary.')
 _USERS = flags.DEFINE_integer('num_clients', 342_477, 'Users (clients).')
 _COHORT = flags.DEFINE_integer(
-    'clients_per_round', 1_000, 'Users a round (the sampler caps it at its '
-    'smallest minimum-separation group).')
+    'clients_per_round', None, 'Users a round (default: the smallest '
+    'minimum-separation group, 1,001 at the published shape: every user of '
+    'a round\'s group; the sampler caps a larger one there).')
 _SEPARATION = flags.DEFINE_integer('min_separation', 342,
                                    'Minimum separation b (groups).')
 _PARTICIPATIONS = flags.DEFINE_integer(
@@ -134,7 +137,8 @@ class Shape:
   """The benchmark's shape (the published one by default)."""
   vocab_size: int = 10_000
   num_clients: int = 342_477
-  clients_per_round: int = 1_000
+  # None: the smallest group (`separated_cohort`), as `scripts.train` does.
+  clients_per_round: Optional[int] = None
   min_separation: int = 342
   participations: int = 6
   bands: int = 342
@@ -149,6 +153,8 @@ class Shape:
 
   def check(self) -> None:
     for name, value in dataclasses.asdict(self).items():
+      if value is None and name == 'clients_per_round':
+        continue  # The smallest group.
       if not isinstance(value, int) or value < (0 if name == 'seed' else 1):
         raise ValueError(f'--{name} must be a positive integer; got {value}.')
     if self.bands > self.min_separation:
@@ -183,7 +189,7 @@ def noise_vectors(mechanism: str, shape: Shape) -> int:
   """Model-sized noise vectors `mechanism` keeps in its state for the run
   of `shape` (its rounds and separation): the library's `state_vectors`."""
   return train_config(shape, mechanism,
-                      shape.clients_per_round).noise.state_vectors
+                      separated_cohort(shape)[0]).noise.state_vectors
 
 
 def state_copies_at_peak() -> int:
@@ -240,7 +246,9 @@ def separated_cohort(shape: Shape) -> tuple[int, int, int]:
   from tff_clip.privacy import sampling  # pylint: disable=g-import-not-at-top
   smallest, largest = sampling.group_sizes(shape.num_clients,
                                            shape.min_separation)
-  return min(shape.clients_per_round, smallest), smallest, largest
+  asked = smallest if shape.clients_per_round is None else (
+      shape.clients_per_round)
+  return min(asked, smallest), smallest, largest
 
 
 def task_builder(shape: Shape):
@@ -570,15 +578,18 @@ def main(argv):
                      f'choose from {", ".join(NOISE_MECHANISMS)}.')
   if _ONE.value:
     with open(_RESULT.value, 'w') as f:
-      json.dump(measure_one(shape, _ONE.value, shape.clients_per_round), f)
+      json.dump(measure_one(shape, _ONE.value, separated_cohort(shape)[0]),
+                f)
     return 0
   memory = (available_memory() if _MEMORY.value is None else
             int(_MEMORY.value * 2**30))
   parameters = lstm_parameters(shape.vocab_size)
   cohort, smallest, largest = separated_cohort(shape)
+  asked = ('the smallest group' if shape.clients_per_round is None else
+           f'asked {shape.clients_per_round:,}')
   print(f'{shape.num_clients:,} users in {shape.min_separation} groups of '
         f'{smallest:,} to {largest:,}: {cohort:,} users a round '
-        f'(asked {shape.clients_per_round:,}); the LSTM has {parameters:,} '
+        f'({asked}); the LSTM has {parameters:,} '
         f'parameters ({parameters * FLOAT_BYTES / 1e6:.1f} MB); '
         f'{gib(memory)} of memory available.', flush=True)
   rows = []

@@ -75,11 +75,13 @@ def test_published_population_is_generated_on_demand_not_held():
 
 
 def test_sampler_separates_the_published_population_into_equal_groups():
-  # 342,477 = 342 x 1,001 + 135: groups of 1,001 or 1,002, so the
-  # published 1,000 a round trains; the library's own sampler (the oracle)
-  # takes 1,001 and refuses 1,002, naming the groups.
+  # 342,477 = 342 x 1,001 + 135: groups of 1,001 or 1,002, so a round
+  # trains a whole smallest group, 1,001 (the default), or the published
+  # 1,000; the library's own sampler (the oracle) takes 1,001 and refuses
+  # 1,002, naming the groups.
   cohort, smallest, largest = b.separated_cohort(b.Shape())
-  assert (cohort, smallest, largest) == (1_000, 1_001, 1_002)
+  assert (cohort, smallest, largest) == (1_001, 1_001, 1_002)
+  assert b.separated_cohort(b.Shape(clients_per_round=1_000))[0] == 1_000
   ids = list(stackoverflow.GeneratedClientIds(PUBLISHED_USERS))
   before = _rss()
   sampler = sampling.ClientSampler(ids, 1_001, sampling.MIN_SEPARATION, 0,
