@@ -432,7 +432,13 @@ class BatchedRunner:
       if self._round is not None:
         _traces.move_to_end(key)
         return
-    self._round = tf.function(self._client_sums).get_concrete_function(*specs)
+    # Without autograph: the cohort call's control flow is explicit
+    # (`tf.while_loop`, the queries' `tf.cond`s), and converting the
+    # bounding's and the queries' Python source was most of the first
+    # round's seconds (a tensor used as a Python bool would fail the trace
+    # loudly, never run otherwise).
+    self._round = tf.function(
+        self._client_sums, autograph=False).get_concrete_function(*specs)
     if key is not None:
       _traces[key] = self._round
       while len(_traces) > _TRACES_KEPT:
