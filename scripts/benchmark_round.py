@@ -649,7 +649,8 @@ def _print_train_tables():
     print(f'| {label} | {walls[0]:.1f} | {later[tuning]:.1f} | '
           f'{rounds * cell_floor:.1f} | '
           f'{later[tuning] / (rounds * cell_floor):.1f}x |', flush=True)
-  jobs = benchmark_frontier._cores()  # pylint: disable=protected-access
+  from scripts import trainings  # pylint: disable=g-import-not-at-top
+  jobs = trainings.cores()
   typical = max(later.values())
   print(f'\n{FRONTIER_TRAININGS} such trainings on {jobs} jobs (one per '
         f'core), each at the slower later figure: about '
