@@ -275,7 +275,7 @@ def main(argv):
   if _JOBS.value < 1:
     return cli.fail('--jobs must be at least 1.')
   outcomes = trainings.run_all([p[3] for p in plan], _JOBS.value,
-                                        'correlated')
+                               'correlated')
   results = []
   for (name, epsilon, seed, config), (accuracy, spent) in zip(plan, outcomes):
     run_dir = os.path.join(config.root_output_dir, config.experiment_name)
