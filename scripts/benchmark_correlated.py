@@ -139,7 +139,8 @@ def configs(setting, names, table, epsilons, seeds, rounds, root):
       for name in names:
         fields = dict(SETTINGS[setting][0], noise_multiplier=None,
                       target_epsilon=epsilon,
-                      eval_every=10**6, progress=False, root_output_dir=root,
+                      eval_every=10**6, progress=False, plot=False,
+                      root_output_dir=root,
                       experiment_name=f'{name}_eps{epsilon:g}_seed{seed}',
                       seed=seed)
         if rounds:

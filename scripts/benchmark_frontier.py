@@ -258,6 +258,7 @@ def tff_method(method: str) -> bool:
 def make_config(setting, method, cell, epsilon, seed, phase, root, quick):
   """The TrainConfig of one run, validated."""
   fields = dict(SETTINGS[setting], eval_every=10**6, progress=False,
+                plot=False,
                 seed=seed, root_output_dir=os.path.join(root, phase),
                 eval_split='validation' if phase == 'tune' else 'test')
   if method == CEILING:

@@ -102,6 +102,7 @@ def configs(setting, variants, seeds, rounds, z, alpha, root, extra):
     for name in variants:
       fields = dict(SETTINGS[setting], partition_alpha=alpha,
                     noise_multiplier=z, eval_every=10**6, progress=False,
+                    plot=False,
                     root_output_dir=root, experiment_name=f'{name}_seed{seed}',
                     seed=seed)
       if rounds:

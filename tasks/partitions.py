@@ -174,14 +174,20 @@ def dirichlet_partition(labels,
   rng = np.random.default_rng(seed)
   classes = np.unique(labels)
   for _ in range(_DIRICHLET_MAX_ATTEMPTS):
-    clients = [[] for _ in range(num_clients)]
+    # Class by class, the members dealt in order: client k takes the run
+    # between cuts k - 1 and k; a client's examples are its runs in class
+    # order (one stable sort by client of all classes' dealt members).
+    members, owner = [], []
     for c in classes:
-      members = rng.permutation(np.flatnonzero(labels == c))
+      members.append(rng.permutation(np.flatnonzero(labels == c)))
       proportions = rng.dirichlet(np.full(num_clients, alpha))
-      cuts = (np.cumsum(proportions)[:-1] * members.size).astype(np.int64)
-      for k, part in enumerate(np.split(members, cuts)):
-        clients[k].append(part)
-    clients = [np.concatenate(parts) for parts in clients]
+      cuts = (np.cumsum(proportions)[:-1] * members[-1].size).astype(np.int64)
+      owner.append(np.searchsorted(cuts, np.arange(members[-1].size),
+                                   side='right'))
+    members, owner = np.concatenate(members), np.concatenate(owner)
+    order = np.argsort(owner, kind='stable')
+    clients = np.split(members[order], np.cumsum(
+        np.bincount(owner, minlength=num_clients))[:-1])
     if min(ix.size for ix in clients) >= min_examples_per_client:
       return _finish(clients, 'dirichlet')
   return _finish(_top_up(clients, labels, min_examples_per_client),

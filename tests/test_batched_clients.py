@@ -79,6 +79,61 @@ def _classification_task():
   return _task(x, y, batch_size=3)
 
 
+def _conv_model_fn():
+  """Conv2D (same, relu), max pooling, Conv2D (valid), global average
+  pooling, Dense-softmax."""
+  def keras_model():
+    tf.keras.utils.set_random_seed(2)
+    return tf.keras.Sequential([
+        tf.keras.layers.InputLayer(input_shape=(6, 6, 2)),
+        tf.keras.layers.Conv2D(3, 3, padding='same', activation='relu'),
+        tf.keras.layers.MaxPooling2D(2),
+        tf.keras.layers.Conv2D(4, 2, strides=1, padding='valid'),
+        tf.keras.layers.GlobalAveragePooling2D(),
+        tf.keras.layers.Dense(3, activation='softmax'),
+    ])
+  spec = collections.OrderedDict(x=tf.TensorSpec([None, 6, 6, 2], tf.float32),
+                                 y=tf.TensorSpec([None], tf.int32))
+  return task_lib.classification_model_fn(keras_model, spec)
+
+
+def _conv_task():
+  rng = np.random.default_rng(2)
+  x = rng.normal(size=[sum(SIZES), 6, 6, 2]).astype(np.float32)
+  y = rng.integers(0, 3, size=[sum(SIZES)]).astype(np.int32)
+  return _task(x, y, batch_size=3)
+
+
+def _embedding_model_fn():
+  """Embedding, a Dense layer on every token (rank 4), Conv1D, Flatten,
+  Dense-softmax."""
+  def keras_model():
+    tf.keras.utils.set_random_seed(3)
+    return tf.keras.Sequential([
+        tf.keras.layers.InputLayer(input_shape=(5,), dtype=tf.int32),
+        tf.keras.layers.Embedding(7, 4),
+        tf.keras.layers.Dense(3, activation='tanh'),
+        tf.keras.layers.Conv1D(2, 2, padding='same'),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(3, activation='softmax'),
+    ])
+  spec = collections.OrderedDict(x=tf.TensorSpec([None, 5], tf.int32),
+                                 y=tf.TensorSpec([None], tf.int32))
+  return task_lib.classification_model_fn(keras_model, spec)
+
+
+def _embedding_task():
+  rng = np.random.default_rng(3)
+  # Ids 0-6; id 6 in no client's data (its row's gradient is zero).
+  x = rng.integers(0, 6, size=[sum(SIZES), 5]).astype(np.int32)
+  y = rng.integers(0, 3, size=[sum(SIZES)]).astype(np.int32)
+  return _task(x, y, batch_size=3)
+
+
+_LAYER_MODELS = {'conv': (_conv_model_fn, _conv_task),
+                 'embedding': (_embedding_model_fn, _embedding_task)}
+
+
 def _assert_same(actual, expected, what):
   actual_leaves, expected_leaves = (tf.nest.flatten(t)
                                     for t in (actual, expected))
@@ -173,6 +228,30 @@ def test_dense_classifier_without_dp_equals_cpp_runtime():
                                     None, _BY_EXAMPLES, cpp=True)
 
 
+@pytest.mark.parametrize('model', sorted(_LAYER_MODELS))
+@pytest.mark.parametrize('method', ['clip', 'normalize', 'per_layer_clip',
+                                    'per_layer_normalize'])
+def test_conv_and_embedding_models_equal_per_client_path(model, method):
+  # Convolutions, pooling, embeddings and Dense on every token, under each
+  # bounding (a norm the updates exceed).
+  model_fn, task = _LAYER_MODELS[model]
+  _assert_batched_equals_per_client(model_fn(), task(), _dp(method, 0.05),
+                                    None)
+
+
+@pytest.mark.slow  # 25 s each; the per-client path is pinned to it above.
+@pytest.mark.parametrize('model', sorted(_LAYER_MODELS))
+def test_conv_and_embedding_models_equal_cpp_runtime(model):
+  # TFF's C++ runtime as the second oracle: DP with an adaptive norm, and
+  # TFF's mean without DP, weighted by examples and uniform.
+  model_fn, task = _LAYER_MODELS[model]
+  _assert_batched_equals_per_client(
+      model_fn(), task(), _dp('normalize', 'adaptive'), None, cpp=True)
+  for weighting in (_BY_EXAMPLES, _UNIFORM):
+    _assert_batched_equals_per_client(model_fn(), task(), None, weighting,
+                                      cpp=True)
+
+
 # ----------------------------------------------------------------------------
 # The padded batches.
 
@@ -206,10 +285,18 @@ def test_cohort_batches_are_the_datasets_batches(sizes, cohort):
 # What is refused.
 
 
-def test_conv_model_is_unsupported():
+@pytest.mark.parametrize('layer,why', [
+    (lambda: tf.keras.layers.Dropout(0.5), 'Dropout'),
+    (lambda: tf.keras.layers.BatchNormalization(), 'non-trainable'),
+    (lambda: tf.keras.layers.Conv2DTranspose(2, 1), 'Conv2DTranspose'),
+])
+def test_layers_it_cannot_batch_are_refused(layer, why):
+  # Dropout draws its own randomness client by client, batch normalization
+  # keeps non-trainable statistics, a transposed convolution is not among
+  # the layers it knows: the per-client path runs those models.
   def model_fn():
     keras_model = tf.keras.Sequential([
-        tf.keras.layers.Conv2D(2, 1, input_shape=(2, 2, 1)),
+        tf.keras.layers.InputLayer(input_shape=(2, 2, 1)), layer(),
         tf.keras.layers.Flatten(),
         tf.keras.layers.Dense(3, activation='softmax')])
     return tff.learning.models.from_keras_model(
@@ -220,7 +307,7 @@ def test_conv_model_is_unsupported():
   process = algorithms.build_fedavg(
       model_fn, client_optimizer=_sgd(0.1), server_optimizer=_sgd(1.0))
   runner = simulation.InProcessRunner(process, client_threads=1)
-  with pytest.raises(batched_clients.Unsupported, match='Conv2D'):
+  with pytest.raises(batched_clients.Unsupported, match=why):
     batched_clients.BatchedRunner(runner, model_fn)
 
 

@@ -195,6 +195,9 @@ class Checkpoints:
         os.remove(self.path(old))
       except OSError:
         pass
+    slices = self._listed(_SLICES)
+    if not slices:  # Nothing to tidy (no correlated noise's ring).
+      return
     referenced = set()
     for version in self.versions():
       try:
@@ -204,7 +207,7 @@ class Checkpoints:
       except Exception:  # pylint: disable=broad-except
         return
       referenced.update(at for ref in refs.values() for at, _ in ref)
-    for version in self._listed(_SLICES):
+    for version in slices:
       if version not in referenced:
         try:
           os.remove(self.slices_path(version))

@@ -48,7 +48,7 @@ EVAL_SPLITS = ('test', 'validation')
 # How a run is executed, not what it computes: these may change on resume.
 EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'client_execution',
                   'workers', 'worker_timeout_s', 'progress', 'root_output_dir',
-                  'checkpoint_interval_s')
+                  'checkpoint_interval_s', 'plot')
 
 # Earlier names of fields, read from a recorded config.json on resume (one
 # name per knob: the library's `tff_clip.learning.algorithms` argument names).
@@ -255,8 +255,8 @@ class TrainConfig:
       'up to that many seconds. '
       'Runs without DP only.')
   cache_dir: Optional[str] = _field(None, 'Online data cache directory.')
-  progress: bool = _field(True, 'Show a progress bar (off: one line per '
-                           'round, for logs).')
+  progress: bool = _field(True, 'Show a progress bar (off: one line a round).')
+  plot: bool = _field(True, 'Draw plot.png from metrics.csv at the end.')
   # Empirical privacy audit (`tff_clip.privacy.audit`, docs/audit.md).
   audit_canaries: int = _field(
       0, 'Empirical privacy audit: about this many canary clients (0: none, '
@@ -574,10 +574,10 @@ def _check_correlated(config):
   except ValueError as e:
     raise flag_error(e) from None
   if noise.correlated and config.server_step in ('damped', 'held'):
-    raise ConfigError(
-        f'--server_step={config.server_step} reads opposed updates as '
-        f'oscillation; --noise_mechanism={noise.name} opposes consecutive '
-        'rounds\' noise by design: use --server_step=fixed (or auto).')
+    raise ConfigError(f'--server_step={config.server_step} reads opposed '
+                      f'updates as oscillation; --noise_mechanism={noise.name}'
+                      " opposes consecutive rounds' noise by design: use "
+                      '--server_step=fixed (or auto).')
 
 
 def blur_clip_norm(config: TrainConfig) -> Optional[float]:

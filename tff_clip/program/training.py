@@ -180,8 +180,9 @@ def _train(config, session, log, resuming, extra_release_managers):
       session.round_event, ledger, config.delta,
       private=config.noise_seed is None) if session.private else None)
   progress = _Progress(config, restored[1], released, accounting_)
-  from tff_clip.program import plotting  # pylint: disable=g-import-not-at-top
-  plotting.import_in_background()  # Ready for the plot when the rounds end.
+  if config.plot:
+    from tff_clip.program import plotting  # pylint: disable=g-import-not-at-top
+    plotting.import_in_background()  # Ready for the plot when the rounds end.
   state = program_logic.train_model(
       process=session.process, sampler=session.sampler,
       client_data=session.client_datasets, evaluate=session.evaluate,
@@ -298,10 +299,11 @@ def _finish(config, session, ledger, log, audit_report=None):
     summary['empirical_epsilon'] = audit_report
   run_records.write_json(os.path.join(out, 'ledger.json'),
              _ledger_report(ledger, config, session, log))
-  from tff_clip.program import plotting  # pylint: disable=g-import-not-at-top
-  plotting.plot_metrics(os.path.join(out, 'metrics.csv'),
-                        os.path.join(out, 'plot.png'),
-                        title=config.experiment_name)
+  if config.plot:
+    from tff_clip.program import plotting  # pylint: disable=g-import-not-at-top
+    plotting.plot_metrics(os.path.join(out, 'metrics.csv'),
+                          os.path.join(out, 'plot.png'),
+                          title=config.experiment_name)
   # Last: its presence marks the run finished.
   run_records.write_json(os.path.join(out, 'summary.json'), summary)
   return run_records.strict_json(summary)
