@@ -4,7 +4,10 @@ For each task and DP setting, the runners train the same model on the same
 cohorts:
 
   inprocess  `tff_clip.runtime.simulation.InProcessRunner` (the default executor;
-             clients on one thread per core, at most 4)
+             clients on one thread per core, at most 4), client by client
+  batched    `inprocess` with the cohort in one call
+             (`tff_clip.runtime.batched_clients.BatchedRunner`, what
+             `--client_execution=batched` runs)
   sequential `inprocess` with one client thread (clients one after another)
   local      TFF's C++ worker (`--executor=local`)
   plain_tf   the same local SGD steps in a `tf.function` per client over the
@@ -59,11 +62,14 @@ import tensorflow_federated as tff
 from scripts import cli
 from scripts import program
 from tasks import synthetic
+from tff_clip.program import config as config_lib
 # pylint: enable=g-import-not-at-top
 
 _TASKS = flags.DEFINE_list('tasks', ['digits', 'emnist_cnn', 'shakespeare'],
-                           'Tasks (tasks.TASK_NAMES), offline data.')
-RUNNERS = ('inprocess', 'sequential', 'local', 'plain_tf', 'audited', 'floor')
+                           'Tasks (tasks.TASK_NAMES), offline data; options '
+                           'after slashes, e.g. emnist_cnn/dropout=false.')
+RUNNERS = ('inprocess', 'batched', 'sequential', 'local', 'plain_tf',
+           'audited', 'floor')
 _RUNNERS = flags.DEFINE_list('runners',
                              ['inprocess', 'local', 'plain_tf', 'floor'],
                              f'Which runners to time, of {", ".join(RUNNERS)}.')
@@ -130,8 +136,10 @@ def _correlated(mechanism: str) -> bool:
 
 def _config(task, dp_on, mechanism='independent'):
   from tff_clip.program import training  # pylint: disable=g-import-not-at-top
+  task, *given = task.split('/')
   # The EMNIST tasks on the 5,000 real 28x28 MNIST digits (offline).
   options = (('offline_data', 'mnist'),) if task.startswith('emnist') else ()
+  options += config_lib.parse_task_options(given)
   correlated = _correlated(mechanism)
   return training.TrainConfig(
       task=task, task_options=options, clients_per_round=_CLIENTS.value,
@@ -257,10 +265,12 @@ def _bench_task(task_name, dp_on, mechanism='independent'):
   """{runner: (first build s, [seconds per round])} for one configuration."""
   from tff_clip.privacy import audit
   from tff_clip.program import assembly, training
-  from tff_clip.runtime import client_data, execution, simulation  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import batched_clients, client_data, execution, simulation  # pylint: disable=g-import-not-at-top
   config = _config(task_name, dp_on, mechanism)
   task = program.build_task(config)
   clients = client_data.ClientDatasets(task, config.seed, config.local_steps)
+  batches = client_data.ClientDatasets(task, config.seed, config.local_steps,
+                                       batched=True)
   client_ids = list(task.datasets.train_data.client_ids)
   noise = config.noise_multiplier
   rng = np.random.default_rng(0)
@@ -271,6 +281,8 @@ def _bench_task(task_name, dp_on, mechanism='independent'):
   # runner that goes first in a round does not pay for the others.
   for cohort in cohorts:
     clients.datasets(cohort, 0)
+    if 'batched' in _RUNNERS.value:
+      batches.datasets(cohort, 0).cohort_batches()
   runners, states, first, times = {}, {}, {}, {}
   for name in _RUNNERS.value:
     started = time.perf_counter()
@@ -285,9 +297,15 @@ def _bench_task(task_name, dp_on, mechanism='independent'):
             assembly.build_aggregator(config, noise), 100,
             config.clients_per_round / len(client_ids))
       process = assembly.build_process(config, task, noise, auditor)
-      if name in ('inprocess', 'audited', 'sequential'):
+      if name in ('inprocess', 'audited', 'sequential', 'batched'):
         runners[name] = simulation.InProcessRunner(
             process, client_threads=1 if name == 'sequential' else None)
+      if name == 'batched':
+        aggregator, _, weighting = assembly.server_parts(config, noise)
+        runners[name] = batched_clients.BatchedRunner(
+            runners[name], task.model_fn, aggregator,
+            client_weighting=weighting or
+            tff.learning.ClientWeighting.NUM_EXAMPLES)
       else:
         execution.set_local_cpp_context()
         runners[name] = process
@@ -302,7 +320,8 @@ def _bench_task(task_name, dp_on, mechanism='independent'):
       if name == 'floor':
         runners[name].next(cohort)
       else:
-        data = clients.datasets(cohort, round_num + 1)
+        data = (batches if name == 'batched' else clients).datasets(
+            cohort, round_num + 1)
         if name == 'plain_tf':
           runners[name].next(data)
         else:
@@ -491,6 +510,8 @@ def _floor_round_seconds(config, rounds) -> float:
   from tff_clip.runtime import client_data  # pylint: disable=g-import-not-at-top
   task = program.build_task(config)
   clients = client_data.ClientDatasets(task, config.seed, config.local_steps)
+  batches = client_data.ClientDatasets(task, config.seed, config.local_steps,
+                                       batched=True)
   client_ids = list(task.datasets.train_data.client_ids)
   rng = np.random.default_rng(0)
   floor = _Floor(task, config.client_learning_rate)

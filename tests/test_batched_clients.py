@@ -252,6 +252,38 @@ def test_conv_and_embedding_models_equal_cpp_runtime(model):
                                       cpp=True)
 
 
+def test_auto_batches_small_models_and_trains_larger_ones_client_by_client(
+    monkeypatch):
+  # `auto` batches a model of at most SMALL_MODEL parameters (the MLP has
+  # 4 x 5 + 5 + 5 x 3 + 3 = 43); above it the per-client path is faster,
+  # and `batched` still batches it when asked.
+  from tff_clip.program import client_execution
+  model_fn = _mlp_model_fn()
+  process = algorithms.build_fedavg(
+      model_fn, client_optimizer=_sgd(0.1), server_optimizer=_sgd(1.0))
+  runner = simulation.InProcessRunner(process, client_threads=1)
+  task = _classification_task()
+  task.model_fn = model_fn
+
+  def path(wanted):
+    config = types.SimpleNamespace(
+        client_execution=wanted, seed=0, local_steps=None,
+        executor='inprocess', audit_canaries=0, local_clip_norm=None,
+        blur_strength=None, lus_sparsity=None, client_optimizer='sgd')
+    _, chosen_runner, chosen = client_execution.clients(
+        config, task, runner, None, lambda *_: (None, None, None))
+    assert isinstance(chosen_runner, batched_clients.BatchedRunner) == (
+        chosen == 'batched')
+    return chosen
+
+  monkeypatch.setattr(batched_clients, 'SMALL_MODEL', 43)
+  assert path('auto') == 'batched'
+  monkeypatch.setattr(batched_clients, 'SMALL_MODEL', 42)
+  assert path('auto') == 'per_client'
+  assert path('batched') == 'batched'
+  assert path('per_client') == 'per_client'
+
+
 # ----------------------------------------------------------------------------
 # The padded batches.
 

@@ -60,9 +60,14 @@ def clients(config, task, runner, noise_multiplier, server_parts,
           runner, task.model_fn, aggregator, config.client_optimizer,
           weighting or tff.learning.ClientWeighting.NUM_EXAMPLES,
           client_options=options, trace_key=trace_key)
-      return datasets, batched, 'batched'
     except batched_clients.Unsupported as e:
       reason = str(e)
+    else:
+      small = batched.parameters <= batched_clients.SMALL_MODEL
+      if small or wanted == 'batched':
+        return datasets, batched, 'batched'
+      reason = (f'the model has {batched.parameters:,} parameters, above '
+                f'{batched_clients.SMALL_MODEL:,}: client by client is faster')
   if wanted == 'batched':
     raise config_lib.ConfigError(
         f'--client_execution=batched: {reason}; use --client_execution=auto '

@@ -63,12 +63,21 @@ import tensorflow_federated as tff
 
 from tff_clip.runtime import tf_graphs
 
-__all__ = ['CLIENT_EXECUTIONS', 'BatchedRunner', 'Unsupported',
-           'check_supported']
+__all__ = ['CLIENT_EXECUTIONS', 'SMALL_MODEL', 'BatchedRunner',
+           'Unsupported', 'check_supported']
 
 # --client_execution: the batched path where the model allows it, or
 # either path forced.
 CLIENT_EXECUTIONS = ('auto', 'batched', 'per_client')
+
+
+# The most trainable parameters of a model whose cohort `auto` batches: above
+# it a copy of the model per client costs about what the batched calls save
+# (docs/benchmarks.md, "The batched path by model size").
+SMALL_MODEL = 2**18
+# The most parameters of a model whose cohort's DP records are computed all
+# at once (`vectorized_map`); a larger model's are summed client by client.
+_VECTORIZED_RECORDS = 2**16
 
 
 class Unsupported(ValueError):
@@ -163,7 +172,9 @@ def _forward(plan, weights, x):
   for kind, layer, ix in plan:
     if kind == 'examplewise':
       shape = tf.shape(x)
-      merged = layer(tf.reshape(x, tf.concat([[-1], shape[2:]], 0)))
+      # The layer's computation itself (`call`: no Keras bookkeeping of a
+      # layer built in another graph).
+      merged = layer.call(tf.reshape(x, tf.concat([[-1], shape[2:]], 0)))
       x = tf.reshape(merged, tf.concat([shape[:2], tf.shape(merged)[1:]], 0))
       continue
     if kind == 'embedding':
@@ -349,6 +360,11 @@ class BatchedRunner:
     return getattr(self._runner, name)
 
   @property
+  def parameters(self) -> int:
+    """The model's trainable parameters."""
+    return sum(s.shape.num_elements() for s in self._p.weight_specs)
+
+  @property
   def runner(self):
     """The wrapped per-client runner."""
     return self._runner
@@ -446,16 +462,25 @@ class BatchedRunner:
       out.append(tf.reduce_sum(weight))
       return out
     params = tf.nest.pack_sequence_as(p.params_structure, list(agg_params))
-    # Every client's record at once (`vectorized_map` of the query's own
-    # `preprocess_record`), then summed over the cohort: a third of the
-    # call's time of a client-by-client loop on the frontier's model; the
-    # sum's order differs from TFF's `accumulate` (float tolerance).
+    if self.parameters <= _VECTORIZED_RECORDS:
+      # Every client's record at once (`vectorized_map` of the query's own
+      # `preprocess_record`), then summed over the cohort: a third of the
+      # call's time of a client-by-client loop on the frontier's model.
+      sums = [tf.reduce_sum(r, axis=0) for r in tf.vectorized_map(
+          lambda update: tf.nest.flatten(p.query.preprocess_record(
+              params, update)), deltas)]
+    else:
+      # Client by client, in cohort order, as TFF's `accumulate` sums them:
+      # a larger model's [clients, d] records cost more than they save.
+      def record(c, sums):
+        records = tf.nest.flatten(p.query.preprocess_record(
+            params, [d[c] for d in deltas]))
+        return c + 1, [s + r for s, r in zip(sums, records)]
 
-    def record(client_deltas):
-      return tf.nest.flatten(p.query.preprocess_record(params, client_deltas))
-
-    sums = [tf.reduce_sum(r, axis=0)
-            for r in tf.vectorized_map(record, deltas)]
+      _, sums = tf.while_loop(
+          lambda c, _: c < num_clients, record,
+          (tf.constant(0), [tf.zeros(s.shape, s.dtype)
+                            for s in p.sample_specs]))
     out += sums
     return out
 
