@@ -131,6 +131,18 @@ def test_emnist_cnn_only_digits_option_has_ten_outputs():
   assert task.num_parameters() == 1206590 - 52 * (128 + 1)  # 62 -> 10.
 
 
+def test_emnist_cnn_without_dropout_is_the_original_fedavg_cnn():
+  # McMahan et al. 2017's CNN (TFF's 'cnn'): 1,663,370 parameters on the
+  # ten digits (the paper's count), no dropout layer; the mlp has no option.
+  task = tasks.get_task('emnist_cnn', only_digits=True, dropout=False)
+  assert task.num_parameters() == 1663370
+  keras_model = task.model_fn()._keras_model  # pylint: disable=protected-access
+  assert not any(isinstance(layer, tf.keras.layers.Dropout)
+                 for layer in keras_model.layers)
+  with pytest.raises(ValueError, match='dropout'):
+    tasks.get_task('emnist_mlp', dropout=False)
+
+
 def test_resnet18_has_the_papers_11m_parameters(resnet18):
   assert resnet18.count_params() == 11181642  # Cheng et al. 2022: "11.1M".
 
