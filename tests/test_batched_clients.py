@@ -322,6 +322,7 @@ def test_cohort_batches_are_the_datasets_batches(sizes, cohort):
     (lambda: tf.keras.layers.BatchNormalization(), 'non-trainable'),
     (lambda: tf.keras.layers.Conv2DTranspose(2, 1), 'Conv2DTranspose'),
 ])
+@pytest.mark.filterwarnings('ignore:Batch Normalization')  # TFF's advice.
 def test_layers_it_cannot_batch_are_refused(layer, why):
   # Dropout draws its own randomness client by client, batch normalization
   # keeps non-trainable statistics, a transposed convolution is not among

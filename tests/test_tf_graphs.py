@@ -5,6 +5,7 @@ them. Oracles: closed forms of tiny computations.
 """
 
 import collections
+import collections.abc
 
 import numpy as np
 import pytest
@@ -194,3 +195,45 @@ def test_a_constant_of_the_graph_changes_the_digest():
   from tff_clip.runtime import graph_defs
   assert (graph_defs.canonical_digest(_scaled_sum_of(2.0)) !=
           graph_defs.canonical_digest(_scaled_sum_of(3.0)))
+
+
+def _containers(value):
+  """Every container of `value` with its type and keys, depth first."""
+  if isinstance(value, collections.abc.Mapping):
+    return [(type(value), list(value))] + [
+        c for v in value.values() for c in _containers(v)]
+  if isinstance(value, (list, tuple)):
+    return [(type(value), len(value))] + [
+        c for v in value for c in _containers(v)]
+  if hasattr(type(value), '__attrs_attrs__'):
+    fields = [f.name for f in type(value).__attrs_attrs__]
+    return [(type(value), fields)] + [
+        c for f in fields for c in _containers(getattr(value, f))]
+  return []
+
+
+def test_packed_values_are_tffs_own_containers():
+  # The packer of a learning process's types (attrs, named tuples, ordered
+  # and plain dicts, lists, empty structures) gives what TFF's
+  # `type_to_py_container` gives: the same containers, keys and leaves.
+  from tff_clip.aggregation import dp
+  from tff_clip.learning import algorithms
+  import tiny_model  # pylint: disable=g-import-not-at-top
+  process = algorithms.build_fedavg(
+      tiny_model.model_fn,
+      client_optimizer=tff.learning.optimizers.build_sgdm(0.1),
+      server_optimizer=tff.learning.optimizers.build_sgdm(1.0, momentum=0.9),
+      model_aggregator=dp.dp_factory('clip', noise_multiplier=0.5,
+                                     clients_per_round=3.0,
+                                     clip_norm='adaptive'))
+  for type_spec in (process.initialize.type_signature.result,
+                    process.next.type_signature.result):
+    count = tf_graphs.count_leaves(type_spec)
+    leaves = [np.full([2], i, np.float32) for i in range(count)]
+    packed = tf_graphs.pack_value(type_spec, leaves)
+    expected = tff.types.type_to_py_container(
+        tf_graphs._pack(type_spec, iter(leaves)), type_spec)  # pylint: disable=protected-access
+    assert _containers(packed) == _containers(expected)
+    for a, b in zip(tf.nest.flatten(packed), tf.nest.flatten(expected),
+                    strict=True):
+      np.testing.assert_array_equal(a, b)

@@ -163,6 +163,8 @@ class _Releases:
     self._released = released
     self._managers = [tff.program.FilteringReleaseManager(manager, released)
                       for manager in release_managers]
+    # One event loop for the run's releases (not one a round: `close`).
+    self._runner = asyncio.Runner()
 
   def filtered(self, row):
     return {k: v for k, v in row.items() if self._released((k,))}
@@ -174,7 +176,10 @@ class _Releases:
       for manager in self._managers:
         await manager.release(row, key=round_num)
 
-    asyncio.run(release_all())
+    self._runner.run(release_all())
+
+  def close(self):
+    self._runner.close()
 
 
 def train_model(*, process, sampler, client_data, evaluate: Callable,
@@ -209,53 +214,56 @@ def train_model(*, process, sampler, client_data, evaluate: Callable,
     last_eval: the last released evaluation (of a resumed run).
   """
   releases = _Releases(state_manager, release_managers, released)
-  state, start_round, pending = restored
-  if pending is not None:
-    # Killed between the checkpoint and the release: release the saved row
-    # (the round is never computed again).
-    round_num, row, event = pending
-    accounting.ledger.record(round_num, event)
-    releases.release(round_num, row, event)
-  last_eval = last_eval or collections.OrderedDict(eval_loss=math.nan,
-                                                   eval_accuracy=math.nan)
-  last_checkpoint = -math.inf
-  for round_num in range(start_round, schedule.rounds + 1):
-    started = time.perf_counter()
-    cohort = sampler.sample(round_num)
-    # An empty Poisson cohort still runs: the aggregator adds its noise to
-    # an empty sum, so the released model does not reveal that it was empty.
-    output = process.next(state, client_data.datasets(cohort, round_num))
-    state = output.state
-    event = None
-    if accounting is not None:  # The event the aggregator actually ran.
-      event = accounting.round_event(state, round_num)
+  try:
+    state, start_round, pending = restored
+    if pending is not None:
+      # Killed between the checkpoint and the release: release the saved row
+      # (the round is never computed again).
+      round_num, row, event = pending
       accounting.ledger.record(round_num, event)
-    row = _train_row(round_num, cohort, flatten_metrics(output.metrics),
-                     accounting)
-    scale = _server_step_scale(state)
-    if scale is not None:
-      row['server_step_scale'] = scale
-    if objective is not None:
-      row['objective'] = float(objective(
-          process.get_model_weights(state).trainable))
-    row['seconds'] = time.perf_counter() - started
-    row.update(eval_loss=math.nan, eval_accuracy=math.nan)
-    if round_num % schedule.eval_every == 0 or round_num == schedule.rounds:
-      last_eval = evaluate(state)
-      row.update(last_eval)
-    if accounting is not None:
-      # Checkpoint (with the row, as its release will show it), then
-      # release.
-      state_manager.checkpoint(round_num, state,
-                               pending=(releases.filtered(row), event))
       releases.release(round_num, row, event)
-    else:
-      releases.release(round_num, row, event)
-      if (round_num % schedule.checkpoint_every == 0 and
-          time.monotonic() - last_checkpoint >= schedule.checkpoint_interval_s
-         ) or round_num == schedule.rounds:
-        last_checkpoint = time.monotonic()
-        state_manager.checkpoint(round_num, state)
-    if progress is not None:
-      progress.update(round_num, row, last_eval)
+    last_eval = last_eval or collections.OrderedDict(eval_loss=math.nan,
+                                                     eval_accuracy=math.nan)
+    last_checkpoint = -math.inf
+    for round_num in range(start_round, schedule.rounds + 1):
+      started = time.perf_counter()
+      cohort = sampler.sample(round_num)
+      # An empty Poisson cohort still runs: the aggregator adds its noise to
+      # an empty sum, so the released model does not reveal that it was empty.
+      output = process.next(state, client_data.datasets(cohort, round_num))
+      state = output.state
+      event = None
+      if accounting is not None:  # The event the aggregator actually ran.
+        event = accounting.round_event(state, round_num)
+        accounting.ledger.record(round_num, event)
+      row = _train_row(round_num, cohort, flatten_metrics(output.metrics),
+                       accounting)
+      scale = _server_step_scale(state)
+      if scale is not None:
+        row['server_step_scale'] = scale
+      if objective is not None:
+        row['objective'] = float(objective(
+            process.get_model_weights(state).trainable))
+      row['seconds'] = time.perf_counter() - started
+      row.update(eval_loss=math.nan, eval_accuracy=math.nan)
+      if round_num % schedule.eval_every == 0 or round_num == schedule.rounds:
+        last_eval = evaluate(state)
+        row.update(last_eval)
+      if accounting is not None:
+        # Checkpoint (with the row, as its release will show it), then
+        # release.
+        state_manager.checkpoint(round_num, state,
+                                 pending=(releases.filtered(row), event))
+        releases.release(round_num, row, event)
+      else:
+        releases.release(round_num, row, event)
+        if (round_num % schedule.checkpoint_every == 0 and
+            time.monotonic() - last_checkpoint >= schedule.checkpoint_interval_s
+           ) or round_num == schedule.rounds:
+          last_checkpoint = time.monotonic()
+          state_manager.checkpoint(round_num, state)
+      if progress is not None:
+        progress.update(round_num, row, last_eval)
+  finally:
+    releases.close()
   return state

@@ -127,13 +127,46 @@ def _pack(type_spec, leaves):
   return next(leaves)
 
 
+def _slow_pack(type_spec, leaves):
+  return tff.types.type_to_py_container(_pack(type_spec, iter(leaves)),
+                                        type_spec)
+
+
+@functools.lru_cache(maxsize=64)
+def _packer(type_spec):
+  """`leaves -> value` as `_slow_pack` for `type_spec`, without TFF's per-call
+  type walk: `_slow_pack` of the leaves' positions is a template whose
+  `tf.nest` order of positions says where each leaf goes (None: a container
+  `tf.nest` does not know, e.g. a `Struct`; packed by TFF then)."""
+  count = count_leaves(type_spec)
+  template = _slow_pack(type_spec, [_Position(i) for i in range(count)])
+  order = tf.nest.flatten(template)
+  if sorted(p.index for p in order if isinstance(p, _Position)) != list(
+      range(count)) or len(order) != count:
+    return None
+  positions = [p.index for p in order]
+  return lambda leaves: tf.nest.pack_sequence_as(
+      template, [leaves[i] for i in positions])
+
+
+class _Position:
+  """A leaf's place in the flat leaves (a `_packer` template's leaf)."""
+  __slots__ = ('index',)
+
+  def __init__(self, index):
+    self.index = index
+
+
 def pack_value(type_spec, leaves: Sequence[Any]):
   """The value TFF would return for `type_spec`, from its flat leaves."""
   def as_numpy(leaf):
     return leaf.numpy() if hasattr(leaf, 'numpy') else np.asarray(leaf)
-  iterator = iter([as_numpy(x) for x in leaves])
-  value = _pack(type_spec, iterator)
-  return tff.types.type_to_py_container(value, type_spec)
+  leaves = [as_numpy(x) for x in leaves]
+  try:
+    packer = _packer(type_spec)
+  except TypeError:  # An unhashable type: TFF's walk.
+    packer = None
+  return _slow_pack(type_spec, leaves) if packer is None else packer(leaves)
 
 
 # ----------------------------------------------------------------------------
