@@ -20,6 +20,7 @@ import tensorflow_federated as tff
 
 from tff_clip.aggregation import dp
 from tff_clip.learning import algorithms
+from tff_clip.program import tff_tree
 from tff_clip.runtime import batched_clients
 from tff_clip.runtime import client_data
 from tff_clip.runtime import simulation
@@ -202,6 +203,27 @@ def test_dp_adaptive_bounding_equals_per_client_path(method):
   # The clipped counts (the quantile's record) go through the same sums.
   _assert_batched_equals_per_client(tiny_model.model_fn, _regression_task(),
                                     _dp(method, 'adaptive'), None, rounds=3)
+
+
+def _tff_dp(kind):
+  factory = tff.aggregators.DifferentiallyPrivateFactory
+  if kind == 'gaussian_fixed':  # Noise-free: TFF's Gaussian is unseeded.
+    return factory.gaussian_fixed(0.0, 3.0, 0.3)
+  if kind == 'gaussian_adaptive':
+    return factory.gaussian_adaptive(0.0, 3.0, initial_l2_norm_clip=0.3,
+                                     clipped_count_stddev=0.0)
+  return tff_tree.TreeAdaptiveFactory(  # Seeded tree noise.
+      0.5, 3.0, 0.3, 0.5, 0.2, 1.0, restart_every=2, noise_seed=7)
+
+
+@pytest.mark.parametrize('kind', ['gaussian_fixed', 'gaussian_adaptive',
+                                  'tree_adaptive'])
+def test_tffs_dp_factories_equal_per_client_path(kind):
+  # TFF's own DP aggregators (the frontier's baselines): their queries'
+  # clipping of each client's record, the sums, and (tree) the noise drawn
+  # once on the server from the state's seeds.
+  _assert_batched_equals_per_client(tiny_model.model_fn, _regression_task(),
+                                    _tff_dp(kind), None, rounds=3)
 
 
 @pytest.mark.parametrize('weighting', [_BY_EXAMPLES, _UNIFORM])

@@ -100,6 +100,11 @@ class TreeAdaptiveFactory(tff.aggregators.UnweightedAggregationFactory):
     self._noise_seed = noise_seed
 
   def create(self, value_type):
+    return self.dp_factory(value_type).create(value_type)
+
+  def dp_factory(self, value_type):
+    """TFF's `DifferentiallyPrivateFactory` of the query for `value_type`
+    (what `create` creates; the batched client path reads its query)."""
     specs = tff.types.type_to_tf_tensor_specs(value_type)
     n = self._clients_per_round
     count_stddev = self._clipped_count_stddev or (
@@ -117,5 +122,4 @@ class TreeAdaptiveFactory(tff.aggregators.UnweightedAggregationFactory):
     query = tfp.NormalizedQuery(query, denominator=n)
     if self._noise_seed is None:
       query = secret_tree_seed(query)
-    return tff.aggregators.DifferentiallyPrivateFactory(query).create(
-        value_type)
+    return tff.aggregators.DifferentiallyPrivateFactory(query)

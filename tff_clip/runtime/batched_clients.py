@@ -38,7 +38,9 @@ What is supported (`check_supported` says why not, in one line):
   model-delta client work (no BLUR, LUS, model or local clipping);
 * the aggregators `tff_clip.aggregation.dp.DPBoundingFactory` (the four
   boundings, fixed or adaptive norms, central noise, the default record
-  sum) and TFF's default `MeanFactory` (no bounding, no DP);
+  sum), TFF's `DifferentiallyPrivateFactory` (its Gaussian and tree
+  queries, the default record sum) and TFF's default `MeanFactory` (no
+  bounding, no DP);
 * the clients' data of `tff_clip.runtime.client_data.ClientDatasets` with
   an examplewise preprocessing (`cohort_batches`): the same batches, from the
   same `tf.data` shuffles and seeds, as the datasets the per-client path
@@ -210,6 +212,26 @@ def _leaves(type_spec) -> list:
   return [type_spec]
 
 
+def _dp_query(aggregator, value_type):
+  """The DP query whose `preprocess_record` is each client's record and
+  whose records TFF's `SumFactory` sums: of tff_clip's DP factory, of TFF's
+  `DifferentiallyPrivateFactory`, or of a factory whose `create` is its
+  `dp_factory(value_type)`'s (`tff_clip.program.tff_tree`)."""
+  from tff_clip.aggregation import dp  # pylint: disable=g-import-not-at-top
+  if isinstance(aggregator, dp.DPBoundingFactory):
+    if aggregator.record_aggregation_factory is not None:
+      raise Unsupported('the DP records are not summed by TFF\'s SumFactory')
+    if aggregator.spec.noise_placement != 'central':
+      raise Unsupported('the noise is placed on the clients')
+    return aggregator.build_query(value_type)
+  if not isinstance(aggregator, tff.aggregators.DifferentiallyPrivateFactory):
+    aggregator = aggregator.dp_factory(value_type)
+  records = aggregator._record_aggregation_factory  # pylint: disable=protected-access
+  if type(records) is not tff.aggregators.SumFactory:  # pylint: disable=unidiomatic-typecheck
+    raise Unsupported('the DP records are not summed by TFF\'s SumFactory')
+  return aggregator._query  # pylint: disable=protected-access
+
+
 def check_supported(runner, model_fn, aggregator, client_optimizer: str,
                     client_options: bool = False) -> None:
   """Raises `Unsupported` (one line) unless `BatchedRunner` can run `runner`'s
@@ -276,14 +298,10 @@ class _Plan:
         self.query = None
         if self.num_agg_params or len(report_type) != 3:
           raise Unsupported('the mean aggregator has another form')
-      elif isinstance(aggregator, dp.DPBoundingFactory):
-        spec = aggregator.spec
-        if aggregator.record_aggregation_factory is not None:
-          raise Unsupported('the DP records are not summed by TFF\'s '
-                            'SumFactory')
-        if spec.noise_placement != 'central':
-          raise Unsupported('the noise is placed on the clients')
-        self.query = aggregator.build_query(value_type)
+      elif isinstance(aggregator, (
+          dp.DPBoundingFactory, tff.aggregators.DifferentiallyPrivateFactory)
+                      ) or hasattr(aggregator, 'dp_factory'):
+        self.query = _dp_query(aggregator, value_type)
         self.params_structure = self.query.derive_sample_params(
             self.query.initial_global_state())
         if (len(tf.nest.flatten(self.params_structure)) !=
@@ -300,8 +318,8 @@ class _Plan:
           raise Unsupported('the DP aggregator\'s sums have another form')
       else:
         raise Unsupported(
-            f'the aggregator {type(aggregator).__name__} is not tff_clip\'s '
-            'DP factory or TFF\'s mean')
+            f'the aggregator {type(aggregator).__name__} is not a DP factory '
+            'of tff_clip\'s or TFF\'s, or TFF\'s mean')
     self.weighted = self.query is None
 
 
