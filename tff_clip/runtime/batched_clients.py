@@ -77,9 +77,6 @@ CLIENT_EXECUTIONS = ('auto', 'batched', 'per_client')
 # it a copy of the model per client costs about what the batched calls save
 # (docs/benchmarks.md, "The batched path by model size").
 SMALL_MODEL = 2**18
-# The most parameters of a model whose cohort's DP records are computed all
-# at once (`vectorized_map`); a larger model's are summed client by client.
-_VECTORIZED_RECORDS = 2**16
 
 
 class Unsupported(ValueError):
@@ -480,25 +477,19 @@ class BatchedRunner:
       out.append(tf.reduce_sum(weight))
       return out
     params = tf.nest.pack_sequence_as(p.params_structure, list(agg_params))
-    if self.parameters <= _VECTORIZED_RECORDS:
-      # Every client's record at once (`vectorized_map` of the query's own
-      # `preprocess_record`), then summed over the cohort: a third of the
-      # call's time of a client-by-client loop on the frontier's model.
-      sums = [tf.reduce_sum(r, axis=0) for r in tf.vectorized_map(
-          lambda update: tf.nest.flatten(p.query.preprocess_record(
-              params, update)), deltas)]
-    else:
-      # Client by client, in cohort order, as TFF's `accumulate` sums them:
-      # a larger model's [clients, d] records cost more than they save.
-      def record(c, sums):
-        records = tf.nest.flatten(p.query.preprocess_record(
-            params, [d[c] for d in deltas]))
-        return c + 1, [s + r for s, r in zip(sums, records)]
+    # Client by client, in cohort order, as TFF's `accumulate` sums them.
+    # (`vectorized_map` of the records runs the frontier's round 2.5 ms
+    # faster but traces seconds slower: the README's first run took 1.16x
+    # the wall time, `farm-bench` pair by pair.)
+    def record(c, sums):
+      records = tf.nest.flatten(p.query.preprocess_record(
+          params, [d[c] for d in deltas]))
+      return c + 1, [s + r for s, r in zip(sums, records)]
 
-      _, sums = tf.while_loop(
-          lambda c, _: c < num_clients, record,
-          (tf.constant(0), [tf.zeros(s.shape, s.dtype)
-                            for s in p.sample_specs]))
+    _, sums = tf.while_loop(
+        lambda c, _: c < num_clients, record,
+        (tf.constant(0), [tf.zeros(s.shape, s.dtype)
+                          for s in p.sample_specs]))
     out += sums
     return out
 
