@@ -62,7 +62,6 @@ import tensorflow_federated as tff
 from scripts import cli
 from scripts import program
 from tasks import synthetic
-from tff_clip.program import config as config_lib
 # pylint: enable=g-import-not-at-top
 
 _TASKS = flags.DEFINE_list('tasks', ['digits', 'emnist_cnn', 'shakespeare'],
@@ -136,6 +135,7 @@ def _correlated(mechanism: str) -> bool:
 
 def _config(task, dp_on, mechanism='independent'):
   from tff_clip.program import training  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import config as config_lib  # pylint: disable=g-import-not-at-top
   task, *given = task.split('/')
   # The EMNIST tasks on the 5,000 real 28x28 MNIST digits (offline).
   options = (('offline_data', 'mnist'),) if task.startswith('emnist') else ()
@@ -265,12 +265,13 @@ def _bench_task(task_name, dp_on, mechanism='independent'):
   """{runner: (first build s, [seconds per round])} for one configuration."""
   from tff_clip.privacy import audit
   from tff_clip.program import assembly, training
-  from tff_clip.runtime import batched_clients, client_data, execution, simulation  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import client_data, execution, simulation  # pylint: disable=g-import-not-at-top
   config = _config(task_name, dp_on, mechanism)
   task = program.build_task(config)
   clients = client_data.ClientDatasets(task, config.seed, config.local_steps)
-  batches = client_data.ClientDatasets(task, config.seed, config.local_steps,
-                                       batched=True)
+  batches = (client_data.ClientDatasets(task, config.seed, config.local_steps,
+                                        batched=True)
+             if 'batched' in _RUNNERS.value else None)
   client_ids = list(task.datasets.train_data.client_ids)
   noise = config.noise_multiplier
   rng = np.random.default_rng(0)
@@ -300,12 +301,13 @@ def _bench_task(task_name, dp_on, mechanism='independent'):
       if name in ('inprocess', 'audited', 'sequential', 'batched'):
         runners[name] = simulation.InProcessRunner(
             process, client_threads=1 if name == 'sequential' else None)
-      if name == 'batched':
-        aggregator, _, weighting = assembly.server_parts(config, noise)
-        runners[name] = batched_clients.BatchedRunner(
-            runners[name], task.model_fn, aggregator,
-            client_weighting=weighting or
-            tff.learning.ClientWeighting.NUM_EXAMPLES)
+        if name == 'batched':
+          from tff_clip.runtime import batched_clients  # pylint: disable=g-import-not-at-top
+          aggregator, _, weighting = assembly.server_parts(config, noise)
+          runners[name] = batched_clients.BatchedRunner(
+              runners[name], task.model_fn, aggregator,
+              client_weighting=weighting or
+              tff.learning.ClientWeighting.NUM_EXAMPLES)
       else:
         execution.set_local_cpp_context()
         runners[name] = process
@@ -510,8 +512,6 @@ def _floor_round_seconds(config, rounds) -> float:
   from tff_clip.runtime import client_data  # pylint: disable=g-import-not-at-top
   task = program.build_task(config)
   clients = client_data.ClientDatasets(task, config.seed, config.local_steps)
-  batches = client_data.ClientDatasets(task, config.seed, config.local_steps,
-                                       batched=True)
   client_ids = list(task.datasets.train_data.client_ids)
   rng = np.random.default_rng(0)
   floor = _Floor(task, config.client_learning_rate)
