@@ -2,6 +2,11 @@
 (`GeneratedQuadraticClients`): Das et al.'s heterogeneous-quadratic clients,
 each generated when sampled, so a population of any size is never held."""
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import tensorflow as tf
 
@@ -10,6 +15,7 @@ from scripts import program
 from tff_clip.program import training
 
 STACKOVERFLOW_USERS = 342_477
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _rss() -> int:
@@ -52,3 +58,34 @@ def test_a_client_is_the_quadratic_tasks_client_shape_and_law():
   assert not np.array_equal(features, other)
   reseeded = _client(synthetic.GeneratedQuadraticClients(1_000, seed=1), '123')
   assert not np.array_equal(features, reseeded['features'].numpy())
+
+
+def test_each_runner_times_its_own_path():
+  # `inprocess` rounds run tff_clip's in-process runner client by client,
+  # `batched` ones the batched cohort call, `local` TFF's C++ runtime (a
+  # runner bound to another's path would time the wrong thing).
+  code = '''
+from absl import flags
+from scripts import benchmark_round as b
+from tff_clip.runtime import batched_clients, simulation
+flags.FLAGS(['x', '--runners=inprocess,batched,local', '--rounds=2',
+             '--clients_per_round=2'])
+calls = []
+for cls in (simulation.InProcessRunner, batched_clients.BatchedRunner):
+  def next_(self, *args, _next=cls.next, _name=cls.__name__):
+    calls.append(_name)
+    return _next(self, *args)
+  cls.next = next_
+result = b._bench_task('digits', True)
+assert sorted(result) == ['batched', 'inprocess', 'local'], result
+print(sorted(calls))
+'''
+  done = subprocess.run([sys.executable, '-c', code], cwd=REPO,
+                        env=dict(os.environ, PYTHONPATH=str(REPO)),
+                        capture_output=True, text=True, timeout=300,
+                        check=False)
+  assert done.returncode == 0, done.stderr[-2000:]
+  # Two rounds each; the local runner calls neither.
+  assert done.stdout.split('\n')[-2] == (
+      "['BatchedRunner', 'BatchedRunner', 'InProcessRunner', "
+      "'InProcessRunner']"), done.stdout[-500:]
