@@ -83,7 +83,7 @@ _SPECS = collections.OrderedDict((spec.name, spec) for spec in (
         online_num_clients=emnist.ONLINE_NUM_CLIENTS[False]),
     _TaskSpec(
         'emnist_mlp',
-        functools.partial(emnist.build, model='mlp'),
+        functools.partial(emnist.build, model='mlp', dropout=None),
         {'online': 'TFF EMNIST-10 (digits), writers as clients',
          'offline': 'scikit-learn digits as 28x28 EMNIST (offline_data='
                     "'mnist': 5,000 real 28x28 MNIST), 50 IID clients",
@@ -92,7 +92,7 @@ _SPECS = collections.OrderedDict((spec.name, spec) for spec in (
         online_num_clients=emnist.ONLINE_NUM_CLIENTS[True]),
     _TaskSpec(
         'emnist_logreg',
-        functools.partial(emnist.build, model='logreg'),
+        functools.partial(emnist.build, model='logreg', dropout=None),
         {'online': 'TFF EMNIST-10 (digits), writers as clients',
          'offline': 'scikit-learn digits as 28x28 EMNIST (offline_data='
                     "'mnist': 5,000 real 28x28 MNIST), 50 IID clients",

@@ -139,7 +139,7 @@ def test_emnist_cnn_without_dropout_is_the_original_fedavg_cnn():
   keras_model = task.model_fn()._keras_model  # pylint: disable=protected-access
   assert not any(isinstance(layer, tf.keras.layers.Dropout)
                  for layer in keras_model.layers)
-  with pytest.raises(ValueError, match='dropout'):
+  with pytest.raises(TypeError, match='dropout'):
     tasks.get_task('emnist_mlp', dropout=False)
 
 

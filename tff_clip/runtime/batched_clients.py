@@ -222,8 +222,12 @@ def _dp_query(aggregator, value_type):
     if aggregator.spec.noise_placement != 'central':
       raise Unsupported('the noise is placed on the clients')
     return aggregator.build_query(value_type)
-  if not isinstance(aggregator, tff.aggregators.DifferentiallyPrivateFactory):
+  if hasattr(aggregator, 'dp_factory'):
     aggregator = aggregator.dp_factory(value_type)
+  if not isinstance(aggregator, tff.aggregators.DifferentiallyPrivateFactory):
+    raise Unsupported(
+        f'the aggregator {type(aggregator).__name__} is not a DP factory '
+        'of tff_clip\'s or TFF\'s, or TFF\'s mean')
   records = aggregator._record_aggregation_factory  # pylint: disable=protected-access
   if type(records) is not tff.aggregators.SumFactory:  # pylint: disable=unidiomatic-typecheck
     raise Unsupported('the DP records are not summed by TFF\'s SumFactory')
@@ -242,7 +246,6 @@ class _Plan:
 
   def __init__(self, runner, model_fn, aggregator, client_optimizer,
                client_options):
-    from tff_clip.aggregation import dp  # pylint: disable=g-import-not-at-top
     if client_optimizer != 'sgd':
       raise Unsupported(f'the client optimizer is {client_optimizer}, not sgd')
     if client_options:
@@ -296,9 +299,7 @@ class _Plan:
         self.query = None
         if self.num_agg_params or len(report_type) != 3:
           raise Unsupported('the mean aggregator has another form')
-      elif isinstance(aggregator, (
-          dp.DPBoundingFactory, tff.aggregators.DifferentiallyPrivateFactory)
-                      ) or hasattr(aggregator, 'dp_factory'):
+      else:
         self.query = _dp_query(aggregator, value_type)
         self.params_structure = self.query.derive_sample_params(
             self.query.initial_global_state())
@@ -314,10 +315,6 @@ class _Plan:
                 (t.dtype.type, tuple(t.shape))
                 for t in _leaves(report_type[1])]:
           raise Unsupported('the DP aggregator\'s sums have another form')
-      else:
-        raise Unsupported(
-            f'the aggregator {type(aggregator).__name__} is not a DP factory '
-            'of tff_clip\'s or TFF\'s, or TFF\'s mean')
     self.weighted = self.query is None
 
 
