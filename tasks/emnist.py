@@ -26,6 +26,7 @@ References:
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Optional
 
 import numpy as np
@@ -78,12 +79,23 @@ def mnist_as_emnist(images: np.ndarray) -> np.ndarray:
       np.float32)
 
 
+@functools.lru_cache(maxsize=1)
+def _mnist_pixels() -> np.ndarray:
+  """The offline MNIST digits as EMNIST pixels, converted once per process
+  (read-only: every split indexes, so copies, it)."""
+  images, _ = sources.load_mnist_arrays()
+  pixels = mnist_as_emnist(images)
+  pixels.flags.writeable = False
+  return pixels
+
+
 def _mnist_arrays(seed: int):
-  images, labels = sources.load_mnist_arrays()
+  _, labels = sources.load_mnist_arrays()
+  pixels = _mnist_pixels()
   train_ix, test_ix = task_lib.stratified_split(labels, digits.TEST_FRACTION,
                                                 seed)
   split = lambda ix: collections.OrderedDict(
-      label=labels[ix], pixels=mnist_as_emnist(images[ix]))
+      label=labels[ix], pixels=pixels[ix])
   return split(train_ix), split(test_ix)
 
 

@@ -825,6 +825,38 @@ def test_a_rebased_run_draws_a_fresh_noise_key_on_every_start(built, rebased):
 
 
 @pytest.mark.slow
+def test_a_cells_later_seed_takes_its_rebased_runner_without_a_rebuild(
+    built, rebased, monkeypatch):
+  # The grid's cell with other hyperparameters, seed after seed: the check
+  # that their values are state, not graph (building and comparing the
+  # aggregator and server optimizer), runs once per cell in a process; every
+  # seed still starts from a noise key of its own.
+  from scripts import program
+  from tff_clip.program import assembly
+  from tff_clip.program import hyperparameters
+  served, _ = rebased
+  builds = []
+  components = hyperparameters._Components
+  monkeypatch.setattr(hyperparameters, '_Components',
+                      lambda *args: builds.append(args) or components(*args))
+  later = assembly.Session(
+      dataclasses.replace(built['config'], seed=7, **_OTHER_HYPERPARAMETERS),
+      program.build_task)
+  assert not builds
+  assert _loaded_runner(later) is _loaded_runner(served)
+  keys = {tuple(_noise_key(s.initial_state().aggregator))
+          for s in (served, later, later)}
+  assert len(keys) == 3
+  # Other values again: checked anew, not served another cell's state.
+  other = assembly.Session(
+      dataclasses.replace(built['config'], seed=7, **dict(
+          _OTHER_HYPERPARAMETERS, server_learning_rate=0.2)),
+      program.build_task)
+  assert builds
+  assert _loaded_runner(other) is not _loaded_runner(served)
+
+
+@pytest.mark.slow
 def test_a_value_that_is_a_constant_of_a_graph_gets_its_own_trace(built):
   # Without DP a fixed clip norm is a constant of the aggregator's graph:
   # the entry of norm 0.1 must not serve norm 0.3.

@@ -148,6 +148,11 @@ class Rebased:
     self._initializers = initializers
     self._state_types = state_types
 
+  @property
+  def traced_runner(self):
+    """The runner whose traced graphs this one runs."""
+    return self._runner
+
   def initialize(self):
     from tff_clip.runtime import tf_graphs  # pylint: disable=g-import-not-at-top
     state = self._runner.initialize()

@@ -13,6 +13,8 @@ none (the session traces its process). No TensorFlow import.
 
 from __future__ import annotations
 
+import atexit
+import collections
 import dataclasses
 import hashlib
 from typing import Optional
@@ -137,6 +139,24 @@ def cached_runner(config: TrainConfig, task_builder, noise_multiplier, task,
     return found, None
   if shared is None:
     return None, shape_key
-  rebased = hyperparameters.rebase(shared, config, noise_multiplier,
-                                   server_parts)
+  memo = (exact_key, threads)
+  rebased = _rebased.pop(memo, None)
+  if rebased is None or rebased.traced_runner is not shared:
+    rebased = hyperparameters.rebase(shared, config, noise_multiplier,
+                                     server_parts)
+  if isinstance(rebased, hyperparameters.Rebased):
+    _rebased[memo] = rebased
+    while len(_rebased) > _REBASED_KEPT:
+      _rebased.popitem(last=False)
   return rebased, exact_key
+
+
+# The runners `rebase` made in this process, by exact key (every field the
+# graphs are built from, and the hyperparameters' values) and threads: the
+# later seeds of a grid's cell take their cell's, without building and
+# comparing its aggregator and server optimizer again (seconds a cell). A
+# `Rebased` holds no run's state; its `initialize` draws a fresh noise key
+# on every call. The least recently used dropped first.
+_REBASED_KEPT = 8
+_rebased = collections.OrderedDict()
+atexit.register(_rebased.clear)  # As `runner_cache`'s runners.

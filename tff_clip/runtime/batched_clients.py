@@ -525,7 +525,9 @@ class BatchedRunner:
       return self._runner.next(state, client_datasets)
     runner = self._runner
     examples, index = batches()
-    state_leaves = tf_graphs.flatten_value(state, runner._state_type, [])  # pylint: disable=protected-access
+    # As tensors once: `_prepare` and `_update` both take them.
+    state_leaves = runner._prepare.tensors(  # pylint: disable=protected-access
+        tf_graphs.flatten_value(state, runner._state_type, []))  # pylint: disable=protected-access
     client_input = list(runner._prepare(*state_leaves))  # pylint: disable=protected-access
     if self._round is None:
       self._trace(client_input, examples, index)

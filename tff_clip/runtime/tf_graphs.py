@@ -556,13 +556,18 @@ class TensorFlowFunction:
     self.num_parameters = len(parameter_names)
     self.num_results = len(result_names)
 
+  def tensors(self, leaves) -> list:
+    """The first len(`leaves`) parameter leaves as tensors of their dtypes
+    (a caller passing the same leaves to several calls converts them once)."""
+    return [
+        leaf if isinstance(leaf, tf.Tensor) else tf.constant(leaf, spec.dtype)
+        for leaf, spec in zip(leaves, self._specs)]
+
   def __call__(self, *leaves):
     if len(leaves) != self.num_parameters:
       raise TypeError(f'Expected {self.num_parameters} leaves for '
                       f'{self.type_signature}; got {len(leaves)}.')
-    tensors = [
-        leaf if isinstance(leaf, tf.Tensor) else tf.constant(leaf, spec.dtype)
-        for leaf, spec in zip(leaves, self._specs)]
+    tensors = self.tensors(leaves)
     if self._init is not None:
       _call_flat(self._init, tensors)
     return _call_flat(self._run, tensors)
