@@ -18,6 +18,7 @@ import pytest
 
 from tff_clip.privacy import accounting
 from tff_clip.privacy import accountants
+from tff_clip.privacy import pld_numpy
 from tff_clip.privacy import rdp_floor
 
 DELTA = 1e-6
@@ -464,7 +465,7 @@ def test_a_cached_rounds_self_composition_and_epsilon_are_dp_accountings_bits(
   dp_accounting 0.4.3's own `self_compose(T)` and `get_epsilon_for_delta`,
   bit for bit, for every T of a run and deltas from 1e-9 to 0.5."""
   round_pld = _round_pld(noise_multiplier, sampling_probability, 2**-9)
-  cached = accountants._SampledRound(round_pld)  # pylint: disable=protected-access
+  cached = pld_numpy.SampledRound(round_pld)
   for count in (1, 2, 3, 7, 20, 64, 100):
     want, got = round_pld.self_compose(count), cached.self_compose(count)
     for a, b in zip(_pmfs(want), _pmfs(got), strict=True):
@@ -474,8 +475,61 @@ def test_a_cached_rounds_self_composition_and_epsilon_are_dp_accountings_bits(
       assert a._probs.tobytes() == b._probs.tobytes()
     composed = pld.privacy_loss_distribution.identity(2**-9).compose(got)
     for delta in (1e-9, 1e-5, 1e-4, 0.01, 0.5):
-      assert accountants._pld_epsilon(composed, delta) == (  # pylint: disable=protected-access
+      assert pld_numpy.pld_epsilon(composed, delta) == (
           composed.get_epsilon_for_delta(delta)), (count, delta)
+
+
+def _assert_same_bits(want, got):
+  for a, b in zip(_pmfs(want), _pmfs(got), strict=True):
+    # pylint: disable=protected-access
+    assert type(a) is type(b)  # pylint: disable=unidiomatic-typecheck
+    assert a._infinity_mass == b._infinity_mass
+    if isinstance(a, pld_pmf.SparsePLDPmf):
+      assert a._loss_probs == b._loss_probs
+    else:
+      assert a._lower_loss == b._lower_loss
+      assert a._probs.tobytes() == b._probs.tobytes()
+
+
+@pytest.mark.parametrize('truncation', [1e-15, 1e-10, 0.0])
+def test_two_plds_composed_in_numpy_are_dp_accountings_bits(truncation):
+  """Rounds of distinct noise (float32 multipliers a bit apart, sampling
+  rates apart, an unsampled Gaussian), each self-composed, then composed
+  in turn: `pld_numpy.compose` is dp_accounting 0.4.3's `compose`, byte for
+  byte, PMF by PMF (dense and sparse alike)."""
+  grid = 2**-9
+  parts = [_round_pld(z, q, grid).self_compose(count) for z, q, count in (
+      (float(np.float32(1.2398609)), 0.05, 96),
+      (float(np.float32(1.2398608)), 0.05, 2),
+      (0.9, 0.01, 30))]
+  parts.append(pld.privacy_loss_distribution.from_gaussian_mechanism(
+      standard_deviation=3.0, value_discretization_interval=grid))
+  want = got = pld.privacy_loss_distribution.identity(grid)
+  for part in parts:
+    want = want.compose(part, tail_mass_truncation=truncation)
+    got = pld_numpy.compose(got, part, tail_mass_truncation=truncation)
+    _assert_same_bits(want, got)
+  sparse = pld.privacy_loss_distribution.identity(grid)
+  _assert_same_bits(sparse.compose(sparse), pld_numpy.compose(sparse, sparse))
+
+
+def test_a_ledger_of_distinct_rounds_has_dp_accountings_epsilon():
+  """TFF's adaptive clipping reports its value's noise multiplier in
+  float32, a little apart from round to round: a run's ledger then holds
+  several distinct rounds, and its epsilon after every round is dp_accounting's
+  own PLD accountant's on the same events, to the bit."""
+  rounds = [dp_accounting.PoissonSampledDpEvent(
+      0.05, dp_accounting.ComposedDpEvent([
+          dp_accounting.GaussianDpEvent(float(np.float32(z))),
+          dp_accounting.GaussianDpEvent(5.0)]))
+            for z in [1.2398609] * 5 + [1.2398608] + [1.2398610] * 3]
+  for t in range(1, len(rounds) + 1):
+    event = dp_accounting.ComposedDpEvent(rounds[:t])
+    ours = accounting.compute_epsilon(event, 1e-4, 'pld')
+    direct = pld.PLDAccountant(value_discretization_interval=(
+        ours.value_discretization_interval))
+    direct.compose(accountants.accounting_view(event, accountants.ADD_OR_REMOVE))
+    assert ours.epsilon == direct.get_epsilon(1e-4), t
 
 
 def test_the_numpy_epsilon_is_dp_accountings_at_its_edges():
@@ -488,7 +542,7 @@ def test_the_numpy_epsilon_is_dp_accountings_at_its_edges():
                                     (-20, 0.0), (5, 1e-6)):
     pmf = pld_pmf.DensePLDPmf(0.01, lower_loss, probs, infinity_mass, True)
     for delta in (1e-8, 1e-6, 1e-4, 1e-3, 0.1, 0.9):
-      assert accountants._pmf_epsilon(pmf, delta) == (  # pylint: disable=protected-access
+      assert pld_numpy.pmf_epsilon(pmf, delta) == (
           pmf.get_epsilon_for_delta(delta)), (lower_loss, infinity_mass, delta)
 
 
@@ -498,7 +552,7 @@ def test_a_sparse_pmfs_epsilon_is_dp_accountings():
   sparse = pld_pmf.SparsePLDPmf({-3: 0.2, 0: 0.5, 4: 0.299}, 0.01, 1e-3,
                                 True)
   for delta in (1e-6, 1e-3, 0.01, 0.1):
-    assert accountants._pmf_epsilon(sparse, delta) == (  # pylint: disable=protected-access
+    assert pld_numpy.pmf_epsilon(sparse, delta) == (
         sparse.get_epsilon_for_delta(delta)), delta
 
 

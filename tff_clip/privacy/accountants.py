@@ -25,12 +25,10 @@ import attr
 import dp_accounting
 from dp_accounting import pld
 from dp_accounting import rdp
-from dp_accounting.pld import pld_pmf
 import numpy as np
-from scipy import fft as scipy_fft
-from scipy import special
 
 from tff_clip.names import PLD, RDP
+from tff_clip.privacy import pld_numpy
 from tff_clip.privacy import rdp_floor
 
 __all__ = ['ADD_OR_REMOVE', 'PrivacyGuarantee', 'RDP_ORDERS', 'REPLACE_ONE',
@@ -70,7 +68,7 @@ _RDP_CACHE: dict[tuple[dp_accounting.DpEvent,
 # (z, q, grid) -> the PLD of one Poisson-sampled Gaussian round: building it
 # is most of a PLD epsilon's cost (~0.5 s at grid 5e-4 on 2 cores), its
 # self-composition a tenth of that.
-_PLD_CACHE: dict[tuple[float, float, float], '_SampledRound'] = {}
+_PLD_CACHE: dict[tuple[float, float, float], pld_numpy.SampledRound] = {}
 _PLD_CACHE_SIZE = 16
 # (the interpreted event, adjacency, delta, accountant, grid) -> its
 # guarantee: a run's last round's figure is asked again by its summary, and
@@ -215,126 +213,6 @@ class _RdpAccountant(rdp.RdpAccountant):
     return _epsilon_from_rdp(self.orders, self.rdp, target_delta)[0]
 
 
-class _SampledRound:
-  """The PLD of one Poisson-sampled Gaussian round, self-composed as
-  dp_accounting 0.4.3's `PrivacyLossDistribution.self_compose` does, bit
-  for bit, but for the Chernoff bounds that size the result
-  (`common.compute_self_convolve_bounds`): their log moment-generating
-  functions are of the one round's PMF, whatever the count, so they are
-  computed once here, not at every round (most of a self-composition's
-  cost)."""
-
-  def __init__(self, round_pld):
-    self.pld = round_pld
-    pmfs = [round_pld._pmf_remove]  # pylint: disable=protected-access
-    if not round_pld._symmetric:  # pylint: disable=protected-access
-      pmfs.append(round_pld._pmf_add)  # pylint: disable=protected-access
-    self._dense = all(type(p) is pld_pmf.DensePLDPmf for p in pmfs)  # pylint: disable=unidiomatic-typecheck
-    self._pmfs = [(p, self._log_mgfs(p)) for p in pmfs] if self._dense else []
-
-  @staticmethod
-  def _log_mgfs(pmf):
-    probs = pmf._probs  # pylint: disable=protected-access
-    orders = (np.concatenate((np.arange(-20, 0), np.arange(1, 21))) /
-              len(probs))
-    return orders, [special.logsumexp(np.arange(len(probs)) * order, b=probs)
-                    for order in orders]
-
-  @staticmethod
-  def _self_compose_pmf(pmf, log_mgfs, num_times, tail_mass_truncation):
-    # pylint: disable=protected-access
-    # `DensePLDPmf.self_compose` and `common.self_convolve`, 0.4.3.
-    probs = pmf._probs
-    lower, upper = 0, (len(probs) - 1) * num_times
-    if tail_mass_truncation != 0:
-      for order, log_mgf_value in zip(*log_mgfs):
-        bound = (num_times * log_mgf_value +
-                 math.log(2 / tail_mass_truncation)) / order
-        if order > 0:
-          upper = min(upper, math.ceil(bound))
-        if order < 0:
-          lower = max(lower, math.floor(bound))
-    output_len = upper - lower + 1
-    fast_len = scipy_fft.next_fast_len(max(output_len, len(probs)))
-    convolved = np.real(scipy_fft.ifft(scipy_fft.fft(probs, fast_len)**
-                                       num_times))
-    output = np.array(np.roll(convolved, -lower)[:output_len])
-    inf_prob = (tail_mass_truncation -
-                math.expm1(num_times * math.log1p(-pmf._infinity_mass)))
-    return pld_pmf.DensePLDPmf(pmf._discretization,
-                               pmf._lower_loss * num_times + lower, output,
-                               inf_prob, pmf._pessimistic_estimate)
-
-  def self_compose(self, num_times: int, tail_mass_truncation: float = 1e-15):
-    """`self.pld.self_compose(num_times)`, the same bits."""
-    if not self._dense or num_times <= 0:
-      return self.pld.self_compose(num_times, tail_mass_truncation)
-    return pld.privacy_loss_distribution.PrivacyLossDistribution(*[
-        self._self_compose_pmf(pmf, log_mgfs, num_times, tail_mass_truncation)
-        for pmf, log_mgfs in self._pmfs])
-
-
-def _pmf_epsilon(pmf, delta: float):
-  """`pmf.get_epsilon_for_delta(delta)` of a `DensePLDPmf`, the same bits,
-  in NumPy: dp_accounting 0.4.3's `_get_epsilon_for_delta` walks the losses
-  from the largest down in Python. Its running sums are sequential
-  cumulative sums here, its losses `itertools.count`'s repeated additions,
-  each exp(-loss) `math.exp`'s; where the stopping test's NumPy logarithm is
-  within 1e-9 of the loss, the test is redone with `math.log`. Anything
-  else (an overflow, a zero mass) is left to dp_accounting."""
-  # pylint: disable=protected-access
-  if type(pmf) is not pld_pmf.DensePLDPmf:  # pylint: disable=unidiomatic-typecheck
-    return pmf.get_epsilon_for_delta(delta)  # Sparse: no `_probs`.
-  probs, infinity_mass = pmf._probs, pmf._infinity_mass
-  size = len(probs)
-  if (infinity_mass > delta or size == 0 or
-      np.asarray(probs).dtype != np.float64):
-    return pmf.get_epsilon_for_delta(delta)
-  steps = np.full(size, -pmf._discretization, np.float64)
-  steps[0] = (pmf._lower_loss + size - 1) * pmf._discretization
-  losses = np.cumsum(steps)
-  reversed_probs = np.flip(probs)
-  try:
-    exps = np.fromiter(map(math.exp, (-losses).tolist()), np.float64, size)
-  except OverflowError:
-    return pmf.get_epsilon_for_delta(delta)
-  # Before the loss at k is taken in: upper[k], lower[k].
-  upper = np.cumsum(np.concatenate(([infinity_mass], reversed_probs)))
-  lower = np.cumsum(np.concatenate(([0.0], exps * reversed_probs)))
-  with np.errstate(all='ignore'):
-    valid = (upper[:size] > delta) & (lower[:size] > 0)
-    margin = np.log((upper[:size] - delta) / lower[:size]) - losses
-  tolerance = 1e-9 * (1 + np.abs(losses))
-  sure = np.flatnonzero(valid & (margin > tolerance))
-  stop = int(sure[0]) if sure.size else size
-  unsure = np.abs(margin[:stop]) <= tolerance[:stop]
-  for k in np.flatnonzero(valid[:stop] & unsure):
-    if math.log((upper[k] - delta) / lower[k]) >= losses[k]:
-      stop = int(k)
-      break
-  # dp_accounting returns max(0, loss) once the mass above delta has no
-  # lower mass (exp(-loss) rounded to 0), before any later stop.
-  zero = np.flatnonzero((upper[1:stop + 1] >= delta) & (lower[1:stop + 1] == 0))
-  if zero.size:
-    return max(0, losses[int(zero[0])])
-  mass_upper, mass_lower = upper[stop], lower[stop]
-  if mass_upper <= mass_lower + delta:
-    return 0
-  if mass_lower == 0:
-    return pmf.get_epsilon_for_delta(delta)
-  return math.log((mass_upper - delta) / mass_lower)
-
-
-def _pld_epsilon(privacy_loss_distribution, delta: float):
-  """`PrivacyLossDistribution.get_epsilon_for_delta`, by `_pmf_epsilon`."""
-  # pylint: disable=protected-access
-  epsilon = _pmf_epsilon(privacy_loss_distribution._pmf_remove, delta)
-  if privacy_loss_distribution._symmetric:
-    return epsilon
-  return max(epsilon,
-             _pmf_epsilon(privacy_loss_distribution._pmf_add, delta))
-
-
 class _PldAccountant(pld.PLDAccountant):
   """dp_accounting's PLD accountant, the PLD of each distinct Poisson-sampled
   Gaussian built once per grid (`_PLD_CACHE`): the same arithmetic on the
@@ -353,20 +231,20 @@ class _PldAccountant(pld.PLDAccountant):
       if sampled is None:
         if len(_PLD_CACHE) >= _PLD_CACHE_SIZE:
           _PLD_CACHE.clear()
-        sampled = _PLD_CACHE[key] = _SampledRound(
+        sampled = _PLD_CACHE[key] = pld_numpy.SampledRound(
             pld.privacy_loss_distribution.from_gaussian_mechanism(
                 standard_deviation=event.event.noise_multiplier,
                 value_discretization_interval=(
                     self._value_discretization_interval),
                 sampling_prob=event.sampling_probability))
-      self._pld = self._pld.compose(sampled.self_compose(count))
+      self._pld = pld_numpy.compose(self._pld, sampled.self_compose(count))
       return None
     return super()._maybe_compose(event, count, do_compose)
 
   def get_epsilon(self, target_delta: float) -> float:
     if self._contains_non_dp_event:
       return math.inf
-    return _pld_epsilon(self._pld, target_delta)
+    return pld_numpy.pld_epsilon(self._pld, target_delta)
 
 
 def new_accountant(accountant: str, relation, grid: Optional[float] = None):
