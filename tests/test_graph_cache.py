@@ -857,6 +857,28 @@ def test_a_cells_later_seed_takes_its_rebased_runner_without_a_rebuild(
 
 
 @pytest.mark.slow
+def test_the_cells_of_a_grid_share_the_servers_traced_evaluation(
+    built, rebased, monkeypatch):
+  # The evaluation is of the model alone, which no server hyperparameter
+  # shapes: a grid's cells take one trace (the cohort's call, which holds
+  # the aggregator's query, each its own).
+  from tff_clip.learning import evaluation
+  served, _ = rebased
+  warm = built['warm']
+  assert served.model_key == warm.model_key is not None
+  assert served.trace_key != warm.trace_key
+  asked = []
+  monkeypatch.setattr(evaluation, 'server_evaluation',
+                      lambda model_fn, key=None: asked.append(key))
+  served.__dict__.pop('_evaluation', None)  # Made afresh: asks by its key.
+  try:
+    served._evaluation  # pylint: disable=pointless-statement
+  finally:
+    served.__dict__.pop('_evaluation', None)
+  assert asked == [warm.model_key]
+
+
+@pytest.mark.slow
 def test_a_value_that_is_a_constant_of_a_graph_gets_its_own_trace(built):
   # Without DP a fixed clip norm is a constant of the aggregator's graph:
   # the entry of norm 0.1 must not serve norm 0.3.

@@ -73,9 +73,10 @@ atexit.register(_shared.clear)
 def server_evaluation(model_fn, key=None) -> ServerEvaluation:
   """A `ServerEvaluation` of `model_fn`'s model, called with the data.
 
-  `key`: a name of the model (the training program gives its run's exact
-  graph-cache key, which holds the task builder's source and every field a
-  model is built from); the evaluation made under it earlier in this
+  `key`: a name of the model (the training program gives its graph
+  shape's cache key, which holds the task builder's source and every field
+  a model is built from, but none of the server's hyperparameters, so the
+  cells of a grid share one); the evaluation made under it earlier in this
   process is reused, its loop traced once for every dataset of one element
   spec. None: a new one.
   """

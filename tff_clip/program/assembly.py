@@ -92,12 +92,10 @@ def _in_process(config: TrainConfig) -> bool:
 def runners(config: TrainConfig, *processes):
   """What runs the processes: all in-process, or split with TFF's workers.
 
-  Off `executor=inprocess`, `tff_clip.runtime.split_execution.SplitRunner` keeps the
-  server's half of each round (and the DP noise key) here and sends only the
-  clients' work to TFF's C++ workers. Either way the result has the
-  processes' `initialize`, `next`, `get_model_weights` and
-  `set_model_weights`.
-  """
+  Off `executor=inprocess`, `split_execution.SplitRunner` keeps the server's
+  half of each round (and the DP noise key) here and sends only the clients'
+  work to TFF's C++ workers. Either way: the processes' `initialize`,
+  `next`, `get_model_weights` and `set_model_weights`."""
   from tff_clip.runtime import execution  # pylint: disable=g-import-not-at-top
   from tff_clip.runtime import simulation  # pylint: disable=g-import-not-at-top
   from tff_clip.runtime import split_execution  # pylint: disable=g-import-not-at-top
@@ -472,9 +470,11 @@ class Session:
       self.process = cached
     self.test_data = _eval_dataset(self.task, config.eval_split)
     from tff_clip.program import client_execution  # pylint: disable=g-import-not-at-top
-    # What this run's traced calls are kept under (None: not kept).
-    self.trace_key = process_cache.graph_cache_key(
-        config, task_builder, self.noise_multiplier, self.task, exact=True)
+    # Keys of the traced calls (None: not kept): the cohort's, every value;
+    # the evaluation's, of the model alone, the graph shape's.
+    self.trace_key, self.model_key = (process_cache.graph_cache_key(
+        config, task_builder, self.noise_multiplier, self.task, exact)
+                                      for exact in (True, False))
     self.client_datasets, self.process, self.client_execution = (
         client_execution.clients(
             config, self.task, self.process, self.noise_multiplier,
@@ -554,7 +554,7 @@ class Session:
   @functools.cached_property
   def _evaluation(self):
     from tff_clip.learning import evaluation  # pylint: disable=g-import-not-at-top
-    return evaluation.server_evaluation(self.task.model_fn, self.trace_key)
+    return evaluation.server_evaluation(self.task.model_fn, self.model_key)
 
 
 _SESSIONS_KEPT = 3
