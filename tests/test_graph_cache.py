@@ -780,11 +780,13 @@ def test_other_hyperparameters_run_bit_for_bit_as_their_own_trace(rebased):
 
 
 @pytest.mark.slow
-def test_a_rebased_run_trains_its_cohort_in_one_call_of_its_own_trace(
+def test_a_rebased_run_trains_its_cohort_in_the_call_its_graph_shape_traced(
     built, rebased):
-  # The grid's other cells take the batched client path too, each with the
-  # cohort call traced for its own hyperparameters: a trace is kept under
-  # the run's exact key, so a run of other values never takes another's.
+  # The grid's other cells take the batched client path too, in the cohort
+  # call traced for the graph shape's entry: its aggregator's graphs were
+  # compared with theirs when they were rebased onto it, so the call holds
+  # the same query graph, its values read from the state. Its round is the
+  # round of a process traced for the cell's own values, bit for bit.
   from tff_clip.runtime import batched_clients
   served, traced = rebased
   assert served.client_execution == traced.client_execution == 'batched'
@@ -795,8 +797,10 @@ def test_a_rebased_run_trains_its_cohort_in_one_call_of_its_own_trace(
                   _leaves(traced, own.state), strict=True):
     np.testing.assert_array_equal(a, b)
   _batched_round(built['warm'], built['warm'].initial_state())
-  assert served.process._round is not None
-  assert served.process._round is not built['warm'].process._round
+  assert served.trace_key == built['warm'].trace_key == served.model_key
+  assert served.process._round is built['warm'].process._round
+  # Traced afresh (the cache off), the cell's own process keeps its own.
+  assert traced.trace_key is None
 
 
 @pytest.mark.slow
@@ -860,13 +864,11 @@ def test_a_cells_later_seed_takes_its_rebased_runner_without_a_rebuild(
 def test_the_cells_of_a_grid_share_the_servers_traced_evaluation(
     built, rebased, monkeypatch):
   # The evaluation is of the model alone, which no server hyperparameter
-  # shapes: a grid's cells take one trace (the cohort's call, which holds
-  # the aggregator's query, each its own).
+  # shapes: a grid's cells take one trace of it.
   from tff_clip.learning import evaluation
   served, _ = rebased
   warm = built['warm']
   assert served.model_key == warm.model_key is not None
-  assert served.trace_key != warm.trace_key
   asked = []
   monkeypatch.setattr(evaluation, 'server_evaluation',
                       lambda model_fn, key=None: asked.append(key))
@@ -893,6 +895,8 @@ def test_a_value_that_is_a_constant_of_a_graph_gets_its_own_trace(built):
   second = assembly.Session(other, program.build_task)
   assert len(built['traced']) == before + 2
   assert not isinstance(_loaded_runner(second), hyperparameters.Rebased)
+  # Nor does it share the batched cohort call norm 0.1's trace is kept under.
+  assert second.trace_key not in (None, first.trace_key)
   # Stored under the exact key: a later run of norm 0.3 traces nothing.
   _forget_loaded_runners()
   assembly.Session(other, program.build_task)

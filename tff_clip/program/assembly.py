@@ -470,11 +470,11 @@ class Session:
       self.process = cached
     self.test_data = _eval_dataset(self.task, config.eval_split)
     from tff_clip.program import client_execution  # pylint: disable=g-import-not-at-top
-    # Keys of the traced calls (None: not kept): the cohort's, every value;
-    # the evaluation's, of the model alone, the graph shape's.
-    self.trace_key, self.model_key = (process_cache.graph_cache_key(
-        config, task_builder, self.noise_multiplier, self.task, exact)
-                                      for exact in (True, False))
+    # The traced calls' keys: the cohort's; the evaluation's, the shape's.
+    self.trace_key = process_cache.trace_key(
+        config, task_builder, self.noise_multiplier, self.task, self.process)
+    self.model_key = process_cache.graph_cache_key(
+        config, task_builder, self.noise_multiplier, self.task)
     self.client_datasets, self.process, self.client_execution = (
         client_execution.clients(
             config, self.task, self.process, self.noise_multiplier,

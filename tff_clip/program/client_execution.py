@@ -20,8 +20,8 @@ def clients(config, task, runner, noise_multiplier, server_parts,
   `server_parts(config, noise_multiplier)`: the process's (aggregator,
   server optimizer, client weighting) (`assembly.server_parts`).
 
-  `trace_key`: the run's exact graph-cache key, under which the batched
-  round's trace is kept for this process's later runs (None: not kept).
+  `trace_key`: the key the batched round's trace is kept under for this
+  process's later runs (`process_cache.trace_key`; None: not kept).
 
   --client_execution=batched on a run the batched path cannot reproduce is
   a `config.ConfigError` naming why.

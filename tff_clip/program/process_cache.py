@@ -23,7 +23,7 @@ from tff_clip.program import hyperparameters
 from tff_clip.program.config import TrainConfig
 
 __all__ = ['DATA_ONLY', 'NOT_BUILT_FROM', 'cached_runner', 'graph_cache_key',
-           'not_built_from']
+           'not_built_from', 'trace_key']
 
 # What a session is not built from: a later run in this process that differs
 # from an earlier one only in these reuses its session (`session`).
@@ -149,6 +149,25 @@ def cached_runner(config: TrainConfig, task_builder, noise_multiplier, task,
     while len(_rebased) > _REBASED_KEPT:
       _rebased.popitem(last=False)
   return rebased, exact_key
+
+
+def trace_key(config: TrainConfig, task_builder, noise_multiplier, task,
+              runner) -> Optional[str]:
+  """The key a session's batched cohort call is traced under (None: not
+  kept). The graph shape's key where `runner` runs the shape's entry (its
+  own trace, or `hyperparameters.rebase`d onto it): the entry's aggregator
+  graphs were compared with this run's (`rebase`), so the query the cohort's
+  call holds is the same graph for every value of the hyperparameters, read
+  from the state. Else the exact key (the values a graph may hold)."""
+  from tff_clip.runtime import runner_cache  # pylint: disable=g-import-not-at-top
+  shape = graph_cache_key(config, task_builder, noise_multiplier, task)
+  if shape is not None:
+    entry = runner_cache.runner(shape, config.max_concurrent_clients)
+    if entry is not None and getattr(runner, 'traced_runner',
+                                     runner) is entry:
+      return shape
+  return graph_cache_key(config, task_builder, noise_multiplier, task,
+                         exact=True)
 
 
 # The runners `rebase` made in this process, by exact key (every field the

@@ -349,9 +349,9 @@ class BatchedRunner:
     client_weighting: `tff.learning.ClientWeighting` of a mean aggregator.
     client_options: whether the client work has BLUR, LUS, local or model
       clipping (not supported).
-    trace_key: the run's exact graph-cache key, under which the cohort's
-      traced call is kept for later runs of this process (`_traces`); None
-      traces one for this runner alone.
+    trace_key: the key the cohort's traced call is kept under for later
+      runs of this process (`_traces`; the training program's
+      `process_cache.trace_key`); None traces one for this runner alone.
 
   Raises:
     Unsupported: where the batched path cannot reproduce the round.
