@@ -111,3 +111,41 @@ def test_a_shared_evaluation_gives_tffs_numbers_on_each_runs_data(tff_eval):
     assert result['eval_accuracy'] == pytest.approx(
         float(current['sparse_categorical_accuracy']))
   assert shared._unfinalized_metrics.experimental_get_tracing_count() == 1
+
+
+def _branching_model_fn():
+  """`_model_fn`'s model, its forward pass behind a Python `if` on a tensor
+  (never taken): a `tf.function` that traces only under autograph."""
+  model = _model_fn()
+
+  class Branching(type(model)):
+
+    @tf.function
+    def forward_pass(self, batch_input, training=True):
+      if tf.reduce_sum(batch_input['x']) > 1e30:  # A tensor as a bool.
+        batch_input = dict(batch_input, x=tf.zeros_like(batch_input['x']))
+      return super().forward_pass(batch_input, training=training)
+
+  model.__class__ = Branching
+  return model
+
+
+def test_a_model_that_needs_autograph_is_evaluated_with_it(tff_eval):
+  # The evaluation traces the forward pass without autograph (fast); a
+  # model whose Python needs it fails that trace and is run converted, with
+  # the numbers of TFF's own federated evaluation of the same model.
+  server_eval = evaluation.ServerEvaluation(_branching_model_fn,
+                                           _test_data())
+  for seed in (1, 2):  # Again: the converted trace serves the next call.
+    weights = _weights(seed)
+    metrics = server_eval(weights)
+    loss, accuracy = _tff_metrics(tff_eval, weights)
+    np.testing.assert_allclose(metrics['eval_loss'], loss, rtol=1e-6)
+    np.testing.assert_allclose(metrics['eval_accuracy'], accuracy, rtol=1e-6)
+  assert server_eval._unfinalized_metrics is server_eval._converted  # pylint: disable=protected-access
+
+
+def test_a_keras_model_is_evaluated_without_autograph():
+  server_eval = evaluation.ServerEvaluation(_model_fn, _test_data())
+  server_eval(_weights(1))
+  assert server_eval._unfinalized_metrics is not server_eval._converted  # pylint: disable=protected-access
