@@ -40,9 +40,12 @@ class ServerEvaluation:
     self._dataset = dataset
 
     def loop(forward_pass):
+      def step(count, batch):  # The metrics accumulate in the model.
+        forward_pass(batch, training=False)
+        return count + 1
+
       def unfinalized_metrics(data):
-        data.reduce(tf.constant(0, tf.int64), lambda count, batch: (
-            forward_pass(batch, training=False), count + 1)[1])
+        data.reduce(tf.constant(0, tf.int64), step)
         return model.report_local_unfinalized_metrics()
       return unfinalized_metrics
 
