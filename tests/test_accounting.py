@@ -513,23 +513,59 @@ def test_two_plds_composed_in_numpy_are_dp_accountings_bits(truncation):
   _assert_same_bits(sparse.compose(sparse), pld_numpy.compose(sparse, sparse))
 
 
-def test_a_ledger_of_distinct_rounds_has_dp_accountings_epsilon():
-  """TFF's adaptive clipping reports its value's noise multiplier in
-  float32, a little apart from round to round: a run's ledger then holds
-  several distinct rounds, and its epsilon after every round is dp_accounting's
-  own PLD accountant's on the same events, to the bit."""
-  rounds = [dp_accounting.PoissonSampledDpEvent(
+def _tff_round(z_value):
+  # A round of TFF's adaptive Gaussian: the value's z as float32, the
+  # clipped count's 5.0, on a 5% Poisson-sampled cohort.
+  return dp_accounting.PoissonSampledDpEvent(
       0.05, dp_accounting.ComposedDpEvent([
-          dp_accounting.GaussianDpEvent(float(np.float32(z))),
+          dp_accounting.GaussianDpEvent(float(np.float32(z_value))),
           dp_accounting.GaussianDpEvent(5.0)]))
-            for z in [1.2398609] * 5 + [1.2398608] + [1.2398610] * 3]
+
+
+def _direct_pld_epsilon(events, grid, delta=1e-4):
+  accountant = pld.PLDAccountant(value_discretization_interval=grid)
+  for event in events:
+    accountant.compose(event)
+  return accountant.get_epsilon(delta)
+
+
+def test_rounds_of_float32_neighbouring_noise_are_accounted_at_the_least():
+  """TFF's adaptive clipping recomputes its value's noise multiplier in
+  float32 every round, a few ulps apart: from the first such neighbour on,
+  the rounds are accounted together at the least effective z so far (dp_accounting's own PLD
+  accountant on that one Gaussian, to the bit), an upper bound on composing
+  them one by one that differs from it in the 7th digit."""
+  z_values = [1.2398609] * 5 + [1.2398608] + [1.2398610] * 3
+  assert len({float(np.float32(z)) for z in z_values}) == 3
+  rounds = [_tff_round(z) for z in z_values]
+  for t in range(6, len(rounds) + 1):  # From the first neighbour on.
+    ours = accounting.compute_epsilon(
+        dp_accounting.ComposedDpEvent(rounds[:t]), 1e-4, 'pld')
+    least = min(float(np.float32(z)) for z in z_values[:t])
+    effective = (least**-2 + 5.0**-2)**-0.5  # One cohort, two Gaussians.
+    merged = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(
+            0.05, dp_accounting.GaussianDpEvent(effective)), t)
+    grid = ours.value_discretization_interval
+    assert ours.epsilon == _direct_pld_epsilon([merged], grid), t
+  exact = _direct_pld_epsilon(
+      [dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(
+          (float(np.float32(z))**-2 + 5.0**-2)**-0.5)) for z in z_values],
+      grid)
+  assert exact <= ours.epsilon <= exact * (1 + 1e-6)
+
+
+def test_rounds_of_distinct_noise_are_composed_as_dp_accounting_does():
+  """Rounds whose noise multipliers are more than float32 rounding apart
+  are composed one by one: dp_accounting's own PLD accountant on the same
+  events, to the bit, after every round."""
+  rounds = [_tff_round(z) for z in [1.24] * 3 + [1.25] + [1.3] * 2]
   for t in range(1, len(rounds) + 1):
     event = dp_accounting.ComposedDpEvent(rounds[:t])
     ours = accounting.compute_epsilon(event, 1e-4, 'pld')
-    direct = pld.PLDAccountant(value_discretization_interval=(
-        ours.value_discretization_interval))
-    direct.compose(accountants.accounting_view(event, accountants.ADD_OR_REMOVE))
-    assert ours.epsilon == direct.get_epsilon(1e-4), t
+    assert ours.epsilon == _direct_pld_epsilon(
+        [accountants.accounting_view(event, accountants.ADD_OR_REMOVE)],
+        ours.value_discretization_interval), t
 
 
 def test_the_numpy_epsilon_is_dp_accountings_at_its_edges():
