@@ -80,6 +80,82 @@ def test_an_overwritten_entry_is_the_new_one(cache_dir):
   assert [p.name for p in cache_dir.iterdir()] == [f'{key}.graphs']
 
 
+def _locked_elsewhere(key) -> bool:
+  """Whether another open file (as another process would hold it) holds
+  the entry's lock: a non-blocking flock of our own is refused."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  descriptor = os.open(graph_cache.directory() / f'{key}.lock', os.O_RDWR)
+  try:
+    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    return True
+  finally:
+    os.close(descriptor)
+  return False
+
+
+def test_an_entry_being_traced_is_locked_owner_only_until_the_block_ends(
+    cache_dir):
+  key = _key('traced')
+  with graph_cache.entry_lock(key):
+    assert _locked_elsewhere(key)
+    mode = os.stat(cache_dir / f'{key}.lock').st_mode
+    assert stat.S_IMODE(mode) == 0o600
+  assert not _locked_elsewhere(key)
+  with pytest.raises(RuntimeError):  # Released when the block raises too.
+    with graph_cache.entry_lock(key):
+      raise RuntimeError('a failed trace')
+  assert not _locked_elsewhere(key)
+
+
+def _claim_in_thread(answers):
+  """Runs `claimed_runner` in a thread against `answers` (what
+  `cached_runner` answers, call by call); (thread, its findings, the event
+  set once it first asked)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  asked, found = threading.Event(), {}
+
+  def fake_cached_runner(*args):
+    del args
+    asked.set()
+    return answers.pop(0)
+
+  def claim():
+    with process_cache.claimed_runner(None, None, None, None, None) as got:
+      found['runner'], found['key'] = got
+      found['locked'] = _locked_elsewhere(_key('shape'))
+
+  thread = threading.Thread(target=claim)
+  return thread, found, asked, fake_cached_runner
+
+
+def test_a_job_waiting_for_anothers_trace_takes_its_entry(cache_dir,
+                                                          monkeypatch):
+  """Two jobs of a sweep need one entry: the second waits on the first's
+  lock, then asks again and takes the entry the first stored, untraced."""
+  answers = [(None, _key('shape')), ('stored runner', None)]
+  thread, found, asked, fake = _claim_in_thread(answers)
+  monkeypatch.setattr(process_cache, 'cached_runner', fake)
+  with graph_cache.entry_lock(_key('shape')):  # The first job, tracing.
+    thread.start()
+    assert asked.wait(60)  # The second found nothing, and waits.
+    assert found == {}
+  thread.join(60)
+  assert (found['runner'], found['key']) == ('stored runner', None)
+  assert not answers
+
+
+def test_the_job_that_traces_holds_the_entrys_lock_while_it_does(
+    cache_dir, monkeypatch):
+  answers = [(None, _key('shape')), (None, _key('shape'))]
+  thread, found, _, fake = _claim_in_thread(answers)
+  monkeypatch.setattr(process_cache, 'cached_runner', fake)
+  thread.start()
+  thread.join(60)
+  assert found == {'runner': None, 'key': _key('shape'), 'locked': True}
+  assert not _locked_elsewhere(_key('shape'))
+
+
 def test_off_stores_and_loads_nothing(tmp_path, monkeypatch):
   monkeypatch.setenv(graph_cache.ENV, 'off')
   assert graph_cache.directory() is None
@@ -349,7 +425,7 @@ def built(tmp_path_factory):
                       lambda *a, **k: traced.append(1) or original(*a, **k))
   _forget_loaded_runners()
   cold = assembly.Session(config, program.build_task)
-  entries = sorted(directory.iterdir())
+  entries = sorted(directory.glob('*.graphs'))
   _forget_loaded_runners()  # The warm one from the disk entry.
   warm = assembly.Session(config, program.build_task)
   yield dict(cold=cold, warm=warm, traced=traced, directory=directory,
@@ -448,7 +524,7 @@ def test_a_fresh_process_runs_from_the_entry_another_wrote(tmp_path):
         cwd=pathlib.Path(__file__).parent.parent, env=env,
         capture_output=True, text=True, check=True)
   train('cold')
-  (entry,) = directory.iterdir()
+  (entry,) = directory.glob('*.graphs')
   written = os.stat(entry)
   warm = train('warm')
   assert 'Graph cache' not in warm.stderr

@@ -431,43 +431,43 @@ class Session:
                                          self.dimension, layers)
     except ValueError as e:  # E.g. explicit count noise too small.
       raise ConfigError(str(e).splitlines()[0]) from e
-    # Loaded in this process already, or from disk; None: trace and build.
-    cached, cache_key = process_cache.cached_runner(
-        config, task_builder, self.noise_multiplier, self.task, server_parts)
-    if cached is None:
-      try:
-        if config.audit_canaries:  # Canaries inside the DP query.
-          from tff_clip.privacy import audit  # pylint: disable=g-import-not-at-top
-          separated = config.sampling == MIN_SEPARATION
-          # Under minimum separation a canary takes part in every round of
-          # its group: the most participations the ledger allows a client.
-          self.auditor = audit.CanaryFactory(
-              build_aggregator(config, self.noise_multiplier,
-                               self.mechanism),
-              config.audit_canaries,
-              1.0 if separated else self.sampler.sampling_probability,
-              separation=config.separation if separated else None)
-        self.process = build_process(config, self.task,
-                                     self.noise_multiplier, self.auditor,
-                                     self.mechanism)
-      except ValueError as e:  # E.g. explicit count noise too small.
-        raise ConfigError(str(e).splitlines()[0]) from e
-    self.initial_weights = initial_model_weights(self.task, config.seed)
-    # Recorded at start: RESOLVED_KEY.
-    self.resolved = resolved_choices(config, self.noise_multiplier,
-                                     self.dimension, self.mechanism)
-    self.bounding = self.resolved['bounding']
-    self.target_quantile = self.resolved['target_quantile']
-    self.server_step = self.resolved['server_step']
-    if cached is None:
-      from tff_clip.runtime import runner_cache  # pylint: disable=g-import-not-at-top
-      (self.process,) = runners(config, self.process)
-      if cache_key is not None:
-        hyperparameters.annotate(self.process, config, self.noise_multiplier)
-      runner_cache.store(cache_key, config.max_concurrent_clients,
-                         self.process)
-    else:
-      self.process = cached
+    # Loaded in this process already, or from disk; None: traced and stored,
+    # the entry locked meanwhile (a sweep's other job waits, then loads it).
+    with process_cache.claimed_runner(
+        config, task_builder, self.noise_multiplier, self.task,
+        server_parts) as (cached, cache_key):
+      if cached is None:
+        try:
+          if config.audit_canaries:  # Canaries inside the DP query.
+            from tff_clip.privacy import audit  # pylint: disable=g-import-not-at-top
+            separated = config.sampling == MIN_SEPARATION
+            # Under minimum separation a canary takes part in every round of
+            # its group: the most participations the ledger allows a client.
+            self.auditor = audit.CanaryFactory(
+                build_aggregator(config, self.noise_multiplier,
+                                 self.mechanism),
+                config.audit_canaries,
+                1.0 if separated else self.sampler.sampling_probability,
+                separation=config.separation if separated else None)
+          self.process = build_process(config, self.task, self.noise_multiplier,
+                                       self.auditor, self.mechanism)
+        except ValueError as e:  # E.g. explicit count noise too small.
+          raise ConfigError(str(e).splitlines()[0]) from e
+      self.initial_weights = initial_model_weights(self.task, config.seed)
+      # Recorded at start: RESOLVED_KEY.
+      self.resolved = resolved_choices(config, self.noise_multiplier,
+                                       self.dimension, self.mechanism)
+      self.bounding = self.resolved['bounding']
+      self.target_quantile = self.resolved['target_quantile']
+      self.server_step = self.resolved['server_step']
+      if cached is None:
+        from tff_clip.runtime import runner_cache  # pylint: disable=g-import-not-at-top
+        (self.process,) = runners(config, self.process)
+        if cache_key is not None:
+          hyperparameters.annotate(self.process, config, self.noise_multiplier)
+        runner_cache.store(cache_key, config.max_concurrent_clients,
+                           self.process)
+      self.process = self.process if cached is None else cached
     self.test_data = _eval_dataset(self.task, config.eval_split)
     from tff_clip.program import client_execution  # pylint: disable=g-import-not-at-top
     # The traced calls' keys: the cohort's; the evaluation's, the shape's.

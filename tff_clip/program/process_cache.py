@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import dataclasses
 import hashlib
 from typing import Optional
@@ -22,8 +23,8 @@ from typing import Optional
 from tff_clip.program import hyperparameters
 from tff_clip.program.config import TrainConfig
 
-__all__ = ['DATA_ONLY', 'NOT_BUILT_FROM', 'cached_runner', 'graph_cache_key',
-           'not_built_from', 'trace_key']
+__all__ = ['DATA_ONLY', 'NOT_BUILT_FROM', 'cached_runner', 'claimed_runner',
+           'graph_cache_key', 'not_built_from', 'trace_key']
 
 # What a session is not built from: a later run in this process that differs
 # from an earlier one only in these reuses its session (`session`).
@@ -149,6 +150,25 @@ def cached_runner(config: TrainConfig, task_builder, noise_multiplier, task,
     while len(_rebased) > _REBASED_KEPT:
       _rebased.popitem(last=False)
   return rebased, exact_key
+
+
+@contextlib.contextmanager
+def claimed_runner(config: TrainConfig, task_builder, noise_multiplier, task,
+                   server_parts: hyperparameters.ServerParts):
+  """`cached_runner`, with the entry to trace locked for the block
+  (`graph_cache.entry_lock`): where none is cached, the caller traces and
+  stores it inside the block while another process that needs the same
+  entry waits, and that one then finds it (asked again once the lock is
+  held) instead of tracing it a second time."""
+  from tff_clip.runtime import graph_cache  # pylint: disable=g-import-not-at-top
+  found = cached_runner(config, task_builder, noise_multiplier, task,
+                        server_parts)
+  if found[0] is not None or found[1] is None:
+    yield found
+    return
+  with graph_cache.entry_lock(found[1]):
+    yield cached_runner(config, task_builder, noise_multiplier, task,
+                        server_parts)
 
 
 def trace_key(config: TrainConfig, task_builder, noise_multiplier, task,

@@ -27,6 +27,8 @@ the graph.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -39,8 +41,8 @@ from typing import Mapping, Optional
 
 from absl import logging
 
-__all__ = ['ENV', 'directory', 'entry_key', 'library_hash', 'load', 'store',
-           'has_baked_seed', 'write_private']
+__all__ = ['ENV', 'directory', 'entry_key', 'entry_lock', 'library_hash',
+           'load', 'store', 'has_baked_seed', 'write_private']
 
 ENV = 'TFF_CLIP_GRAPH_CACHE'
 _OFF = ('off', '0', 'false', 'no', '')
@@ -107,6 +109,33 @@ def _unpack(payload: bytes) -> dict[str, bytes]:
     if offset > len(payload):
       raise ValueError('truncated payload')
   return entries
+
+
+@contextlib.contextmanager
+def entry_lock(key: str):
+  """Held while this process traces the entry `key`: another process that
+  needs the same entry (a sweep's other job, starting the same method)
+  waits, then loads it, instead of tracing it too. An advisory `flock` on
+  an owner-only file beside the entry, released when the block ends or the
+  process dies; no lock where the cache is off or the file cannot be made."""
+  path = _path(key)
+  descriptor = None
+  if path is not None:
+    try:
+      path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+      descriptor = os.open(path.with_suffix('.lock'),
+                           os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+      fcntl.flock(descriptor, fcntl.LOCK_EX)
+    except OSError as e:
+      logging.warning('Graph cache: cannot lock %s (%s).', path, e)
+      if descriptor is not None:
+        os.close(descriptor)
+      descriptor = None
+  try:
+    yield
+  finally:
+    if descriptor is not None:
+      os.close(descriptor)  # Releases the lock.
 
 
 def load(key: str) -> Optional[dict[str, bytes]]:
