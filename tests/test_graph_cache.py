@@ -39,6 +39,41 @@ def test_an_entry_reads_back_as_written_owner_only(cache_dir):
   assert stat.S_IMODE(os.stat(cache_dir).st_mode) == 0o700
 
 
+def test_an_entry_in_a_folder_others_may_write_is_not_used(cache_dir):
+  """A shared folder made first by another user (TFF_CLIP_GRAPH_CACHE=/tmp/x)
+  could hold graphs that drop the noise: its entries are never loaded."""
+  key = _key('shared')
+  assert graph_cache.store(key, _ENTRY)
+  os.chmod(cache_dir, 0o777)
+  assert graph_cache.load(key) is None
+  os.chmod(cache_dir, 0o700)
+  assert graph_cache.load(key) == _ENTRY
+
+
+def test_an_entry_others_may_write_or_reached_by_a_link_is_not_used(
+    cache_dir, tmp_path):
+  key, other = _key('writable'), _key('linked')
+  assert graph_cache.store(key, _ENTRY)
+  path = cache_dir / f'{key}.graphs'
+  os.chmod(path, 0o666)
+  assert graph_cache.load(key) is None
+  os.chmod(path, 0o600)
+  assert graph_cache.load(key) == _ENTRY
+  planted = tmp_path / 'planted.graphs'
+  planted.write_bytes(path.read_bytes().replace(key.encode(), other.encode()))
+  os.chmod(planted, 0o600)
+  (cache_dir / f'{other}.graphs').symlink_to(planted)
+  assert graph_cache.load(other) is None
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason='only root can give a file away')
+def test_an_entry_another_user_owns_is_not_used(cache_dir):
+  key = _key('theirs')
+  assert graph_cache.store(key, _ENTRY)
+  os.chown(cache_dir / f'{key}.graphs', 4242, -1)
+  assert graph_cache.load(key) is None
+
+
 @pytest.mark.parametrize('offset', [0, 30, 100, -1])
 def test_an_entry_with_a_flipped_byte_is_not_used(cache_dir, offset):
   key = _key('a')

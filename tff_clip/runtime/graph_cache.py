@@ -14,7 +14,9 @@ An entry is trusted only when its header names the key asked for and its
 payload matches the SHA-256 checksum stored with it; anything else (a
 damaged, truncated, stale or unreadable file) is ignored and rebuilt. Files
 are written atomically (a temporary file renamed over the entry), readable by
-their owner only.
+their owner only, and read only where no one else could have written them:
+the folder and the file owned by the user and writable by no one else, the
+file not reached through a link (`_read_private`).
 
 Where: `$TFF_CLIP_GRAPH_CACHE` (a directory, or `off` to disable), else
 `$XDG_CACHE_HOME/tff_clip/graphs`, else `~/.cache/tff_clip/graphs`.
@@ -35,6 +37,7 @@ import json
 import os
 import pathlib
 import platform
+import stat
 import struct
 import tempfile
 from typing import Mapping, Optional
@@ -144,11 +147,16 @@ def load(key: str) -> Optional[dict[str, bytes]]:
   if path is None:
     return None
   try:
-    data = path.read_bytes()
+    data = _read_private(path)
   except FileNotFoundError:
     return None
   except OSError as e:
     logging.warning('Graph cache: cannot read %s (%s); rebuilding.', path, e)
+    return None
+  if data is None:
+    logging.warning('Graph cache: %s or its folder is not private to this '
+                    'user (another owner, writable by others, or a link); '
+                    'not used.', path)
     return None
   header = len(_MAGIC) + 2 * 65
   stored_key = data[len(_MAGIC):len(_MAGIC) + 64]
@@ -163,6 +171,27 @@ def load(key: str) -> Optional[dict[str, bytes]]:
   except (ValueError, struct.error, UnicodeDecodeError):
     logging.warning('Graph cache: %s is malformed; rebuilding.', path)
     return None
+
+
+def _private(st: os.stat_result) -> bool:
+  return st.st_uid in (os.getuid(), 0) and not st.st_mode & 0o022
+
+
+def _read_private(path: pathlib.Path) -> Optional[bytes]:
+  """The file's bytes where only this user (or root) could have written it:
+  a regular file, not reached through a link, it and its folder owned by
+  the user and writable by no one else; None otherwise. An entry's graphs
+  run with the DP state, so a graph planted in a shared folder (say
+  `TFF_CLIP_GRAPH_CACHE=/tmp/graphs`, made first by another user) could
+  drop the noise: it is never loaded."""
+  if not _private(os.stat(path.parent)):
+    return None
+  descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+  with os.fdopen(descriptor, 'rb') as f:
+    st = os.fstat(f.fileno())
+    if not stat.S_ISREG(st.st_mode) or not _private(st):
+      return None
+    return f.read()
 
 
 def store(key: str, entries: Mapping[str, bytes]) -> bool:
