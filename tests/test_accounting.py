@@ -491,6 +491,27 @@ def _assert_same_bits(want, got):
       assert a._probs.tobytes() == b._probs.tobytes()
 
 
+@pytest.mark.parametrize('noise_multiplier,sampling_probability,grid', [
+    (0.7, 0.04, 2**-12),  # The README command's first grid.
+    (0.64, 0.05, 2**-9),
+    (float(np.float32(1.2398609)), 0.05, 2**-10),  # A float32 z.
+    (5.0, 0.001, 2**-14),
+    (0.3, 0.5, 2**-8),
+    (20.0, 0.9, 1e-4),  # Most losses past the ADD edge -log(1 - q).
+    (0.5, 1e-6, 1e-4),
+    (1.0, 1.0, 2**-9),  # Unsampled: dp_accounting's own.
+])
+def test_a_rounds_pld_built_in_numpy_is_dp_accountings_bits(
+    noise_multiplier, sampling_probability, grid):
+  """One Poisson-sampled Gaussian round's PLD, its hockey-stick divergences
+  taken for the whole grid at once, is dp_accounting 0.4.3's own
+  `from_gaussian_mechanism`, byte for byte, both adjacencies (a mutation of
+  the inverse privacy loss, even in its last bit, moves a probability)."""
+  _assert_same_bits(
+      _round_pld(noise_multiplier, sampling_probability, grid),
+      pld_numpy.gaussian_round(noise_multiplier, sampling_probability, grid))
+
+
 @pytest.mark.parametrize('truncation', [1e-15, 1e-10, 0.0])
 def test_two_plds_composed_in_numpy_are_dp_accountings_bits(truncation):
   """Rounds of distinct noise (float32 multipliers a bit apart, sampling

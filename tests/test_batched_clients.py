@@ -306,6 +306,51 @@ def test_auto_batches_small_models_and_trains_larger_ones_client_by_client(
   assert path('per_client') == 'per_client'
 
 
+def test_a_later_process_imports_the_cohort_call_instead_of_tracing_it(
+    tmp_path, monkeypatch, caplog):
+  """A runner with a trace key stores its traced cohort call in the graph
+  cache; a runner of a later process (this one's traces forgotten) imports
+  that graph and runs the same round to the bit. An entry that cannot be
+  imported is traced again, with a warning."""
+  from tff_clip.runtime import graph_cache
+  from tff_clip.runtime import runner_cache
+  monkeypatch.setenv(graph_cache.ENV, str(tmp_path))
+  task, aggregator = _regression_task(), _dp('clip', 0.3)  # Noise seed 7.
+  process = algorithms.build_fedavg(
+      tiny_model.model_fn, client_optimizer=_sgd(0.1),
+      server_optimizer=_sgd(1.0), model_aggregator=aggregator)
+  runner = simulation.InProcessRunner(process, client_threads=1)
+  clients = client_data.ClientDatasets(task, seed=3, batched=True)
+  cohort = list(task.datasets.train_data.client_ids)
+  state = runner.initialize()
+
+  def later_process_round():
+    monkeypatch.setattr(batched_clients, '_traces',
+                        collections.OrderedDict())
+    batched = batched_clients.BatchedRunner(
+        runner, tiny_model.model_fn, aggregator, trace_key='shape-key')
+    out = batched.next(state, clients.datasets(cohort, 1))
+    return out, batched._round  # pylint: disable=protected-access
+
+  traced_out, traced = later_process_round()
+  assert isinstance(traced, tf.types.experimental.ConcreteFunction)
+  [entry] = tmp_path.glob('*.graphs')
+  imported_out, imported = later_process_round()
+  assert isinstance(imported, runner_cache._ImportedFunction)  # pylint: disable=protected-access
+  for a, b in zip(tf.nest.flatten((traced_out.state, traced_out.metrics)),
+                  tf.nest.flatten((imported_out.state, imported_out.metrics)),
+                  strict=True):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+  key = entry.name[:-len('.graphs')]
+  graph_cache.store(key, {'traced/graph': b'not a graph',
+                          'traced/names': b'{"inputs": [], "outputs": []}'})
+  retraced_out, retraced = later_process_round()
+  assert isinstance(retraced, tf.types.experimental.ConcreteFunction)
+  assert 'unusable' in caplog.text
+  np.testing.assert_array_equal(
+      tf.nest.flatten(retraced_out.metrics), tf.nest.flatten(traced_out.metrics))
+
+
 # ----------------------------------------------------------------------------
 # The padded batches.
 

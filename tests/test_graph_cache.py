@@ -545,8 +545,9 @@ def test_an_entry_of_another_library_version_is_not_used(built):
 
 @pytest.mark.slow
 def test_a_fresh_process_runs_from_the_entry_another_wrote(tmp_path):
-  # Nothing traced in the second process: not even the aggregator's modules
-  # are imported when its state's containers are looked up.
+  # Nothing traced in the second process (neither the process nor the
+  # batched cohort call): not even the aggregator's modules are imported
+  # when its state's containers are looked up.
   import pathlib
   import subprocess
   import sys
@@ -559,11 +560,14 @@ def test_a_fresh_process_runs_from_the_entry_another_wrote(tmp_path):
         cwd=pathlib.Path(__file__).parent.parent, env=env,
         capture_output=True, text=True, check=True)
   train('cold')
-  (entry,) = directory.glob('*.graphs')
-  written = os.stat(entry)
+  # The process's graphs, and the batched round's traced cohort call.
+  written = {entry: os.stat(entry).st_ino
+             for entry in directory.glob('*.graphs')}
+  assert len(written) == 2
   warm = train('warm')
   assert 'Graph cache' not in warm.stderr
-  assert os.stat(entry).st_ino == written.st_ino  # Not rewritten.
+  assert {entry: os.stat(entry).st_ino  # Neither traced and rewritten.
+          for entry in directory.glob('*.graphs')} == written
 
 
 _TRACE = r"""

@@ -63,7 +63,8 @@ def test_dataset_reduction_becomes_a_sequential_loop():
   proto.tensorflow.graph_def.Unpack(graph_def)
   assert 'ReduceDataset' in {node.op for node in graph_def.node}
   function = tf_graphs.TensorFlowFunction(_scaled_sum)
-  op_types = {op.type for op in function._run.graph.get_operations()}  # pylint: disable=protected-access
+  run, _ = function._functions()  # pylint: disable=protected-access
+  op_types = {op.type for op in run.graph.get_operations()}
   assert 'ReduceDataset' not in op_types
   assert 'While' in op_types
   data = tf.data.Dataset.from_tensor_slices(np.arange(1, 5, dtype=np.float32))
@@ -152,7 +153,7 @@ def test_concrete_functions_are_called_on_flat_tensors():
   # Assumption 6: the private flat call used to skip signature binding.
   function = tf.function(lambda x: 2.0 * x).get_concrete_function(
       tf.TensorSpec([], tf.float32))
-  assert float(tf_graphs._call_flat(function, [tf.constant(1.5)])) == 3.0  # pylint: disable=protected-access
+  assert float(tf_graphs.call_flat(function, [tf.constant(1.5)])) == 3.0
 
 
 def test_non_tensorflow_computation_is_refused_with_its_type():
@@ -237,3 +238,19 @@ def test_packed_values_are_tffs_own_containers():
     for a, b in zip(tf.nest.flatten(packed), tf.nest.flatten(expected),
                     strict=True):
       np.testing.assert_array_equal(a, b)
+
+
+def test_a_function_imports_its_graph_on_its_first_call_only():
+  """A runner's functions are imported when first called (a batched round
+  calls neither the per-client work nor the accumulation), once, and
+  answer as an eager import would."""
+  function = tf_graphs.TensorFlowFunction(_scaled_sum)
+  assert function._functions_built is None  # pylint: disable=protected-access
+  data = tf.data.Dataset.from_tensor_slices(np.arange(1, 5, dtype=np.float32))
+  leaves = tf_graphs.flatten_value(
+      collections.OrderedDict(scale=3.0, data=data),
+      _scaled_sum.type_signature.parameter, [])
+  assert float(function(*leaves)[0]) == 30.0
+  built = function._functions()  # pylint: disable=protected-access
+  assert float(function(*leaves)[0]) == 30.0
+  assert function._functions() is built  # pylint: disable=protected-access

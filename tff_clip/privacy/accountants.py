@@ -218,8 +218,9 @@ class _RdpAccountant(rdp.RdpAccountant):
 
 class _PldAccountant(pld.PLDAccountant):
   """dp_accounting's PLD accountant, the PLD of each distinct Poisson-sampled
-  Gaussian built once per grid (`_PLD_CACHE`): the same arithmetic on the
-  same inputs, so the same epsilon, without rebuilding it every round."""
+  Gaussian built once per grid (`_PLD_CACHE`, `pld_numpy.gaussian_round`):
+  the same arithmetic on the same inputs, so the same epsilon, without
+  rebuilding it every round."""
 
   def _maybe_compose(self, event, count, do_compose):
     if (do_compose and isinstance(event, dp_accounting.PoissonSampledDpEvent)
@@ -235,11 +236,7 @@ class _PldAccountant(pld.PLDAccountant):
         if len(_PLD_CACHE) >= _PLD_CACHE_SIZE:
           _PLD_CACHE.clear()
         sampled = _PLD_CACHE[key] = pld_numpy.SampledRound(
-            pld.privacy_loss_distribution.from_gaussian_mechanism(
-                standard_deviation=event.event.noise_multiplier,
-                value_discretization_interval=(
-                    self._value_discretization_interval),
-                sampling_prob=event.sampling_probability))
+            pld_numpy.gaussian_round(*key))
       self._pld = pld_numpy.compose(self._pld, sampled.self_compose(count))
       return None
     return super()._maybe_compose(event, count, do_compose)

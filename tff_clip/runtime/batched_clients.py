@@ -63,6 +63,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_clip.runtime import graph_cache
+from tff_clip.runtime import runner_cache
 from tff_clip.runtime import tf_graphs
 
 __all__ = ['CLIENT_EXECUTIONS', 'SMALL_MODEL', 'BatchedRunner',
@@ -499,20 +501,26 @@ class BatchedRunner:
                  lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype),
                  examples),
              tf.TensorSpec([None, None, None], tf.int64))
-    key = None
+    key = stored = None
     if self._trace_key is not None:
       key = (self._trace_key, self._uniform, repr(specs))
       self._round = _traces.get(key)
       if self._round is not None:
         _traces.move_to_end(key)
         return
+      # A later process imports the graph instead of tracing it again.
+      stored = graph_cache.entry_key(repr(('batched cohort', *key)))
+      self._round = runner_cache.traced_function(
+          stored, tf.nest.flatten(specs))
     # Without autograph: the cohort call's control flow is explicit
     # (`tf.while_loop`, the queries' `tf.cond`s), and converting the
     # bounding's and the queries' Python source was most of the first
     # round's seconds (a tensor used as a Python bool would fail the trace
     # loudly, never run otherwise).
-    self._round = tf.function(
-        self._client_sums, autograph=False).get_concrete_function(*specs)
+    if self._round is None:
+      self._round = tf.function(
+          self._client_sums, autograph=False).get_concrete_function(*specs)
+      runner_cache.store_traced(stored, self._round)
     if key is not None:
       _traces[key] = self._round
       while len(_traces) > _TRACES_KEPT:

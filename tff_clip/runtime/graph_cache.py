@@ -237,11 +237,15 @@ def has_baked_seed(computations) -> bool:
   for computation in computations:
     graph_def = tf.compat.v1.GraphDef()
     computation.tensorflow.graph_def.Unpack(graph_def)
-    nodes = list(graph_def.node)
-    for function in graph_def.library.function:
-      nodes.extend(function.node_def)
-    for node in nodes:
-      if any(name in node.attr and node.attr[name].i != 0
-             for name in ('seed', 'seed2')):
-        return True
+    if graph_def_has_baked_seed(graph_def):
+      return True
   return False
+
+
+def graph_def_has_baked_seed(graph_def) -> bool:
+  """`has_baked_seed` of a `GraphDef` (its functions' nodes included)."""
+  nodes = list(graph_def.node)
+  for function in graph_def.library.function:
+    nodes.extend(function.node_def)
+  return any(any(name in node.attr and node.attr[name].i != 0
+                 for name in ('seed', 'seed2')) for node in nodes)

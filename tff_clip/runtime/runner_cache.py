@@ -16,6 +16,11 @@ client threads. A few runners are kept, the least recently used dropped
 first, and all of them before the interpreter tears its modules down (a
 traced function freed after that prints a TypeError traceback).
 
+The batched path's traced cohort call (`tff_clip.runtime.batched_clients`)
+is kept the same way (`traced_function`, `store_traced`): its graph under
+its own key, imported instead of traced by a later process (the trace is
+most of a fresh process's first batched round).
+
 A runner holds no run's state. The state, the noise key included, is the
 run's, passed to every call; the graphs' variables are reset before every
 call (`tff_clip.runtime.tf_graphs`, assumption 3); nothing is kept per
@@ -28,20 +33,24 @@ from __future__ import annotations
 
 import atexit
 import collections
+import json
 from typing import Optional
 
 from absl import logging
 
 from tff_clip.runtime import graph_cache
 from tff_clip.runtime import simulation
+from tff_clip.runtime import tf_graphs
 
-__all__ = ['runner', 'store']
+__all__ = ['runner', 'store', 'store_traced', 'traced_function']
 
 # The entry's graphs are named `process/<graph>`. Entries written when the
 # evaluation was a traced TFF process also hold `evaluation/<graph>`: their
 # keys differ (the key hashes this library's source), and such graphs are
 # never read as the process's.
 _PROCESS_PART = 'process'
+# A traced function's entry: its graph and its inputs' and outputs' names.
+_TRACED_GRAPH, _TRACED_NAMES = 'traced/graph', 'traced/names'
 
 _KEPT = 3
 # (key, client threads) -> runner, the most recently used last.
@@ -104,3 +113,64 @@ def _keep(loaded_key, loaded) -> None:
 def forget() -> None:
   """Drops every loaded runner: the next `runner` reads the disk."""
   _loaded.clear()
+
+
+def traced_function(key: Optional[str], specs):
+  """The function `store_traced` kept under `key`, taking the flat tensors
+  of `specs` (a list of `tf.TensorSpec`) and returning its flat outputs;
+  None where there is none (or it cannot be imported)."""
+  entry = None if key is None else graph_cache.load(key)
+  if entry is None or set(entry) != {_TRACED_GRAPH, _TRACED_NAMES}:
+    return None
+  try:
+    names = json.loads(entry[_TRACED_NAMES])
+    return _ImportedFunction(entry[_TRACED_GRAPH], names['inputs'],
+                             names['outputs'], specs)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning('Graph cache: entry %s unusable (%s); tracing.', key, e)
+    return None
+
+
+def store_traced(key: Optional[str], concrete_function) -> None:
+  """Writes a traced `tf.function`'s graph under `key`, where an entry may
+  hold it: nothing captured (a variable, a constant tensor) and no random
+  op seeded at tracing."""
+  if key is None or concrete_function.captured_inputs:
+    return
+  graph_def = concrete_function.graph.as_graph_def()
+  if graph_cache.graph_def_has_baked_seed(graph_def):
+    return
+  names = {'inputs': [t.name for t in concrete_function.inputs],
+           'outputs': [t.name for t in concrete_function.outputs]}
+  graph_cache.store(key, {_TRACED_GRAPH: graph_def.SerializeToString(),
+                          _TRACED_NAMES: json.dumps(names).encode()})
+
+
+class _ImportedFunction:
+  """A traced function's serialized graph, callable again: `__call__` takes
+  the structure of its arguments (flattened, the tensors of `specs` in
+  order) and returns its flat outputs as eager tensors."""
+
+  def __init__(self, graph_def: bytes, input_names, output_names, specs):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    graph_def = tf.compat.v1.GraphDef.FromString(graph_def)
+    if len(input_names) != len(specs):
+      raise ValueError(f'{len(input_names)} inputs stored, {len(specs)} given')
+
+    def imported(*args):
+      return tf.graph_util.import_graph_def(
+          graph_def, input_map=dict(zip(input_names, args)),
+          return_elements=list(output_names), name='traced')
+
+    wrapped = tf.compat.v1.wrap_function(imported, list(specs))
+    self._function = wrapped.prune(feeds=list(wrapped.inputs),
+                                   fetches=list(wrapped.outputs))
+    self._specs = list(specs)
+    self._tf = tf
+
+  def __call__(self, *structure):
+    tf = self._tf
+    return tf_graphs.call_flat(self._function, [
+        leaf if isinstance(leaf, tf.Tensor) else tf.constant(leaf, s.dtype)
+        for leaf, s in zip(tf.nest.flatten(structure), self._specs,
+                           strict=True)])

@@ -27,7 +27,7 @@ breaks one fails loudly there rather than silently here:
      rewritten into an iterator and a `tf.while_loop` calling the same `f`,
      about 1 ms. `parallel_iterations=1`: `f` updates variables in place.
   6. `ConcreteFunction._call_flat(tensors, captured_inputs)` calls a pruned
-     function on flat tensors (see `_call_flat`).
+     function on flat tensors (see `call_flat`).
   5. Two graphs can define functions with the same name but different bodies;
      TF refuses that in one process, so every imported function is renamed
      with a per-import suffix (and so are the variables' shared names).
@@ -41,6 +41,7 @@ import functools
 import importlib
 import itertools
 import sys
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -51,10 +52,13 @@ from tensorflow_federated.python.core.impl.types import type_serialization
 
 from tff_clip.runtime import graph_defs
 
-__all__ = ['TensorFlowFunction', 'flatten_value', 'pack_value', 'count_leaves',
-           'tiny_dataset_options']
+__all__ = ['TensorFlowFunction', 'call_flat', 'flatten_value', 'pack_value',
+           'count_leaves', 'tiny_dataset_options']
 
 _counter = itertools.count()
+# Held while a function's graph is imported (`TensorFlowFunction._functions`):
+# one import at a time, whichever thread calls first.
+_IMPORTING = threading.Lock()
 _REDUCE_OPS = ('ReduceDataset',)
 
 
@@ -480,7 +484,7 @@ def _import(graph_def, input_map, return_elements):
   return results
 
 
-def _call_flat(concrete_function, tensors):
+def call_flat(concrete_function, tensors):
   """Assumption 6: `ConcreteFunction._call_flat(args, captured_inputs)`.
 
   The public call first tries to bind the arguments to a structured
@@ -497,6 +501,11 @@ class TensorFlowFunction:
   `__call__(*leaves)` takes the parameter's leaves in TFF-type order
   (`flatten_value`), runs the computation's initializer and then the
   computation, and returns the result's leaves as eager tensors.
+
+  The graph is imported into a TensorFlow function on the first call (most
+  of the cost, ~0.1 s for a model's client work): a runner holds functions
+  one execution path never calls (the batched cohort calls neither the
+  per-client work nor the accumulation).
   """
 
   def __init__(self, computation):
@@ -546,12 +555,8 @@ class TensorFlowFunction:
         outputs = outputs[:-1]
       return list(outputs)
 
-    wrapped = tf.compat.v1.wrap_function(imported, signature)
-    self._run = wrapped.prune(feeds=list(wrapped.inputs),
-                              fetches=list(wrapped.outputs))
-    self._init = (wrapped.prune(feeds=list(wrapped.inputs),
-                                fetches=[holder['init']])
-                  if 'init' in holder else None)
+    self._imported, self._holder, self._functions_built = (
+        imported, holder, None)
     self._specs = signature
     self.num_parameters = len(parameter_names)
     self.num_results = len(result_names)
@@ -563,11 +568,27 @@ class TensorFlowFunction:
         leaf if isinstance(leaf, tf.Tensor) else tf.constant(leaf, spec.dtype)
         for leaf, spec in zip(leaves, self._specs)]
 
+  def _functions(self):
+    """(run, init or None): the graph imported and pruned, once."""
+    if self._functions_built is None:
+      with _IMPORTING:
+        if self._functions_built is None:
+          wrapped = tf.compat.v1.wrap_function(self._imported, self._specs)
+          feeds = list(wrapped.inputs)
+          init = self._holder.get('init')
+          self._functions_built = (
+              wrapped.prune(feeds=feeds, fetches=list(wrapped.outputs)),
+              None if init is None else wrapped.prune(feeds=feeds,
+                                                      fetches=[init]))
+    return self._functions_built
+
   def __call__(self, *leaves):
     if len(leaves) != self.num_parameters:
       raise TypeError(f'Expected {self.num_parameters} leaves for '
                       f'{self.type_signature}; got {len(leaves)}.')
     tensors = self.tensors(leaves)
-    if self._init is not None:
-      _call_flat(self._init, tensors)
-    return _call_flat(self._run, tensors)
+    run, init = self._functions()
+    if init is not None:
+      call_flat(init, tensors)
+    return call_flat(run, tensors)
+
