@@ -191,7 +191,12 @@ def pmf_epsilon(pmf, delta: float):
   cumulative sums here, its losses `itertools.count`'s repeated additions,
   each exp(-loss) `math.exp`'s; where the stopping test's NumPy logarithm is
   within 1e-9 of the loss, the test is redone with `math.log`. Anything
-  else (an overflow, a zero mass) is left to dp_accounting."""
+  else (an overflow, a zero mass) is left to dp_accounting.
+
+  The walk stops soon after the mass above the loss exceeds delta, and
+  every sum it reads is of the losses before its stop: they are computed
+  for a prefix of the losses (twice what the mass above delta needs),
+  longer only where the walk goes on (the same values as over them all)."""
   # pylint: disable=protected-access
   if type(pmf) is not pld_pmf.DensePLDPmf:  # pylint: disable=unidiomatic-typecheck
     return pmf.get_epsilon_for_delta(delta)  # Sparse: no `_probs`.
@@ -202,12 +207,32 @@ def pmf_epsilon(pmf, delta: float):
     return pmf.get_epsilon_for_delta(delta)
   steps = np.full(size, -pmf._discretization, np.float64)
   steps[0] = (pmf._lower_loss + size - 1) * pmf._discretization
-  losses = np.cumsum(steps)
   reversed_probs = np.flip(probs)
+  # The walk cannot stop before the mass above the loss exceeds delta.
+  above = np.flatnonzero(np.cumsum(reversed_probs) > delta - infinity_mass)
+  length = size if not above.size else min(size, max(1024, 2 * int(above[0])))
+  while True:
+    found = _walk(steps[:length], reversed_probs[:length], infinity_mass,
+                  delta, length == size)
+    if found is not None:
+      break
+    length = min(size, 2 * length)
+  return pmf.get_epsilon_for_delta(delta) if found is _OURS_FAIL else found
+
+
+_OURS_FAIL = object()  # `_walk`: dp_accounting's own answer is needed.
+
+
+def _walk(steps, reversed_probs, infinity_mass, delta, complete):
+  """`pmf_epsilon`'s walk over the first len(`steps`) losses (largest
+  first; `complete`: all of them): its epsilon, `_OURS_FAIL`, or None
+  where it goes past them."""
+  size = len(steps)
+  losses = np.cumsum(steps)
   try:
     exps = np.fromiter(map(math.exp, (-losses).tolist()), np.float64, size)
   except OverflowError:
-    return pmf.get_epsilon_for_delta(delta)
+    return _OURS_FAIL
   # Before the loss at k is taken in: upper[k], lower[k].
   upper = np.cumsum(np.concatenate(([infinity_mass], reversed_probs)))
   lower = np.cumsum(np.concatenate(([0.0], exps * reversed_probs)))
@@ -227,11 +252,13 @@ def pmf_epsilon(pmf, delta: float):
   zero = np.flatnonzero((upper[1:stop + 1] >= delta) & (lower[1:stop + 1] == 0))
   if zero.size:
     return max(0, losses[int(zero[0])])
+  if stop == size and not complete:
+    return None
   mass_upper, mass_lower = upper[stop], lower[stop]
   if mass_upper <= mass_lower + delta:
     return 0
   if mass_lower == 0:
-    return pmf.get_epsilon_for_delta(delta)
+    return _OURS_FAIL
   return math.log((mass_upper - delta) / mass_lower)
 
 

@@ -1,7 +1,7 @@
 """Calibrated noise multipliers, kept on disk across runs and checked on use.
 
 Calibrating z to a target epsilon searches z with the accountant: about
-twenty RDP evaluations (1-2 s on a 2-core CPU) or fifteen PLD ones (6-10 s).
+twenty RDP evaluations (1-2 s on a 2-core CPU) or fifteen PLD ones (0.5-2 s).
 Runs that calibrate the same thing (a sweep's cells, the frontier's tuning
 grid, a rerun) need it once. An entry is stored under the SHA-256 of what
 the calibration is a function of: the accounting call's name and arguments,

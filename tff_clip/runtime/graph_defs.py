@@ -1,6 +1,8 @@
-"""TensorFlow `GraphDef` surgery: renamed functions, and a canonical form.
+"""TensorFlow `GraphDef` surgery: renamed functions, a subgraph, and a
+canonical form.
 
-`apply_renames` renames a graph's library functions and every reference to
+`subgraph` keeps the nodes some nodes need (TF's `prune`, before an
+import). `apply_renames` renames a graph's library functions and every reference to
 them (`tff_clip.runtime.tf_graphs` gives each import of a graph its own
 names). `canonical_digest` hashes what a TFF computation computes, the same
 for every trace of the same code: TensorFlow names each traced function with
@@ -16,7 +18,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import computation_pb2 as pb
 
-__all__ = ['apply_renames', 'canonical_digest']
+__all__ = ['apply_renames', 'canonical_digest', 'subgraph']
 
 
 def _rename_attr(attr, renames):
@@ -31,6 +33,25 @@ def _rename_name_attr_list(func, renames):
     func.name = renames[func.name]
   for value in func.attr.values():
     _rename_attr(value, renames)
+
+
+def subgraph(graph_def, names):
+  """`graph_def` with only the nodes `names` (tensor or op names) need, by
+  their inputs, data and control, transitively (its functions kept)."""
+  def node_name(name):
+    return name.lstrip('^').split(':')[0]
+  nodes = {n.name: n for n in graph_def.node}
+  needed, pending = set(), [node_name(name) for name in names]
+  while pending:
+    name = pending.pop()
+    if name not in needed:
+      needed.add(name)
+      pending.extend(node_name(i) for i in nodes[name].input)
+  sub = tf.compat.v1.GraphDef()
+  sub.versions.CopyFrom(graph_def.versions)
+  sub.library.CopyFrom(graph_def.library)
+  sub.node.extend(n for n in graph_def.node if n.name in needed)
+  return sub
 
 
 def apply_renames(graph_def, renames):

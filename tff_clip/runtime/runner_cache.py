@@ -162,9 +162,9 @@ class _ImportedFunction:
           graph_def, input_map=dict(zip(input_names, args)),
           return_elements=list(output_names), name='traced')
 
-    wrapped = tf.compat.v1.wrap_function(imported, list(specs))
-    self._function = wrapped.prune(feeds=list(wrapped.inputs),
-                                   fetches=list(wrapped.outputs))
+    # The graph's own nodes only (a traced function's graph holds no
+    # initializer to prune away).
+    self._function = tf.compat.v1.wrap_function(imported, list(specs))
     self._specs = list(specs)
     self._tf = tf
 

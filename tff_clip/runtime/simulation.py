@@ -250,9 +250,8 @@ class InProcessRunner:
     #          secure_modular_sum>.
     self._secure_types = [work_result[i] for i in (1, 2, 3)]
     self._num_update_leaves = tf_graphs.count_leaves(work_result[0])
-    moduli = tf_graphs.TensorFlowFunction(
-        computations['secure_modular_sum_modulus'])()
-    self._moduli = [m.numpy() for m in moduli]
+    self._modulus = tf_graphs.TensorFlowFunction(  # Called where needed.
+        computations['secure_modular_sum_modulus'])
     self._initialize = tf_graphs.TensorFlowFunction(
         computations['initialize'])
     self._get_weights, self._set_weights = (
@@ -283,8 +282,8 @@ class InProcessRunner:
         for i in range(len(sums)):
           sums[i] = sums[i] + secure.pop(0).numpy()
     if secure_sums[2]:
-      secure_sums[2] = [np.mod(s, m) for s, m in zip(secure_sums[2],
-                                                     self._moduli)]
+      secure_sums[2] = [np.mod(s, m.numpy()) for s, m in zip(
+          secure_sums[2], self._modulus())]
     report = list(self._report(*accumulator))
     flat_secure = [x for sums in secure_sums for x in sums]
     result = self._update(*state_leaves, *report, *flat_secure)

@@ -56,9 +56,7 @@ __all__ = ['TensorFlowFunction', 'call_flat', 'flatten_value', 'pack_value',
            'count_leaves', 'tiny_dataset_options']
 
 _counter = itertools.count()
-# Held while a function's graph is imported (`TensorFlowFunction._functions`):
-# one import at a time, whichever thread calls first.
-_IMPORTING = threading.Lock()
+_IMPORTING = threading.Lock()  # One function's import at a time, any thread.
 _REDUCE_OPS = ('ReduceDataset',)
 
 
@@ -542,21 +540,32 @@ class TensorFlowFunction:
       return tf.TensorSpec(shape, dtype)
 
     signature = [spec(name) for name in parameter_names]
-    holder = {}
 
-    def imported(*args):
-      input_map = {_canonical(n): a for n, a in zip(parameter_names, args)}
-      if token_name:
-        input_map[_canonical(token_name)] = tf.constant('in-process')
-      return_elements = list(result_names) + ([init_name] if init_name else [])
-      outputs = _import(graph_def, input_map, return_elements)
-      if init_name:
-        holder['init'] = outputs[-1]
-        outputs = outputs[:-1]
-      return list(outputs)
+    def importer(return_elements):
+      # Only the nodes the returned ones need (TF's `prune`, on the
+      # GraphDef: a stateful op left in a function body runs on every call,
+      # so the initializer must not be in the computation's, nor it in the
+      # initializer's).
+      sub = graph_defs.subgraph(graph_def, return_elements)
+      present = {n.name for n in sub.node}
+      fed = [(i, _canonical(n)) for i, n in enumerate(parameter_names)
+             if _node_name(n) in present]
 
-    self._imported, self._holder, self._functions_built = (
-        imported, holder, None)
+      def imported(*args):
+        input_map = {name: args[i] for i, name in fed}
+        if token_name and _node_name(token_name) in present:
+          input_map[_canonical(token_name)] = tf.constant('in-process')
+        return list(_import(sub, input_map, return_elements))
+      return imported
+
+    def initialize(*args):
+      (op,) = importer([init_name])(*args)
+      with tf.control_dependencies([op]):
+        return [tf.constant(0)]
+
+    self._importers = (importer(list(result_names)),
+                       initialize if init_name else None)
+    self._functions_built = None
     self._specs = signature
     self.num_parameters = len(parameter_names)
     self.num_results = len(result_names)
@@ -569,17 +578,14 @@ class TensorFlowFunction:
         for leaf, spec in zip(leaves, self._specs)]
 
   def _functions(self):
-    """(run, init or None): the graph imported and pruned, once."""
+    """(run, init or None): the graph's parts imported, once."""
     if self._functions_built is None:
       with _IMPORTING:
         if self._functions_built is None:
-          wrapped = tf.compat.v1.wrap_function(self._imported, self._specs)
-          feeds = list(wrapped.inputs)
-          init = self._holder.get('init')
-          self._functions_built = (
-              wrapped.prune(feeds=feeds, fetches=list(wrapped.outputs)),
-              None if init is None else wrapped.prune(feeds=feeds,
-                                                      fetches=[init]))
+          self._functions_built = tuple(
+              None if part is None else
+              tf.compat.v1.wrap_function(part, self._specs)
+              for part in self._importers)
     return self._functions_built
 
   def __call__(self, *leaves):
