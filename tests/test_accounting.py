@@ -499,7 +499,8 @@ def _assert_same_bits(want, got):
     (0.3, 0.5, 2**-8),
     (20.0, 0.9, 1e-4),  # Most losses past the ADD edge -log(1 - q).
     (0.5, 1e-6, 1e-4),
-    (1.0, 1.0, 2**-9),  # Unsampled: dp_accounting's own.
+    (1.0, 1.0, 2**-9),  # Unsampled (a banded or BLT round's event).
+    (3.0 / np.sqrt(7), 1.0, 2**-12),
 ])
 def test_a_rounds_pld_built_in_numpy_is_dp_accountings_bits(
     noise_multiplier, sampling_probability, grid):
@@ -510,6 +511,29 @@ def test_a_rounds_pld_built_in_numpy_is_dp_accountings_bits(
   _assert_same_bits(
       _round_pld(noise_multiplier, sampling_probability, grid),
       pld_numpy.gaussian_round(noise_multiplier, sampling_probability, grid))
+
+
+def test_unsampled_gaussian_rounds_are_accounted_as_dp_accounting_does():
+  """Unsampled Gaussian events (a correlated-noise run's rounds), alone,
+  self-composed and beside Poisson rounds: the PLD accountant's epsilon is
+  dp_accounting's own `PLDAccountant`'s, to the bit."""
+  poisson = dp_accounting.PoissonSampledDpEvent(
+      0.05, dp_accounting.GaussianDpEvent(1.1))
+  for event in (dp_accounting.GaussianDpEvent(2.5),
+                dp_accounting.SelfComposedDpEvent(
+                    dp_accounting.GaussianDpEvent(7.0), 12),
+                dp_accounting.ComposedDpEvent([
+                    dp_accounting.SelfComposedDpEvent(poisson, 30),
+                    dp_accounting.GaussianDpEvent(4.0),
+                    dp_accounting.GaussianDpEvent(5.5)])):
+    for grid in (2**-10, 1e-4):
+      want = dp_accounting.pld.PLDAccountant(
+          value_discretization_interval=grid).compose(event)
+      got = accountants.compose(accountants.PLD, event,
+                                accountants.ADD_OR_REMOVE, grid)
+      for delta in (1e-6, 1e-3):
+        assert got.get_epsilon(delta) == want.get_epsilon(delta), (
+            event, grid, delta)
 
 
 @pytest.mark.parametrize('truncation', [1e-15, 1e-10, 0.0])

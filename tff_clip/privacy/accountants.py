@@ -239,6 +239,14 @@ class _PldAccountant(pld.PLDAccountant):
             pld_numpy.gaussian_round(*key))
       self._pld = pld_numpy.compose(self._pld, sampled.self_compose(count))
       return None
+    if (do_compose and isinstance(event, dp_accounting.GaussianDpEvent) and
+        event.noise_multiplier != 0):
+      # As dp_accounting composes it (a banded or BLT run's rounds: a new
+      # noise every round), built in NumPy.
+      self._pld = pld_numpy.compose(self._pld, pld_numpy.gaussian_round(
+          event.noise_multiplier / math.sqrt(count), 1.0,
+          self._value_discretization_interval))
+      return None
     return super()._maybe_compose(event, count, do_compose)
 
   def get_epsilon(self, target_delta: float) -> float:

@@ -46,7 +46,7 @@ _COMPOSED_KEPT = 4
 
 
 class _GaussianLoss(privacy_loss_mechanism.GaussianPrivacyLoss):
-  """dp_accounting 0.4.3's subsampled `GaussianPrivacyLoss` (0 < q < 1),
+  """dp_accounting 0.4.3's `GaussianPrivacyLoss` (0 < q <= 1),
   `get_delta_for_epsilon` of many losses at once: the inverse privacy loss
   (`inverse_privacy_loss`, `common.log_a_times_exp_b_plus_c`) taken with the
   same NumPy functions in the same order on an array, its `math.isclose`
@@ -59,6 +59,23 @@ class _GaussianLoss(privacy_loss_mechanism.GaussianPrivacyLoss):
     deltas = np.zeros_like(epsilons, dtype=float)
     q, add = (self.sampling_prob,
               self.adjacency_type == privacy_loss_mechanism.AdjacencyType.ADD)
+    if q == 1.0:  # No subsampling: every loss inverted as it is.
+      inverse, unsampled = np.full_like(epsilons, True, dtype=bool), epsilons
+    else:
+      inverse, unsampled = self._subsampled_inverse(epsilons, deltas, q, add)
+      if inverse is None:
+        return super().get_delta_for_epsilon(epsilon)  # Its ValueError.
+    x_cutoffs = ((0.5 if add else -0.5) * self.sensitivity - unsampled *
+                 (self._standard_deviation**2) / self.sensitivity)
+    deltas[inverse] = (self.mu_upper_cdf(x_cutoffs) - np.exp(
+        epsilons[inverse] + self.mu_lower_log_cdf(x_cutoffs)))
+    return np.clip(deltas, 0, 1)
+
+  @staticmethod
+  def _subsampled_inverse(epsilons, deltas, q, add):
+    """(which losses are inverted, each one's privacy loss without
+    subsampling), the others' deltas set; (None, None) where dp_accounting
+    raises."""
     if add:
       inverse = epsilons < -math.log1p(-q)
       losses, edge = epsilons[inverse], -math.log(1 - q)
@@ -74,19 +91,14 @@ class _GaussianLoss(privacy_loss_mechanism.GaussianPrivacyLoss):
       d, log_c = b + np.log(a), np.log(-c)
       beyond = (losses > edge) if add else (losses <= edge)
       if np.any(~close & (beyond | ((b != 0) & (log_c >= d)))):
-        return super().get_delta_for_epsilon(epsilon)  # Its ValueError.
+        return None, None
       unsampled = np.where(b == 0, np.log(a + c),
                            d + np.log1p(-np.exp(log_c - d)))
-    # `inverse_privacy_loss_without_subsampling` of each (+-inf where close).
+    # `inverse_privacy_loss_without_subsampling`'s argument (+-inf where
+    # close).
     if add:
-      unsampled = np.where(close, math.inf, -unsampled)
-    else:
-      unsampled = np.where(close, -math.inf, unsampled)
-    x_cutoffs = ((0.5 if add else -0.5) * self.sensitivity - unsampled *
-                 (self._standard_deviation**2) / self.sensitivity)
-    deltas[inverse] = (self.mu_upper_cdf(x_cutoffs) - np.exp(
-        epsilons[inverse] + self.mu_lower_log_cdf(x_cutoffs)))
-    return np.clip(deltas, 0, 1)
+      return inverse, np.where(close, math.inf, -unsampled)
+    return inverse, np.where(close, -math.inf, unsampled)
 
 
 def gaussian_round(noise_multiplier: float, sampling_probability: float,
@@ -94,9 +106,9 @@ def gaussian_round(noise_multiplier: float, sampling_probability: float,
   """`privacy_loss_distribution.from_gaussian_mechanism(noise_multiplier,
   value_discretization_interval=grid, sampling_prob=sampling_probability)`
   of dp_accounting 0.4.3, the same bits (tests/test_accounting.py compares
-  the bytes), for 0 < q < 1; anything else is dp_accounting's own."""
+  the bytes), for 0 < q <= 1; anything else is dp_accounting's own."""
   distribution = pld.privacy_loss_distribution
-  if not 0 < sampling_probability < 1:
+  if not 0 < sampling_probability <= 1:
     return distribution.from_gaussian_mechanism(
         standard_deviation=noise_multiplier,
         value_discretization_interval=grid,
@@ -109,9 +121,11 @@ def gaussian_round(noise_multiplier: float, sampling_probability: float,
                       adjacency_type=adjacency),
         value_discretization_interval=grid, use_connect_dots=True)
 
+  remove = pmf(privacy_loss_mechanism.AdjacencyType.REMOVE)
+  if sampling_probability == 1:  # Symmetric: dp_accounting's one PMF.
+    return distribution.PrivacyLossDistribution(remove)
   return distribution.PrivacyLossDistribution(
-      pmf(privacy_loss_mechanism.AdjacencyType.REMOVE),
-      pmf(privacy_loss_mechanism.AdjacencyType.ADD))
+      remove, pmf(privacy_loss_mechanism.AdjacencyType.ADD))
 
 
 class SampledRound:
