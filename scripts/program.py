@@ -8,6 +8,7 @@ benchmarks and reproductions call. The library (`tff_clip`) never imports
 `tasks` or `scripts`.
 """
 
+import collections
 import contextlib
 import glob
 import math
@@ -192,6 +193,15 @@ def preflight(config: TrainConfig) -> None:
   _check_worker_isolation(config)
 
 
+# The tasks built last in this process, by their `get_task` arguments: the
+# runs of a sweep or of the frontier's grid (one worker's trainings, one
+# after another) ask for the same few. A `Task` is frozen, its data sets
+# immutable and its `model_fn` makes a new model on every call, so runs can
+# share one.
+_TASKS = collections.OrderedDict()
+_TASKS_KEPT = 2
+
+
 def build_task(config: TrainConfig):
   """The `tasks.get_task` task that `config`'s task flags name."""
   import tasks  # pylint: disable=g-import-not-at-top
@@ -199,18 +209,27 @@ def build_task(config: TrainConfig):
   # data with a seed of (seed, round, client), so a resumed run sees the
   # same order as an uninterrupted one.
   try:
-    return tasks.get_task(
-        config.task, data_source=config.data_source,
+    arguments = dict(
+        data_source=config.data_source,
         num_clients=config.num_clients, partition=config.partition,
         partition_alpha=config.partition_alpha, seed=config.seed,
         train_batch_size=config.batch_size, local_epochs=config.local_epochs,
         shuffle_buffer_size=1, cache_dir=config.cache_dir,
         validation_fraction=config.validation_fraction,
         **dict(config.task_options))
+    key = repr((config.task, sorted(arguments.items())))
+    if key in _TASKS:
+      _TASKS.move_to_end(key)
+      return _TASKS[key]
+    task = tasks.get_task(config.task, **arguments)
   except (TypeError, ValueError) as e:
     if not config.task_options:
       raise
     raise ConfigError(f'--task_option (task {config.task!r}): {e}') from e
+  _TASKS[key] = task
+  while len(_TASKS) > _TASKS_KEPT:
+    _TASKS.popitem(last=False)
+  return task
 
 
 def run(config: TrainConfig, quiet: bool = False, *, checked: bool = False):

@@ -289,6 +289,45 @@ def test_a_hyperparameter_leaves_the_shape_key_alone_not_the_exact_key(
           _cache_key(base, exact=True))
 
 
+# A grid's cells share an aggregator or a server optimizer built once in a
+# process only where the parts that build them are equal field by field
+# (`hyperparameters._structure`): every hyperparameter tells them apart.
+@pytest.mark.parametrize('field', sorted(_HYPERPARAMETER_CHANGES))
+def test_a_hyperparameter_tells_the_server_parts_apart(field):
+  from tff_clip.program import assembly
+  from tff_clip.program import hyperparameters
+  changes = _HYPERPARAMETER_CHANGES[field]
+  noise = {'target_epsilon': 0.7, 'delta': 0.7, 'noise_multiplier': 0.7}
+  # With momentum, which the server optimizer reads (plain SGD has none).
+  base = _config(bounding=changes.get('bounding', 'normalize'),
+                 server_optimizer='sgdm')
+  config = _config(**dict(dict(bounding='normalize', server_optimizer='sgdm'),
+                          **changes))
+  describe = lambda c, z: hyperparameters._structure(assembly.server_parts(c, z))
+  assert describe(base, 0.5) == describe(base, 0.5)  # Built again: equal.
+  assert describe(config, noise.get(field, 0.5)) != describe(base, 0.5)
+
+
+def test_a_description_tells_every_bit_apart_and_refuses_what_it_cannot_see():
+  import tensorflow as tf
+  from tff_clip.program import hyperparameters
+  describe = hyperparameters._structure
+  assert describe((1.0, 'a', None)) == describe((1.0, 'a', None))
+  for a, b in ((0.0, -0.0), (1.0, np.nextafter(1.0, 2.0)), (1, 1.0),
+               (True, 1), ((1,), [1]), (np.float32(1), np.float64(1)),
+               (np.zeros(2), np.zeros(3))):
+    assert describe(a) != describe(b), (a, b)
+  # A function made twice by the same code: its closure tells it apart.
+  scaled = lambda scale: (lambda x: x * scale)
+  assert describe(scaled(2.0)) == describe(scaled(2.0))
+  assert describe(scaled(2.0)) != describe(scaled(3.0))
+  assert describe(scaled(2.0)) != describe(lambda x: x * 2.0)
+  for unseen in (tf.Variable(1.0), object(),
+                 dataclasses.make_dataclass('Slotted', ['a'], slots=True)(1)):
+    with pytest.raises(hyperparameters._Unkeyable):
+      describe({'part': unseen})
+
+
 _CORRELATED = {
     'banded': dict(sampling='min_separation', noise_mechanism='banded',
                    bands=4),
@@ -973,6 +1012,47 @@ def test_a_cells_later_seed_takes_its_rebased_runner_without_a_rebuild(
       program.build_task)
   assert builds
   assert _loaded_runner(other) is not _loaded_runner(served)
+
+
+@pytest.mark.slow
+def test_cells_sharing_an_aggregator_build_it_once_and_draw_their_own_keys(
+    built, rebased, monkeypatch):
+  # The grid's cells at other learning rates share the aggregator of the
+  # cell rebased above (equal field by field): the check of its graphs is
+  # not built again, only each cell's own server optimizer. Each session
+  # still starts from a noise key of its own and its own learning rate.
+  from scripts import program
+  from tff_clip.learning import algorithms
+  from tff_clip.program import assembly
+  built_parts = []
+  for name in ('server_aggregator', 'server_finalizer'):
+    original = getattr(algorithms, name)
+    monkeypatch.setattr(
+        algorithms, name,
+        lambda *a, _original=original, _name=name: (
+            built_parts.append(_name) or _original(*a)))
+  served, _ = rebased
+  cells = [assembly.Session(dataclasses.replace(
+      built['config'], seed=9,
+      **dict(_OTHER_HYPERPARAMETERS, server_learning_rate=rate)),
+                            program.build_task) for rate in (0.41, 0.42)]
+  assert built_parts == ['server_finalizer', 'server_finalizer']
+  states = [cell.initial_state() for cell in cells + [served]]
+  assert len({tuple(_noise_key(state.aggregator)) for state in states}) == 3
+  for state, rate in zip(states, (0.41, 0.42, 0.3)):
+    rates = [leaf for leaf in tf_nest_leaves(state.finalizer)
+             if np.ndim(leaf) == 0 and np.isclose(leaf, rate)]
+    assert rates, (rate, state.finalizer)
+  # The aggregator's state, the noise key aside, is the shared one's.
+  for a, b in zip(tf_nest_leaves(states[0].aggregator),
+                  tf_nest_leaves(states[2].aggregator), strict=True):
+    if not (a.dtype == np.int64 and a.shape == (2,)):
+      np.testing.assert_array_equal(a, b)
+
+
+def tf_nest_leaves(value) -> list:
+  import tensorflow as tf
+  return [np.asarray(leaf) for leaf in tf.nest.flatten(value)]
 
 
 @pytest.mark.slow

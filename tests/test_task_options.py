@@ -94,3 +94,22 @@ def test_cli_passes_task_options_and_reports_the_objective(tmp_path):
   header, row = last[0].split(','), last[-1].split(',')
   assert float(row[header.index('objective')]) == pytest.approx(
       summary['final_objective'])
+
+
+def test_runs_asking_for_the_same_task_share_one_build_and_others_do_not():
+  # A sweep's or the frontier's runs (one process, one after another) differ
+  # in hyperparameters, not in the task: they take the task built first. A
+  # task flag that differs (the seed, which partitions the data; a task
+  # option) builds its own.
+  base = config_lib.TrainConfig(task='heterogeneous_quadratic',
+                                num_clients=4, clients_per_round=2)
+  first = program.build_task(base)
+  assert program.build_task(dataclasses.replace(
+      base, server_learning_rate=0.3, noise_multiplier=1.0)) is first
+  reseeded = program.build_task(dataclasses.replace(base, seed=1))
+  assert reseeded is not first
+  optioned = program.build_task(dataclasses.replace(
+      base, task_options=(('dimension', 3),)))
+  assert optioned is not first and optioned is not reseeded
+  assert optioned.datasets.element_type_structure != (
+      first.datasets.element_type_structure)

@@ -52,7 +52,8 @@ from tff_clip.aggregation import spec
 from tff_clip.learning import client
 from tff_clip.learning import optimizers
 
-__all__ = ['build_fedavg', 'server_components']
+__all__ = ['build_fedavg', 'server_aggregator', 'server_components',
+           'server_finalizer']
 
 _ClientWeighting = tff.learning.ClientWeighting
 ModelAggregator = Union[tff.aggregators.WeightedAggregationFactory,
@@ -102,6 +103,14 @@ def server_components(model_weights_type, model_aggregator,
   `server_optimizer` (their `initialize`) and all their graphs (their
   `next`); `model_weights_type` is the model's `ModelWeights` type.
   """
+  return (server_aggregator(model_weights_type, model_aggregator,
+                            client_weighting),
+          server_finalizer(model_weights_type, server_optimizer))
+
+
+def server_aggregator(model_weights_type, model_aggregator,
+                      client_weighting: Optional[_ClientWeighting] = None):
+  """The aggregation process of `server_components`."""
   aggregator_factory, _ = _weighted_aggregator(model_aggregator,
                                                client_weighting)
   aggregator = aggregator_factory.create(
@@ -112,9 +121,14 @@ def server_components(model_weights_type, model_aggregator,
         '`model_aggregator` must return values of the type it receives (the '
         f'trainable weights); got {aggregate_type.parameter[1].member} -> '
         f'{aggregate_type.result[1].member}.')
-  finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
+  return aggregator
+
+
+def server_finalizer(model_weights_type,
+                     server_optimizer: tff.learning.optimizers.Optimizer):
+  """The finalizer process of `server_components`."""
+  return tff.learning.templates.build_apply_optimizer_finalizer(
       server_optimizer, model_weights_type)
-  return aggregator, finalizer
 
 
 def build_fedavg(

@@ -34,9 +34,13 @@ broadcast) are built from fields outside `HYPERPARAMETERS`, all in the key.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
+import types
 from typing import Any, Callable, Optional
 import weakref
+
+import numpy as np
 
 from tff_clip.program import config as config_lib
 from tff_clip.program.config import TrainConfig
@@ -106,28 +110,115 @@ def _element_type(struct_type, name: str):
   return dict(tff.structure.to_elements(struct_type)).get(name)
 
 
+class _Unkeyable(Exception):
+  """A value `_structure` cannot describe field by field."""
+
+
+# Where an object's fields are all it holds (no hidden state the process
+# would read): the parts that build a server's aggregator and optimizer.
+_DESCRIBED_MODULES = ('tff_clip.', 'tensorflow_federated.',
+                      'tensorflow_privacy.', 'dp_accounting.')
+
+
+def _structure(value, depth: int = 0):
+  """A hashable description of `value`, equal for two values only where
+  they are equal field by field, all the way down: numbers (floats by their
+  bits), strings, arrays, enums, containers, functions (their code, closure
+  and defaults) and the objects of this library, TFF, tensorflow-privacy and
+  dp_accounting (their type and `vars`). Anything else (an object with
+  slots, a TensorFlow object) raises `_Unkeyable`."""
+  if depth > 32:
+    raise _Unkeyable('too deep')
+  inner = lambda item: _structure(item, depth + 1)
+  if value is None or isinstance(value, (bool, str, bytes)):
+    return (type(value).__name__, value)
+  if isinstance(value, int):
+    return ('int', int(value))
+  if isinstance(value, float):
+    return ('float', float(value).hex())
+  if isinstance(value, (np.ndarray, np.generic)):
+    array = np.asarray(value)
+    if array.dtype.hasobject:
+      raise _Unkeyable('an object array')
+    return ('array', array.dtype.str, array.shape, array.tobytes())
+  if isinstance(value, enum.Enum):
+    return ('enum', type(value).__module__, type(value).__qualname__,
+            value.name)
+  if isinstance(value, (tuple, list)):
+    return (type(value).__module__, type(value).__qualname__,
+            tuple(inner(item) for item in value))
+  if isinstance(value, dict):
+    try:
+      return ('dict', tuple(sorted((inner(k), inner(v))
+                                   for k, v in value.items())))
+    except TypeError:  # Keys that do not order.
+      raise _Unkeyable('a dict') from None
+  if isinstance(value, type):
+    return ('type', value.__module__, value.__qualname__)
+  if isinstance(value, types.FunctionType):
+    cells = tuple(inner(cell.cell_contents) for cell in value.__closure__ or ())
+    return ('function', id(value.__code__), cells, inner(value.__defaults__),
+            inner(value.__kwdefaults__))
+  cls = type(value)
+  if not cls.__module__.startswith(_DESCRIBED_MODULES):
+    raise _Unkeyable(f'{cls.__module__}.{cls.__qualname__}')
+  for base in cls.__mro__:
+    if set(base.__dict__.get('__slots__', ())) - {'__dict__', '__weakref__'}:
+      raise _Unkeyable(f'{cls.__qualname__} has slots')
+  if not hasattr(value, '__dict__'):
+    raise _Unkeyable(f'{cls.__qualname__} has no fields')
+  return ('object', cls.__module__, cls.__qualname__, inner(vars(value)))
+
+
+# (component, model weights type, `_structure` of what builds it) -> (the
+# digest of its `next`, its state initialization): a grid's cells that share
+# an aggregator (another learning rate) or a server optimizer (another clip
+# norm or quantile) build it once in a process.
+_BUILT = {}
+_BUILT_KEPT = 64
+
+
+def _component(name, model_weights_type, parts, build):
+  """(digest, initializer) of the component `build(*parts)` makes, built
+  once per process for parts equal field by field (`_structure`)."""
+  from tff_clip.runtime import graph_defs  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import tf_graphs  # pylint: disable=g-import-not-at-top
+  try:
+    key = (name, str(model_weights_type), _structure(parts))
+  except _Unkeyable:
+    key = None
+  found = _BUILT.get(key) if key is not None else None
+  if found is None:
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    process = build(model_weights_type, *parts)
+    found = (graph_defs.canonical_digest(process.next),
+             tf_graphs.TensorFlowFunction(
+                 tff.backends.mapreduce.get_state_initialization_computation(
+                     process.initialize)))
+    if key is not None:
+      if len(_BUILT) >= _BUILT_KEPT:
+        _BUILT.pop(next(iter(_BUILT)))
+      _BUILT[key] = found
+  return found
+
+
 class _Components:
   """A config's aggregator and server optimizer, as the process builds
   them: their `next` digests and their state's initialization."""
 
   def __init__(self, config, noise_multiplier, server_parts: ServerParts,
                model_weights_type):
-    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     from tff_clip.learning import algorithms  # pylint: disable=g-import-not-at-top
-    from tff_clip.runtime import graph_defs  # pylint: disable=g-import-not-at-top
-    from tff_clip.runtime import tf_graphs  # pylint: disable=g-import-not-at-top
     factory, optimizer, weighting = server_parts(config, noise_multiplier)
-    processes = dict(zip(('aggregator', 'finalizer'),
-                         algorithms.server_components(
-                             model_weights_type, factory, optimizer,
-                             weighting)))
-    self.digests = {name: graph_defs.canonical_digest(p.next)
-                    for name, p in processes.items()}
-    self.initializers = {
-        name: tf_graphs.TensorFlowFunction(
-            tff.backends.mapreduce.get_state_initialization_computation(
-                p.initialize))
-        for name, p in processes.items()}
+    built = {
+        'aggregator': _component('aggregator', model_weights_type,
+                                 (factory, weighting),
+                                 algorithms.server_aggregator),
+        'finalizer': _component('finalizer', model_weights_type,
+                                (optimizer,), algorithms.server_finalizer)}
+    self.digests = {name: digest for name, (digest, _) in built.items()}
+    self.initializers = {name: initialize
+                         for name, (_, initialize) in built.items()}
 
 
 # The digests of the components an entry's runner was traced with: a worker
