@@ -29,6 +29,14 @@ states' types. Where they differ (a mechanism that bakes its noise
 multiplier into its graph, a fixed clip norm without DP), the run traces its
 own process. The process's other parts (the model's client work, the
 broadcast) are built from fields outside `HYPERPARAMETERS`, all in the key.
+
+A grid's cells share parts: the cells at other learning rates have one
+aggregator, those at other clip norms or quantiles one server optimizer. A
+part is built (and its graph digested) once per process for parts equal
+field by field (`_structure`: the aggregator factory's and the optimizer's
+types and fields, all the way down, floats by their bits); a part holding
+anything it cannot describe so (an object with slots, a TensorFlow object)
+is built for every run, as before.
 """
 
 from __future__ import annotations
