@@ -5,6 +5,7 @@ compositions use few rounds or the relative grid, and the (slow, ~0.5 s per
 evaluation) fixed-size RDP is exercised only a few times.
 """
 
+import collections
 import json
 import math
 
@@ -655,3 +656,27 @@ def test_an_epsilon_asked_again_is_the_one_computed_and_types_are_kept():
   assert key(event) == key(dp_accounting.SelfComposedDpEvent(
       dp_accounting.PoissonSampledDpEvent(
           0.02, dp_accounting.GaussianDpEvent(0.9)), 30))
+
+
+def test_the_kept_round_plds_go_least_recently_used_first_within_a_budget(
+    monkeypatch):
+  # A sweep's trainings take turns at a few noise multipliers: the round
+  # asked for again stays, the one unused longest goes, and the PMFs kept
+  # stay within the byte budget; what is asked is built again, the same.
+  from tff_clip.privacy import accountants
+  monkeypatch.setattr(accountants, '_PLD_CACHE', collections.OrderedDict())
+  monkeypatch.setattr(accountants, '_PLD_CACHE_SIZE', 3)
+  keys = [(z, 0.05, 1e-3) for z in (1.0, 1.5, 2.0, 3.0)]
+  first = accountants._sampled_round(keys[0])
+  for key in keys[1:3]:
+    accountants._sampled_round(key)
+  assert accountants._sampled_round(keys[0]) is first  # Used again: kept.
+  accountants._sampled_round(keys[3])
+  assert list(accountants._PLD_CACHE) == [keys[2], keys[0], keys[3]]
+  budget = sum(r.nbytes for r in accountants._PLD_CACHE.values()) - 1
+  monkeypatch.setattr(accountants, '_PLD_CACHE_BYTES', budget)
+  again = accountants._sampled_round(keys[1])
+  assert keys[1] in accountants._PLD_CACHE and keys[2] not in (
+      accountants._PLD_CACHE)
+  assert sum(r.nbytes for r in accountants._PLD_CACHE.values()) <= budget
+  _assert_same_bits(_round_pld(1.5, 0.05, 1e-3), again.pld)

@@ -7,6 +7,7 @@ round's seed, the task's preprocessing, the local-step cut.
 
 import collections
 import types
+import zlib
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ import tensorflow_federated as tff
 import tasks
 from tasks import task as task_lib
 from tff_clip.runtime import client_data
+from tff_clip.runtime import shuffle_draws
 
 # Tasks whose data pipeline repeats another's (the same preprocessing of
 # images of one shape; another model or another source) run in the slow
@@ -235,7 +237,7 @@ def test_cohort_shuffles_are_tf_datas(sizes, batch_size, num_epochs,
   # The oracle: tf.data's own shuffle, repeats, take and batches on each
   # client's positions, seed pair by seed pair (the pairs of seeds 0..).
   pairs = np.array([client_data._seed_pair(s) for s in range(len(sizes))])
-  got = client_data._shuffled_batches(pairs, sizes, batch_size, num_epochs,
+  got = shuffle_draws.shuffled_batches(pairs, sizes, batch_size, num_epochs,
                                       max_elements, steps)
   for c, n in enumerate(sizes):
     dataset = tf.data.Dataset.range(n).shuffle(
@@ -251,3 +253,22 @@ def test_cohort_shuffles_are_tf_datas(sizes, batch_size, num_epochs,
     assert len(rows) == len(want), c
     for row, batch in zip(rows, want):
       np.testing.assert_array_equal(row, batch)
+
+
+def test_a_cohorts_shuffle_seeds_are_numpys_draws_for_each_client():
+  # The oracle is NumPy itself: `default_rng([seed, round, crc32(id)])
+  # .integers(2**31)` per client, against the cohort's computed at once.
+  rng = np.random.default_rng(0)
+  seeds = [0, 1, 1000, 2**31 - 1, 2**32 - 1, 2**32, 2**40 + 7, 2**63 - 1]
+  for seed in seeds + [int(s) for s in rng.integers(2**62, size=12)]:
+    for round_num in (0, 1, 2, 100, 2**32 + 3):
+      ids = ([f'client_{i}' for i in rng.integers(10**6, size=30)] +
+             [0, 1, 12345, 'f0001_07', ''])
+      expected = [int(np.random.default_rng(
+          [seed, round_num, zlib.crc32(str(c).encode())]).integers(2**31))
+                  for c in ids]
+      np.testing.assert_array_equal(
+          shuffle_draws.round_seeds(seed, round_num, ids), expected)
+      assert [client_data.round_seed(seed, round_num, c)
+              for c in ids] == expected
+  assert shuffle_draws.round_seeds(3, 4, []).shape == (0,)

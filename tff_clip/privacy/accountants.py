@@ -17,6 +17,7 @@ account for the events, RDP otherwise. No TensorFlow import.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Optional
@@ -67,13 +68,19 @@ _RDP_CACHE: dict[tuple[dp_accounting.DpEvent,
                        dp_accounting.NeighboringRelation], np.ndarray] = {}
 # (z, q, grid) -> the PLD of one Poisson-sampled Gaussian round: building it
 # is most of a PLD epsilon's cost (~0.5 s at grid 5e-4 on 2 cores), its
-# self-composition a tenth of that.
-_PLD_CACHE: dict[tuple[float, float, float], pld_numpy.SampledRound] = {}
-_PLD_CACHE_SIZE = 16
+# self-composition a tenth of that. The least recently used go first, past
+# _PLD_CACHE_SIZE rounds or _PLD_CACHE_BYTES of their PMFs: a sweep's
+# trainings at a few epsilons each cross a few grids, and take turns.
+_PLD_CACHE: collections.OrderedDict[tuple[float, float, float],
+                                    pld_numpy.SampledRound] = (
+                                        collections.OrderedDict())
+_PLD_CACHE_SIZE = 64
+_PLD_CACHE_BYTES = 256 * 2**20
 # (the interpreted event, adjacency, delta, accountant, grid) -> its
 # guarantee: a run's last round's figure is asked again by its summary, and
 # a sweep's seeds ask each round's figure of the same events.
-_GUARANTEE_CACHE: dict[tuple, 'PrivacyGuarantee'] = {}
+_GUARANTEE_CACHE: collections.OrderedDict[tuple, 'PrivacyGuarantee'] = (
+    collections.OrderedDict())
 _GUARANTEE_CACHE_SIZE = 4096
 # Noise multipliers this close (relative) are accounted as the smaller
 # (`merge_float_neighbours`): 8 float32 ulps.
@@ -216,6 +223,21 @@ class _RdpAccountant(rdp.RdpAccountant):
     return _epsilon_from_rdp(self.orders, self.rdp, target_delta)[0]
 
 
+def _sampled_round(key) -> pld_numpy.SampledRound:
+  """`_PLD_CACHE`'s round of `key` (z, q, grid), built if not kept."""
+  found = _PLD_CACHE.get(key)
+  if found is not None:
+    _PLD_CACHE.move_to_end(key)
+    return found
+  found = _PLD_CACHE[key] = pld_numpy.SampledRound(
+      pld_numpy.gaussian_round(*key))
+  while len(_PLD_CACHE) > 1 and (
+      len(_PLD_CACHE) > _PLD_CACHE_SIZE or
+      sum(kept.nbytes for kept in _PLD_CACHE.values()) > _PLD_CACHE_BYTES):
+    _PLD_CACHE.popitem(last=False)
+  return found
+
+
 class _PldAccountant(pld.PLDAccountant):
   """dp_accounting's PLD accountant, the PLD of each distinct Poisson-sampled
   Gaussian built once per grid (`_PLD_CACHE`, `pld_numpy.gaussian_round`):
@@ -231,13 +253,8 @@ class _PldAccountant(pld.PLDAccountant):
       key = (float(event.event.noise_multiplier),
              float(event.sampling_probability),
              float(self._value_discretization_interval))
-      sampled = _PLD_CACHE.get(key)
-      if sampled is None:
-        if len(_PLD_CACHE) >= _PLD_CACHE_SIZE:
-          _PLD_CACHE.clear()
-        sampled = _PLD_CACHE[key] = pld_numpy.SampledRound(
-            pld_numpy.gaussian_round(*key))
-      self._pld = pld_numpy.compose(self._pld, sampled.self_compose(count))
+      self._pld = pld_numpy.compose(self._pld,
+                                    _sampled_round(key).self_compose(count))
       return None
     if (do_compose and isinstance(event, dp_accounting.GaussianDpEvent) and
         event.noise_multiplier != 0):
@@ -447,8 +464,10 @@ def guarantee(view, relation, delta, accountant, grid) -> PrivacyGuarantee:
   if found is None:
     found = _guarantee(view, relation, delta, accountant, grid)
     if len(_GUARANTEE_CACHE) >= _GUARANTEE_CACHE_SIZE:
-      _GUARANTEE_CACHE.clear()
+      _GUARANTEE_CACHE.popitem(last=False)  # The least recently used.
     _GUARANTEE_CACHE[key] = found
+  else:
+    _GUARANTEE_CACHE.move_to_end(key)
   return found
 
 

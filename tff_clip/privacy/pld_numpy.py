@@ -179,6 +179,15 @@ class SampledRound:
                                pmf._lower_loss * num_times + lower, output,
                                inf_prob, pmf._pessimistic_estimate)
 
+  @property
+  def nbytes(self) -> int:
+    """The bytes of the PMFs it holds: the round's and the kept
+    self-compositions'."""
+    pmfs = {id(pmf): pmf for p in (self.pld, *self._composed.values())
+            for pmf in (p._pmf_remove, p._pmf_add)}  # pylint: disable=protected-access
+    return sum(getattr(pmf, '_probs', np.empty(0)).nbytes
+               for pmf in pmfs.values())
+
   def self_compose(self, num_times: int, tail_mass_truncation: float = 1e-15):
     """`self.pld.self_compose(num_times)`, the same bits. The last few
     answers are kept: a ledger of several distinct rounds asks for the same

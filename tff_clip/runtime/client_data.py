@@ -32,7 +32,7 @@ For the batched client path (`batched=True`, `cohort_batches`), no
 `tf.data` runs in a round: the population's examples are held once as host
 arrays with per-client offsets (mapped in one call), each round's shuffles
 are drawn for the whole cohort as tf.data's seeded shuffle draws them
-(`_shuffled_batches`), and the cohort's batches are one gather.
+(`shuffle_draws.shuffled_batches`), and the cohort's batches are one gather.
 
 The batches are those of the naive pipeline for the same seed, element for
 element (`tests/test_client_data.py` compares the two on every task). Tasks
@@ -48,12 +48,13 @@ from __future__ import annotations
 
 import collections
 import collections.abc
-import zlib
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import random_seed as framework_random_seed  # pylint: disable=g-direct-tensorflow-import
+
+from tff_clip.runtime import shuffle_draws
 
 __all__ = ['ClientDatasets', 'CohortDatasets', 'ExamplewisePreprocess',
            'round_seed']
@@ -65,10 +66,12 @@ DEFAULT_MAX_CACHED_BYTES = 2**31
 
 
 def round_seed(seed: int, round_num: int, client_id) -> int:
-  """The shuffle seed of `client_id` in round `round_num` of a run."""
-  # crc32, not hash(): str hashes are salted per process.
+  """The shuffle seed of `client_id` in round `round_num` of a run:
+  `default_rng([seed, round_num, crc32(str(client_id))]).integers(2**31)`
+  (crc32, not hash(): str hashes are salted per process). A cohort's are
+  drawn at once by `shuffle_draws.round_seeds`, the same numbers."""
   return int(np.random.default_rng(
-      [seed, round_num, zlib.crc32(str(client_id).encode())]
+      [seed, round_num, shuffle_draws.client_word(client_id)]
   ).integers(2**31))
 
 
@@ -394,18 +397,19 @@ class ClientDatasets:
     `dataset` yields (needs `can_batch`).
 
     No `tf.data`: the clients' shuffles are drawn as tf.data's shuffle draws
-    them (`_shuffled_batches`) for all clients at once, and the examples
-    gathered from the population store in one host gather per leaf.
+    them (`shuffle_draws.shuffled_batches`) for all clients at once, and
+    the examples gathered from the population store in one host gather per
+    leaf.
     """
     cohort = list(cohort)
     offsets, sizes = self._stored(cohort)
     spec = self._preprocess.spec
-    pairs = np.array([_seed_pair(round_seed(self._seed, round_num, client_id))
-                      for client_id in cohort], np.int64).reshape(-1, 2)
+    pairs = np.array([_seed_pair(seed) for seed in shuffle_draws.round_seeds(
+        self._seed, round_num, cohort)], np.int64).reshape(-1, 2)
     if len(cohort) and sizes.max() > SHUFFLE_BUFFER:
       local = self._index_with_tf_data(sizes, pairs)
     else:
-      local = _shuffled_batches(
+      local = shuffle_draws.shuffled_batches(
           pairs, sizes, int(spec.batch_size), int(spec.num_epochs),
           spec.max_elements, self._local_steps)
     mask = local >= 0
@@ -422,8 +426,8 @@ class ClientDatasets:
     return examples, tf.constant(index)
 
   def _index_with_tf_data(self, sizes, pairs):
-    """`_shuffled_batches` by running each client's `tf.data` pipeline on
-    its positions (clients above the shuffle buffer)."""
+    """`shuffle_draws.shuffled_batches` by running each client's `tf.data`
+    pipeline on its positions (clients above the shuffle buffer)."""
     batch_size = int(self._preprocess.spec.batch_size)
     rows = []
     for n, (seed, seed2) in zip(sizes, pairs):
@@ -441,101 +445,6 @@ class ClientDatasets:
           tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64),
           tf.TensorSpec([], tf.int64)])
     return self._index_build(tf.range(n, dtype=tf.int64), seed, seed2)
-
-
-# ----------------------------------------------------------------------------
-# tf.data's shuffle, drawn as tf.data draws it, for a whole cohort at once.
-
-_MASK32 = np.uint64(0xFFFFFFFF)
-
-
-def _philox(counter, key):
-  """Philox4x32-10 (TF's `random::PhiloxRandom`) on [N] uint64 words."""
-  c = list(counter)
-  k0, k1 = key
-  for _ in range(10):
-    p0 = np.uint64(0xD2511F53) * c[0]
-    p1 = np.uint64(0xCD9E8D57) * c[2]
-    c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & _MASK32,
-         (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & _MASK32]
-    k0 = (k0 + np.uint64(0x9E3779B9)) & _MASK32
-    k1 = (k1 + np.uint64(0xBB67AE85)) & _MASK32
-  return c
-
-
-def _philox_stream(seed, seed2, count: int) -> np.ndarray:
-  """[N, count]: the first `count` draws of TF's
-  `SingleSampleAdapter<PhiloxRandom>(seed, seed2)`, one row per seed pair."""
-  seed = np.asarray(seed).astype(np.uint64)
-  seed2 = np.asarray(seed2).astype(np.uint64)
-  key = (seed & _MASK32, seed >> np.uint64(32))
-  words = []
-  for block in range(-(-count // 4)):
-    words.extend(_philox(
-        (np.full(seed.shape, block, np.uint64), np.zeros(seed.shape, np.uint64),
-         seed2 & _MASK32, seed2 >> np.uint64(32)), key))
-  if not words:
-    return np.zeros([seed.shape[0], 0], np.uint64)
-  return np.stack(words, 1)[:, :count]
-
-
-def _shuffled_batches(pairs, sizes, batch_size: int, num_epochs: int,
-                      max_elements, local_steps) -> np.ndarray:
-  """[C, S, B] positions (-1: padding) of each client's batches: what
-  `ClientDatasets._pipeline` on `range(n)` yields, for clients of at most
-  `SHUFFLE_BUFFER` examples, computed for all clients at once.
-
-  tf.data's `ShuffleDatasetV3` (reshuffle each iteration) draws each
-  iteration's seeds from a Philox stream keyed by the dataset's seed pair
-  (two draws an iteration), then, with the whole client in its buffer, picks
-  the k-th element at `k + draw_k % (n - k)` of the buffer and swaps it to
-  position k. Each epoch (`num_epochs`), and each pass of `local_steps`'s
-  repeat, is a new iteration; iterations start only when an element of them
-  is asked for. `tests/test_client_data.py` checks the draws against
-  tf.data's.
-  """
-  sizes = np.asarray(sizes, np.int64)
-  num_clients = len(sizes)
-  epoch_elements = sizes * num_epochs
-  pass_len = (epoch_elements if max_elements is None else
-              np.minimum(epoch_elements, max_elements))
-  per_pass = -(-pass_len // batch_size)  # Batches in one pass.
-  if local_steps is None:
-    steps = per_pass
-  else:
-    steps = np.where(per_pass > 0, local_steps, 0)
-  width = int(steps.max()) if num_clients else 0
-  step = np.arange(width)[None, :, None]
-  slot = np.arange(batch_size)[None, None, :]
-  safe_per_pass = np.maximum(per_pass, 1)[:, None, None]
-  passes = step // safe_per_pass
-  t = (step % safe_per_pass) * batch_size + slot  # Position in the pass.
-  valid = (step < steps[:, None, None]) & (t < pass_len[:, None, None])
-  n = np.maximum(sizes, 1)[:, None, None]
-  epochs_per_pass = -(-pass_len // np.maximum(sizes, 1))
-  epoch = passes * epochs_per_pass[:, None, None] + t // n
-  position = t % n
-  if not valid.any():
-    return np.full([num_clients, width, batch_size], -1, np.int64)
-  num_iterations = int(epoch[valid].max()) + 1
-  prefix = int(position[valid].max()) + 1
-  seeds = _philox_stream(pairs[:, 0], pairs[:, 1], 2 * num_iterations)
-  clients = np.arange(num_clients)
-  orders = np.zeros([num_iterations, num_clients, prefix], np.int64)
-  for e in range(num_iterations):
-    draws = _philox_stream(seeds[:, 2 * e], seeds[:, 2 * e + 1], prefix)
-    buffer = np.tile(np.arange(int(sizes.max())), (num_clients, 1))
-    for k in range(prefix):
-      left = np.maximum(sizes - k, 1).astype(np.uint64)
-      pick = k + (draws[:, k] % left).astype(np.int64)
-      pick = np.minimum(pick, buffer.shape[1] - 1)
-      chosen = buffer[clients, pick]
-      orders[e, :, k] = chosen
-      buffer[clients, pick] = buffer[clients, k]
-      buffer[clients, k] = chosen
-  index = orders[np.where(valid, epoch, 0), clients[:, None, None],
-                 np.where(valid, position, 0)]
-  return np.where(valid, index, -1)
 
 
 class CohortDatasets(collections.abc.Sequence):
