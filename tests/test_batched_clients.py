@@ -380,6 +380,37 @@ def test_cohort_batches_are_the_datasets_batches(sizes, cohort):
                                     batch['x'])
 
 
+def test_a_later_run_of_the_same_task_takes_the_population_it_stored(
+    monkeypatch):
+  # A sweep's trainings of one task (one process, one after another) map
+  # the population's examples once: a later run's cohort gathers from the
+  # same stored rows, read-only, and its batches are its own datasets'.
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=[sum(SIZES), 3]).astype(np.float32)
+  task = _task(x, x[:, :2], sizes=SIZES)
+  cohort = ['4', '0', '2', '5']
+  first = client_data.ClientDatasets(task, seed=5, batched=True)
+  first.cohort_batches(cohort, 1)
+  later = client_data.ClientDatasets(task, seed=6, batched=True)
+  monkeypatch.setattr(later, '_read_many',
+                      lambda ids: pytest.fail('the population read again'))
+  examples, index = later.cohort_batches(cohort, 3)
+  for c, dataset in enumerate(later.datasets(cohort, 3)):
+    rows = index[c].numpy()
+    batches = list(dataset)
+    assert sum((row >= 0).any() for row in rows) == len(batches)
+    for s, batch in enumerate(batches):
+      np.testing.assert_array_equal(
+          tf.gather(examples['x'], rows[s][rows[s] >= 0]), batch['x'])
+  with pytest.raises(ValueError):
+    later._store[0][0] = 1.0  # pylint: disable=protected-access
+  # Other task data: its own population.
+  other = client_data.ClientDatasets(_task(x + 1, x[:, :2], sizes=SIZES),
+                                     seed=6, batched=True)
+  other_examples, _ = other.cohort_batches(cohort, 3)
+  assert not np.array_equal(other_examples['x'], examples['x'])
+
+
 # ----------------------------------------------------------------------------
 # What is refused.
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import collections
 import collections.abc
+import weakref
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -63,6 +64,14 @@ __all__ = ['ClientDatasets', 'CohortDatasets', 'ExamplewisePreprocess',
 SHUFFLE_BUFFER = 1000
 # The clients' examples kept as tensors at most (2 GiB).
 DEFAULT_MAX_CACHED_BYTES = 2**31
+# A whole population's examples up to this size are also held as tensors,
+# once (the batched round's call gathers each cohort's rows from them).
+_WHOLE_STORE_TENSOR_BYTES = 2**28
+# Task data -> (preprocessing, store arrays, structure, offsets, length,
+# tensors): the whole population as one run of it stored it, taken by a
+# later run of the same task data and preprocessing in this process (a
+# sweep's or the frontier's trainings). Read-only once stored.
+_WHOLE_POPULATIONS = weakref.WeakKeyDictionary()
 
 
 def round_seed(seed: int, round_num: int, client_id) -> int:
@@ -173,6 +182,7 @@ class ClientDatasets:
     self._store_structure = None
     self._offsets = {}
     self._store_len = 0
+    self._store_tensors = None  # (store length, the rows as tensors).
     self._local_steps = local_steps
     self._max_cached_bytes = max_cached_bytes
     self._cached_bytes = 0
@@ -324,11 +334,23 @@ class ClientDatasets:
     client's mapped examples as rows of host arrays, appended the first
     time it is sampled (kept within `max_cached_bytes`, emptied when full)."""
     missing = [c for c in dict.fromkeys(cohort) if c not in self._offsets]
+    whole = False
     if missing and self._store is None:
-      # The first round: the whole population if it fits (one map call).
+      # The first round: the whole population if it fits (one map call), or
+      # the one another run of the same task data and preprocessing stored.
+      try:
+        shared = _WHOLE_POPULATIONS.get(self._train_data)
+      except TypeError:
+        shared = None
+      if shared is not None and shared[0] is self._preprocess:
+        (_, self._store, self._store_structure, offsets, self._store_len,
+         self._store_tensors) = shared
+        self._offsets = dict(offsets)
+        return self._stored(cohort)
       population = self._population_ids()
       if population is not None:
         missing = list(dict.fromkeys(missing + population))
+        whole = True
     if missing:
       read, parts = self._read_many(missing)
       new_bytes = sum(a.nbytes for part in parts for a in part)
@@ -336,6 +358,7 @@ class ClientDatasets:
           sum(a[:self._store_len].nbytes for a in self._store) + new_bytes >
           self._max_cached_bytes):
         self._store, self._offsets, self._store_len = None, {}, 0  # Full.
+        self._store_tensors = None
         return self._stored(cohort)
       if self._store_structure is None:
         self._store_structure = tf.nest.map_structure(lambda _: None, read)
@@ -356,6 +379,16 @@ class ClientDatasets:
         self._offsets[client_id] = (start, size)
         start += size
       self._store_len = start
+      if whole:  # Read-only from now on: no client is ever missing.
+        for leaf in self._store:
+          leaf.flags.writeable = False
+        self._store_tensors = self._tensors_of_store()
+        try:
+          _WHOLE_POPULATIONS[self._train_data] = (
+              self._preprocess, self._store, self._store_structure,
+              dict(self._offsets), self._store_len, self._store_tensors)
+        except TypeError:  # Task data that cannot be weakly referenced.
+          pass
     spans = np.array([self._offsets[c] for c in cohort],
                      np.int64).reshape(-1, 2)
     return spans[:, 0], spans[:, 1]
@@ -413,17 +446,32 @@ class ClientDatasets:
           pairs, sizes, int(spec.batch_size), int(spec.num_epochs),
           spec.max_elements, self._local_steps)
     mask = local >= 0
-    rows = np.where(mask, local + offsets[:, None, None], 0).reshape(-1)
     if not self._store_len:
       examples = tf.nest.map_structure(
           lambda s: tf.zeros([0, *s.shape[1:]], s.dtype),
           self._build.input_signature[0])
       return examples, tf.constant(local)
+    if self._store_tensors is not None:
+      # The whole population's rows, as tensors once: the index points into
+      # them (the cohort's call gathers its batches from any rows).
+      index = np.where(mask, local + offsets[:, None, None], -1)
+      return self._store_tensors, tf.constant(index)
+    rows = np.where(mask, local + offsets[:, None, None], 0).reshape(-1)
     examples = tf.nest.pack_sequence_as(
         self._store_structure,
         [tf.constant(leaf[rows]) for leaf in self._store])
     index = np.where(mask, np.arange(rows.size).reshape(local.shape), -1)
     return examples, tf.constant(index)
+
+  def _tensors_of_store(self):
+    """The store's rows as tensors, where they are at most
+    `_WHOLE_STORE_TENSOR_BYTES` (else None: each round gathers its rows)."""
+    if sum(leaf[:self._store_len].nbytes
+           for leaf in self._store) > _WHOLE_STORE_TENSOR_BYTES:
+      return None
+    return tf.nest.pack_sequence_as(
+        self._store_structure,
+        [tf.constant(leaf[:self._store_len]) for leaf in self._store])
 
   def _index_with_tf_data(self, sizes, pairs):
     """`shuffle_draws.shuffled_batches` by running each client's `tf.data`
