@@ -303,7 +303,8 @@ def test_a_hyperparameter_tells_the_server_parts_apart(field):
                  server_optimizer='sgdm')
   config = _config(**dict(dict(bounding='normalize', server_optimizer='sgdm'),
                           **changes))
-  describe = lambda c, z: hyperparameters._structure(assembly.server_parts(c, z))
+  describe = lambda c, z: hyperparameters._structure(
+      assembly.server_parts(c, z))
   assert describe(base, 0.5) == describe(base, 0.5)  # Built again: equal.
   assert describe(config, noise.get(field, 0.5)) != describe(base, 0.5)
 

@@ -182,7 +182,8 @@ class ClientDatasets:
     self._store_structure = None
     self._offsets = {}
     self._store_len = 0
-    self._store_tensors = None  # (store length, the rows as tensors).
+    # The whole population's rows as tensors (`_tensors_of_store`), or None.
+    self._store_tensors = None
     self._local_steps = local_steps
     self._max_cached_bytes = max_cached_bytes
     self._cached_bytes = 0
@@ -430,8 +431,9 @@ class ClientDatasets:
     `dataset` yields (needs `can_batch`).
 
     No `tf.data`: the clients' shuffles are drawn as tf.data's shuffle draws
-    them (`shuffle_draws.shuffled_batches`) for all clients at once, and
-    the examples gathered from the population store in one host gather per
+    them (`shuffle_draws.shuffled_batches`) for all clients at once; the
+    examples are the whole population's rows, held as tensors once (the
+    index points into them), else the cohort's rows in one host gather per
     leaf.
     """
     cohort = list(cohort)

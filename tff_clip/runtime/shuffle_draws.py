@@ -149,9 +149,6 @@ def round_seeds(seed: int, round_num: int, client_ids) -> np.ndarray:
 # ----------------------------------------------------------------------------
 # tf.data's shuffle, drawn as tf.data draws it, for a whole cohort at once.
 
-_MASK32 = np.uint64(0xFFFFFFFF)
-
-
 def _philox(counter, key):
   """Philox4x32-10 (TF's `random::PhiloxRandom`) on [N] uint64 words."""
   c = list(counter)
@@ -159,10 +156,10 @@ def _philox(counter, key):
   for _ in range(10):
     p0 = np.uint64(0xD2511F53) * c[0]
     p1 = np.uint64(0xCD9E8D57) * c[2]
-    c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & _MASK32,
-         (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & _MASK32]
-    k0 = (k0 + np.uint64(0x9E3779B9)) & _MASK32
-    k1 = (k1 + np.uint64(0xBB67AE85)) & _MASK32
+    c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & _U32,
+         (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & _U32]
+    k0 = (k0 + np.uint64(0x9E3779B9)) & _U32
+    k1 = (k1 + np.uint64(0xBB67AE85)) & _U32
   return c
 
 
@@ -171,12 +168,12 @@ def _philox_stream(seed, seed2, count: int) -> np.ndarray:
   `SingleSampleAdapter<PhiloxRandom>(seed, seed2)`, one row per seed pair."""
   seed = np.asarray(seed).astype(np.uint64)
   seed2 = np.asarray(seed2).astype(np.uint64)
-  key = (seed & _MASK32, seed >> np.uint64(32))
+  key = (seed & _U32, seed >> np.uint64(32))
   words = []
   for block in range(-(-count // 4)):
     words.extend(_philox(
         (np.full(seed.shape, block, np.uint64), np.zeros(seed.shape, np.uint64),
-         seed2 & _MASK32, seed2 >> np.uint64(32)), key))
+         seed2 & _U32, seed2 >> np.uint64(32)), key))
   if not words:
     return np.zeros([seed.shape[0], 0], np.uint64)
   return np.stack(words, 1)[:, :count]
@@ -185,8 +182,9 @@ def _philox_stream(seed, seed2, count: int) -> np.ndarray:
 def shuffled_batches(pairs, sizes, batch_size: int, num_epochs: int,
                       max_elements, local_steps) -> np.ndarray:
   """[C, S, B] positions (-1: padding) of each client's batches: what
-  `client_data.ClientDatasets._pipeline` on `range(n)` yields, for clients of at most
-  `SHUFFLE_BUFFER` examples, computed for all clients at once.
+  `client_data.ClientDatasets._pipeline` on `range(n)` yields, for clients
+  of at most `client_data.SHUFFLE_BUFFER` examples, computed for all
+  clients at once.
 
   tf.data's `ShuffleDatasetV3` (reshuffle each iteration) draws each
   iteration's seeds from a Philox stream keyed by the dataset's seed pair
