@@ -121,6 +121,7 @@ def training_seconds(path: str, rounds: int, seed: int,
       experiment_name=f'default_eps4_seed{seed}',
       **dict(benchmark_settings.FRONTIER['mnist1000'], eval_every=10**6,
              progress=False, plot=False, seed=seed, root_output_dir=root,
+             checkpoint_every=benchmark_settings.GRID_CHECKPOINT_EVERY,
              eval_split='test', target_epsilon=4.0, noise_multiplier=None,
              client_execution=path, rounds=rounds, **cell))
   program.validate(config)

@@ -259,6 +259,7 @@ def make_config(setting, method, cell, epsilon, seed, phase, root, quick):
   """The TrainConfig of one run, validated."""
   fields = dict(SETTINGS[setting], eval_every=10**6, progress=False,
                 plot=False,
+                checkpoint_every=benchmark_settings.GRID_CHECKPOINT_EVERY,
                 seed=seed, root_output_dir=os.path.join(root, phase),
                 eval_split='validation' if phase == 'tune' else 'test')
   if method == CEILING:

@@ -141,6 +141,85 @@ def test_torn_last_release_is_released_again_from_its_checkpoint(copy):
   assert (copy / 'releases.jsonl').read_bytes() == text
 
 
+@pytest.fixture(scope='module')
+def held(tmp_path_factory):
+  """A DP run checkpointed every 3 rounds (OS noise key): 4 rounds."""
+  root = tmp_path_factory.mktemp('held')
+  program.run(_config(root, rounds=4, checkpoint_every=3))
+  return root / 'run'
+
+
+def _header(path):
+  with np.load(path) as data:
+    return json.loads(str(data['header']))
+
+
+def test_a_dp_run_releases_rounds_only_once_a_checkpoint_holds_them(held):
+  """Checkpoints after rounds 3 and 4 (the last); each holds the rows of
+  the rounds since the one before, exactly as the log released them."""
+  assert sorted(p.name for p in (held / 'checkpoints').iterdir()) == [
+      'round_000003.npz', 'round_000004.npz']
+  log = [json.loads(line) for line in
+         (held / 'releases.jsonl').read_text().splitlines()]
+  assert [record['round'] for record in log] == [1, 2, 3, 4]
+  for name, rounds in (('round_000003.npz', [1, 2, 3]),
+                       ('round_000004.npz', [4])):
+    header = _header(held / 'checkpoints' / name)
+    assert [p['round'] for p in header['pending']] == rounds
+    for pending in header['pending']:
+      record = log[pending['round'] - 1]
+      assert pending['row'] == record['row']
+      assert pending['event'] == record['event']
+    # It follows the log of the rounds before its first.
+    assert header['log_hash'] == (log[rounds[0] - 2]['hash'] if rounds[0] > 1
+                                  else '0' * 64)
+
+
+def test_rounds_killed_before_their_release_are_released_from_the_checkpoint(
+    held, tmp_path):
+  """Killed after round 1's release, rounds 2-3 held in round 3's
+  checkpoint: the rerun releases their saved rows (a round computed again
+  would draw a new OS key's noise: other lines) and trains round 4."""
+  run_dir = tmp_path / 'run'
+  shutil.copytree(held, run_dir)
+  text = (held / 'releases.jsonl').read_text().splitlines(keepends=True)
+  for name in ('summary.json', 'ledger.json', 'plot.png',
+               'checkpoints/round_000004.npz'):
+    (run_dir / name).unlink()
+  shutil.rmtree(run_dir / 'tensorboard')
+  (run_dir / 'releases.jsonl').write_text(text[0])
+  csv_lines = (held / 'metrics.csv').read_text().splitlines(keepends=True)
+  (run_dir / 'metrics.csv').write_text(''.join(csv_lines[:2]))
+  saved = (run_dir / 'checkpoints' / 'round_000003.npz').stat()
+  program.run(_config(tmp_path, rounds=4, checkpoint_every=3))
+  again = (run_dir / 'releases.jsonl').read_text().splitlines(keepends=True)
+  assert again[:3] == text[:3] and len(again) == 4
+  assert [row['round'] for row in _rows(run_dir / 'metrics.csv')] == [
+      '1', '2', '3', '4']
+  kept = (run_dir / 'checkpoints' / 'round_000003.npz').stat()
+  assert (kept.st_ino, kept.st_mtime_ns) == (saved.st_ino, saved.st_mtime_ns)
+
+
+def test_pending_rounds_read_both_header_forms_and_refuse_others(tmp_path):
+  row, event = {'round': 7}, {'name': 'gaussian'}
+  # One round's {row, event}, as checkpoints wrote it before batches.
+  assert checkpoints.pending_rounds(
+      {'pending': {'row': row, 'event': event}}, 7) == [(7, row, event)]
+  assert checkpoints.pending_rounds({'pending': None}, 7) == []
+  held_rows = [dict(round=r, row=row, event=event) for r in (5, 6, 7)]
+  assert [r for r, _, _ in checkpoints.pending_rounds(
+      {'pending': held_rows}, 7)] == [5, 6, 7]
+  for bad in (held_rows[:2], held_rows[::2], [held_rows[2], held_rows[1]],
+              'rows', [1, 2]):
+    with pytest.raises(ValueError):
+      checkpoints.pending_rounds({'pending': bad}, 7)
+  store = checkpoints.Checkpoints(str(tmp_path / 'checkpoints'))
+  store.save(7, [np.zeros(3)], {'pending': held_rows[:2]})
+  with pytest.raises(run_records.RunRecordError,
+                     match=r'round_000007.npz is damaged \(its pending'):
+    store.load(7)
+
+
 # ----------------------------------------------------------------------------
 # A DP run whose log is gone is never trained again: every released file is
 # evidence, and the refusal gives the most epsilon that the evidence proves.
@@ -400,10 +479,11 @@ def test_a_checkpoint_holds_only_the_metrics_its_release_shows(finished):
   with np.load(newest) as data:
     header = json.loads(str(data['header']))
   # RELEASED's 'epsilon' is named in the row by its accountant and delta.
-  row = {'epsilon' if k.startswith('epsilon_') else k
-         for k in header['pending']['row']}
+  (pending,) = header['pending']  # Checkpointed every round: one round.
+  assert pending['round'] == ROUNDS
+  row = {'epsilon' if k.startswith('epsilon_') else k for k in pending['row']}
   assert row <= set(program_logic.RELEASED)
-  assert 'epsilon_pld_delta_1e-05' in header['pending']['row']
+  assert 'epsilon_pld_delta_1e-05' in pending['row']
 
 
 def test_share_run_hands_over_the_released_outputs_without_secrets(

@@ -23,7 +23,8 @@ import numpy as np
 
 from tff_clip.program import run_records
 
-__all__ = ['Checkpoints', 'SECRET_DIR_MODE', 'SECRET_FILE_MODE', 'share']
+__all__ = ['Checkpoints', 'SECRET_DIR_MODE', 'SECRET_FILE_MODE',
+           'pending_rounds', 'share']
 
 _CHECKPOINT = re.compile(r'^round_(\d{6,})\.npz$')
 _SLICES = re.compile(r'^slices_(\d{6,})\.npz$')
@@ -57,6 +58,30 @@ def _vectors(leaf: np.ndarray) -> bool:
 def _remembered(leaf: np.ndarray, where):
   """What the next save compares a leaf with (`Checkpoints._last`)."""
   return (_digest(leaf[:-1]), where) if _vectors(leaf) else None
+
+
+def pending_rounds(header: Mapping[str, Any], version: int
+                   ) -> list[tuple[int, Any, Any]]:
+  """[(round, row, event), ...]: the DP rounds a checkpoint of round
+  `version` holds before their release, oldest first (the rounds up to
+  `version`, one after another); [] when it holds none.
+
+  The header's `pending` is a list of {round, row, event}; a checkpoint of
+  an earlier version holds one round's {row, event}, read as `version`'s.
+  A list that is not those rounds raises ValueError.
+  """
+  pending = header.get('pending')
+  if not pending:
+    return []
+  if isinstance(pending, Mapping):
+    pending = [dict(pending, round=version)]
+  if not isinstance(pending, list) or not all(
+      isinstance(p, Mapping) for p in pending):
+    raise ValueError('its pending rounds are not a list of rounds')
+  rounds = [p.get('round') for p in pending]
+  if rounds != list(range(version - len(pending) + 1, version + 1)):
+    raise ValueError(f'its pending rounds {rounds} do not end at {version}')
+  return [(p['round'], p.get('row'), p.get('event')) for p in pending]
 
 
 def _slice_refs(data) -> dict[int, list[tuple[int, int]]]:
@@ -230,6 +255,10 @@ class Checkpoints:
     if header.get('round') != round_num:
       raise run_records.RunRecordError(f'{path} holds round {header.get("round")}, not '
                            f'{round_num}.')
+    try:
+      pending_rounds(header, round_num)
+    except ValueError as e:
+      raise run_records.RunRecordError(f'{path} is damaged ({e}).') from None
     for i, ref in refs.items():
       written = {at: self._vectors_of(path, i, at)
                  for at in {a for a, _ in ref}}

@@ -48,7 +48,7 @@ EVAL_SPLITS = ('test', 'validation')
 # How a run is executed, not what it computes: these may change on resume.
 EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'client_execution',
                   'workers', 'worker_timeout_s', 'progress', 'root_output_dir',
-                  'checkpoint_interval_s', 'plot')
+                  'checkpoint_every', 'checkpoint_interval_s', 'plot')
 
 # Earlier names of fields, read from a recorded config.json on resume (one
 # name per knob: the library's `tff_clip.learning.algorithms` argument names).
@@ -248,7 +248,9 @@ class TrainConfig:
   worker_timeout_s: float = _field(
       30.0, 'Seconds to wait for a reachable remote worker to be ready.')
   checkpoint_every: int = _field(
-      1, 'Checkpoint every this many rounds (a DP run: every round).')
+      1, 'Checkpoint every this many rounds. A DP run releases its rounds '
+      'only once a checkpoint covers them (up to this many at a time); a '
+      'killed run computes the rounds after its last checkpoint again.')
   checkpoint_interval_s: float = _field(
       0.0, "Skip a round's checkpoint while the last one is younger than "
       'this (0: every --checkpoint_every rounds). A killed run then re-runs '
@@ -507,17 +509,14 @@ def _check_training(config):
   _count(config.checkpoint_every, 'checkpoint_every')
   _check(checks.nonnegative_float, config.checkpoint_interval_s,
          'checkpoint_interval_s', np.float64)
-  # A DP run checkpoints every round before releasing it: a released round
-  # that a resumed run computed again would be released twice under the
-  # same noise (a function of the key and the round), and with a random
-  # client step (dropout) the two releases differ by a noise-free amount.
-  if config.private and config.checkpoint_every != 1:
-    raise ConfigError('--checkpoint_every must be 1 for a DP run (each round '
-                      'is checkpointed before it is released); got '
-                      f'{config.checkpoint_every}.')
+  # A DP run releases a round once a checkpoint covers it (a round computed
+  # again after its release would be released twice under the same noise),
+  # checkpointing by round count, not the clock: the release times would
+  # show how long the rounds took.
   if config.private and config.checkpoint_interval_s != 0:
-    raise ConfigError('--checkpoint_interval_s must be 0 for a DP run (each '
-                      'round is checkpointed before it is released); got '
+    raise ConfigError('--checkpoint_interval_s must be 0 for a DP run (its '
+                      'rounds are released when a checkpoint covers them, '
+                      'every --checkpoint_every rounds); got '
                       f'{config.checkpoint_interval_s!r}.')
 
 

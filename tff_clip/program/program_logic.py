@@ -14,12 +14,16 @@ rerun trusts), then to each release manager, each wrapped in the same
 filter (`tff.program.FilteringReleaseManager`). A new release destination
 is one `tff.program.ReleaseManager` added to that list.
 
-A DP round is checkpointed, with its row, before it is released: no
-released round is ever computed again (that would release a second
-aggregate under the same noise), and a round killed between the two is
-released from its checkpoint on resume (`restored`'s pending round).
-Without DP a round is released first and checkpointed when due: a kill in
-between runs the rounds after the checkpoint again.
+A DP round is released only once a checkpoint holds it, with its row: the
+rounds since the last checkpoint are held, and every `checkpoint_every`-th
+round (and the last) is checkpointed with the rows held, then they are
+released. No released round is ever computed again (that would release a
+second aggregate under the same noise); rounds killed before their
+checkpoint were never released and are computed again, and rounds killed
+between the checkpoint and their release are released from it on resume
+(`restored`'s pending rounds). Without DP a round is released first and
+checkpointed when due: a kill in between runs the rounds after the
+checkpoint again.
 
 Importing this module imports no TensorFlow.
 """
@@ -77,9 +81,10 @@ def released_metric(private: bool, release_uncovered_metrics: bool = False):
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-  """How many rounds, and when to evaluate and (without DP) checkpoint.
+  """How many rounds, and when to evaluate and checkpoint.
 
-  A DP run checkpoints every round (before releasing it); a run without DP
+  A DP run checkpoints every `checkpoint_every`-th round and the last
+  (then releases the rounds since the last checkpoint); a run without DP
   after every `checkpoint_every`-th round once `checkpoint_interval_s`
   passed since the last, and after the last round.
   """
@@ -199,13 +204,13 @@ def train_model(*, process, sampler, client_data, evaluate: Callable,
     client_data: `datasets(cohort, round_num)`, the cohort's datasets.
     evaluate: `evaluate(state)`, an ordered dict (eval_loss, eval_accuracy).
     state_manager: the run's program state (`run_directory.RunState`):
-      `checkpoint(round_num, state, pending=None)` and
+      `checkpoint(round_num, state, pending=())` and
       `record(round_num, row, event)`.
     release_managers: `tff.program.ReleaseManager`s, each handed every
       released row with the round number as key, filtered by `released`.
     schedule: the rounds, evaluation and (without DP) checkpoint schedule.
-    restored: (state, first round to train, pending (round, row, event) or
-      None), as `state_manager.restore` returns them.
+    restored: (state, first round to train, pending [(round, row, event),
+      ...]), as `state_manager.restore` returns them.
     accounting: a DP run's ledger (None without DP).
     objective: `objective(trainable weights)`, a synthetic problem's
       measure of progress released as the row's 'objective', or None.
@@ -216,12 +221,12 @@ def train_model(*, process, sampler, client_data, evaluate: Callable,
   releases = _Releases(state_manager, release_managers, released)
   try:
     state, start_round, pending = restored
-    if pending is not None:
-      # Killed between the checkpoint and the release: release the saved row
-      # (the round is never computed again).
-      round_num, row, event = pending
+    # Killed between a checkpoint and its releases: release the saved rows
+    # (those rounds are never computed again).
+    for round_num, row, event in pending or ():
       accounting.ledger.record(round_num, event)
       releases.release(round_num, row, event)
+    held = []  # A DP run's rounds since its last checkpoint, unreleased.
     last_eval = last_eval or collections.OrderedDict(eval_loss=math.nan,
                                                      eval_accuracy=math.nan)
     last_checkpoint = -math.inf
@@ -250,18 +255,26 @@ def train_model(*, process, sampler, client_data, evaluate: Callable,
         last_eval = evaluate(state)
         row.update(last_eval)
       if accounting is not None:
-        # Checkpoint (with the row, as its release will show it), then
-        # release.
-        state_manager.checkpoint(round_num, state,
-                                 pending=(releases.filtered(row), event))
-        releases.release(round_num, row, event)
-      else:
-        releases.release(round_num, row, event)
-        if (round_num % schedule.checkpoint_every == 0 and
-            time.monotonic() - last_checkpoint >= schedule.checkpoint_interval_s
-           ) or round_num == schedule.rounds:
-          last_checkpoint = time.monotonic()
-          state_manager.checkpoint(round_num, state)
+        held.append((round_num, row, event, last_eval))
+        if (round_num % schedule.checkpoint_every == 0 or
+            round_num == schedule.rounds):
+          # Checkpoint (with the rows, as their releases will show them),
+          # then release.
+          state_manager.checkpoint(round_num, state, pending=[
+              (r, releases.filtered(r_row), r_event)
+              for r, r_row, r_event, _ in held])
+          for r, r_row, r_event, r_eval in held:
+            releases.release(r, r_row, r_event)
+            if progress is not None:
+              progress.update(r, r_row, r_eval)
+          held = []
+        continue
+      releases.release(round_num, row, event)
+      if (round_num % schedule.checkpoint_every == 0 and
+          time.monotonic() - last_checkpoint >= schedule.checkpoint_interval_s
+         ) or round_num == schedule.rounds:
+        last_checkpoint = time.monotonic()
+        state_manager.checkpoint(round_num, state)
       if progress is not None:
         progress.update(round_num, row, last_eval)
   finally:

@@ -129,8 +129,9 @@ def release_evidence(run_dir: str) -> ReleaseEvidence:
   """What the files of a DP run directory prove was released (read only).
 
   Every file a run writes after releasing a round is evidence that it did:
-  a checkpoint of round r (written before r's release, so r - 1 were
-  released; its name suffices, even when it is damaged), the rows of
+  a checkpoint of round r (written before the release of the rounds it
+  holds pending, so those before them were released; r - 1 by its name
+  alone when it cannot be read), the rows of
   `metrics.csv`, TensorBoard's steps, `summary.json`'s rounds, the rounds
   of `ledger.json` and, for at least one round, `plot.png`. The epsilon is
   the largest any of them records (`metrics.csv`'s and TensorBoard's
@@ -143,17 +144,23 @@ def release_evidence(run_dir: str) -> ReleaseEvidence:
   store = checkpoints.Checkpoints(os.path.join(run_dir, 'checkpoints'))
   versions = store.versions()
   if versions:
-    found.append((versions[-1] - 1, store.path(versions[-1]), None))
+    # Rounds before the newest checkpoint's were released: those before its
+    # pending rounds where it can be read (a DP run checkpoints up to
+    # --checkpoint_every rounds before releasing them), else all of them.
+    rounds = versions[-1] - 1
     for version in reversed(versions):
       try:
         _, header = store.load(version)
       except run_records.RunRecordError:
         continue
-      pending = header.get('pending')
-      if isinstance(pending, Mapping) and pending.get('event'):
-        event = pending['event']
+      pending = checkpoints.pending_rounds(header, version)
+      if pending and version == versions[-1]:
+        rounds = pending[0][0] - 1
+      if pending and pending[-1][2]:
+        event = pending[-1][2]
         event_proof = store.path(version)
         break
+    found.append((rounds, store.path(versions[-1]), None))
   path = os.path.join(run_dir, 'metrics.csv')
   if os.path.lexists(path):
     rounds, epsilon = _csv_evidence(path)

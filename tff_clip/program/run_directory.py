@@ -364,20 +364,23 @@ def check_released(config: TrainConfig) -> None:
   log = run_records.ReleaseLog(config.output_dir)
   evidence = release_evidence.release_evidence(config.output_dir)
   covered = log.last_round
-  # A round checkpointed (with its row) but cut from the log by a kill is
-  # released again from its checkpoint: the same row, never computed again.
+  # Rounds checkpointed (with their rows) but cut from the log by a kill are
+  # released again from their checkpoint: the same rows, never computed
+  # again.
   store = checkpoints.Checkpoints(
       os.path.join(config.output_dir, 'checkpoints'))
-  if covered + 1 in store.versions():
+  for version in reversed([v for v in store.versions() if v > covered]):
     try:
-      _, header = store.load(covered + 1)
-      if header.get('pending') and header.get('log_hash') == log.hash_at(
-          covered):
-        covered += 1
+      _, header = store.load(version)
     except run_records.UnsafeFileError:
       raise
     except run_records.RunRecordError:
-      pass
+      continue
+    pending = checkpoints.pending_rounds(header, version)
+    if pending and pending[0][0] - 1 <= covered and header.get(
+        'log_hash') == log.hash_at(pending[0][0] - 1):
+      covered = version
+      break
   if evidence.rounds > covered:
     listed = (f'lists only rounds 1-{log.last_round}' if log.last_round else
               'lists none')
@@ -444,7 +447,7 @@ class RunState:
         os.path.join(config.output_dir, 'checkpoints'))
 
   def restore(self, initial_state):
-    """(state, first round to train, pending (round, row, event) or None).
+    """(state, first round to train, pending [(round, row, event), ...]).
 
     `initial_state()` when nothing was trained. A DP run whose released
     rounds no loadable checkpoint covers is refused (it would release them
@@ -458,7 +461,7 @@ class RunState:
     if found is None:
       if released == 0:
         self._checkpoints.tidy()
-        return initial_state(), 1, None
+        return initial_state(), 1, []
       if self._private:
         raise refusal(config, log, f'rounds 1-{released} were released '
                       f'({run_records.RELEASES}) but no loadable checkpoint '
@@ -467,10 +470,10 @@ class RunState:
             'DP).', flush=True)
       self._checkpoints.tidy()
       log.truncate(0)
-      return initial_state(), 1, None
+      return initial_state(), 1, []
     version, leaves, header = found
-    pending = header.get('pending')
-    base = version - 1 if pending else version
+    pending = checkpoints.pending_rounds(header, version)
+    base = pending[0][0] - 1 if pending else version
     if released > version:
       if self._private:
         raise refusal(config, log, f'rounds {version + 1}-{released} were '
@@ -490,33 +493,33 @@ class RunState:
                     f'not belong to {run_records.RELEASES} (the log hashes '
                     'differ)')
     state = self._from_leaves(leaves)
-    if pending is not None and released == base:
-      from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
-      pending = (version, {k: math.nan if v is None else v
-                           for k, v in pending['row'].items()},
-                 privacy_ledger.event_from_dict(pending['event']))
-    else:
-      pending = None
+    from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
+    # The rounds checkpointed but not (all) released: released from here.
+    pending = [(round_num, {k: math.nan if v is None else v
+                            for k, v in row.items()},
+                privacy_ledger.event_from_dict(event))
+               for round_num, row, event in pending if round_num > released]
     # Decided: what a killed save left goes (a refusal changed nothing).
     self._checkpoints.tidy()
     print(f'Resuming {config.output_dir}/ from its checkpoint after round '
           f'{version} of {config.rounds}.', flush=True)
     return state, version + 1, pending
 
-  def checkpoint(self, round_num: int, state, pending=None) -> None:
+  def checkpoint(self, round_num: int, state, pending=()) -> None:
     """Saves round `round_num`'s state.
 
-    `pending`: (row, event) of a DP round saved before its release; the
-    checkpoint then follows the log of the rounds before it.
+    `pending`: [(round, row, event), ...] of the DP rounds up to
+    `round_num` saved before their release, oldest first; the checkpoint
+    then follows the log of the rounds before them.
     """
-    if pending is None:
+    if not pending:
       header = dict(pending=None, log_hash=self._log.hash_at(round_num),
                     model=self._model)
     else:
-      row, event = pending
-      header = dict(pending=dict(row=run_records.strict_json(row),
-                                 event=_event_dict(event)),
-                    log_hash=self._log.hash_at(round_num - 1),
+      header = dict(pending=[dict(round=r, row=run_records.strict_json(row),
+                                  event=_event_dict(event))
+                             for r, row, event in pending],
+                    log_hash=self._log.hash_at(pending[0][0] - 1),
                     model=self._model)
     self._checkpoints.save(round_num, self._to_leaves(state), header)
 

@@ -194,9 +194,9 @@ def _train(config, session, log, resuming, extra_release_managers):
       restored=restored,
       accounting=accounting_,
       objective=session.objective, released=released, progress=progress,
-      # The last evaluation released, the pending round's included.
+      # The last evaluation released, the pending rounds' included.
       last_eval=run_directory.last_eval(
-          log.rows() + ([restored[2][1]] if restored[2] else [])))
+          log.rows() + [row for _, row, _ in restored[2] or ()]))
   progress.close()
   return _finish(config, session, ledger, log, session.audit_report(state))
 
