@@ -557,7 +557,9 @@ def main(argv):
                             tuning_seeds, root, quick)
   except config_lib.ConfigError as e:
     return cli.fail(e)
-  tuned = trainings.run_all([plan[3] for plan in tune_plan], jobs, 'tune')
+  # A method's trainings at one epsilon share their DP events: one worker.
+  tuned = trainings.run_all([plan[3] for plan in tune_plan], jobs, 'tune',
+                            groups=[plan[:2] for plan in tune_plan])
   chosen, tuning_rows = choose(tune_plan, [acc for acc, _ in tuned], cells)
   if tuning_rows:  # None where only untuned methods run, without a ceiling.
     outputs.write_csv(os.path.join(root, 'tuning.csv'), tuning_rows)
@@ -582,7 +584,8 @@ def main(argv):
                         root, quick)
   except config_lib.ConfigError as e:
     return cli.fail(e)
-  finals = trainings.run_all([plan[2] for plan in final_plan], jobs, 'final')
+  finals = trainings.run_all([plan[2] for plan in final_plan], jobs, 'final',
+                             groups=[plan[:2] for plan in final_plan])
   runs = collections.defaultdict(dict)  # (method, epsilon): {seed: Run}
   spent = collections.defaultdict(list)
   cohorts = collections.defaultdict(list)

@@ -3,7 +3,9 @@
 `run_all` runs a list of `TrainConfig`s through the training program: in
 this process (one job: later trainings take the first one's traced graphs),
 or `jobs` at a time, each in its own process, so that N jobs keep N cores
-busy. The benchmarks that run grids of seeds share it
+busy. Trainings of one group (one method at one epsilon: the same DP
+events) run one after another in one worker, which computes their rounds'
+epsilons once. The benchmarks that run grids of seeds share it
 (`scripts.benchmark_frontier`, `scripts.benchmark_calibration`,
 `scripts.benchmark_correlated`).
 """
@@ -31,6 +33,22 @@ def train(config):
   return summary['final_eval_accuracy'], summary['epsilon']
 
 
+def train_group(configs, train_fn=train):
+  """A group's runs in one worker process, one after another."""
+  return [train_fn(config) for config in configs]
+
+
+def _groups(configs, groups):
+  """[(first index, configs), ...]: consecutive configs of one key."""
+  out = []
+  for i, (config, key) in enumerate(zip(configs, groups)):
+    if out and key == out[-1][0]:
+      out[-1][2].append(config)
+    else:
+      out.append((key, i, [config]))
+  return [(first, members) for _, first, members in out]
+
+
 def tie_to_parent():
   """Pool workers stop when this process dies (PR_SET_PDEATHSIG), and leave
   a Ctrl-C to it (`run_all` stops them).
@@ -47,30 +65,44 @@ def tie_to_parent():
     pass
 
 
-def run_all(configs, jobs: int, label: str) -> list:
-  """Runs `configs` (`jobs` at a time); returns (accuracy, epsilon) each."""
+def run_all(configs, jobs: int, label: str, groups=None,
+            train_fn=train) -> list:
+  """Runs `configs` (`jobs` at a time); returns (accuracy, epsilon) each.
+
+  `groups`: a key per config (None: each its own); consecutive configs of
+  one key run one after another in one worker process. `train_fn(config)`:
+  one run's result (a module-level function: workers import it).
+  """
+  def report(i, config, result):
+    print(f'[{label} {i}/{len(configs)}] {config.experiment_name}: '
+          f'{result[0]:.4f}', flush=True)
+
   if jobs == 1 or len(configs) <= 1:
     results = []
     for i, config in enumerate(configs, 1):
-      results.append(train(config))
-      print(f'[{label} {i}/{len(configs)}] {config.experiment_name}: '
-            f'{results[-1][0]:.4f}', flush=True)
+      results.append(train_fn(config))
+      report(i, config, results[-1])
     return results
+  chunks = _groups(configs, range(len(configs)) if groups is None
+                   else groups)
   context = multiprocessing.get_context('spawn')
-  # One process a training: N jobs keep N cores busy (no more processes
-  # than trainings).
-  workers = min(jobs, len(configs))
+  # N jobs keep N cores busy (no more processes than groups).
+  workers = min(jobs, len(chunks))
   with concurrent.futures.ProcessPoolExecutor(
       workers, mp_context=context, initializer=tie_to_parent) as pool:
-    futures = [pool.submit(train, config) for config in configs]
+    futures = [pool.submit(train_group, members, train_fn)
+               for _, members in chunks]
+    results = []
     try:
-      for i, (config, future) in enumerate(zip(configs, futures), 1):
-        print(f'[{label} {i}/{len(configs)}] {config.experiment_name}: '
-              f'{future.result()[0]:.4f}', flush=True)
+      for (first, members), future in zip(chunks, futures):
+        for i, (config, result) in enumerate(
+            zip(members, future.result()), first + 1):
+          report(i, config, result)
+          results.append(result)
     except KeyboardInterrupt:
       # Stop now, not after the queued runs: a rerun resumes every run.
       pool.shutdown(wait=False, cancel_futures=True)
       for process in multiprocessing.active_children():
         process.terminate()
       raise
-    return [future.result() for future in futures]
+    return results
