@@ -5,8 +5,10 @@ twice or report an epsilon below what its released rounds spent; damaged
 files are named in one line; every file is written atomically and durably.
 """
 
+import contextlib
 import csv
 import dataclasses
+import io
 import errno
 import json
 import math
@@ -142,11 +144,18 @@ def test_torn_last_release_is_released_again_from_its_checkpoint(copy):
 
 
 @pytest.fixture(scope='module')
-def held(tmp_path_factory):
-  """A DP run checkpointed every 3 rounds (OS noise key): 4 rounds."""
+def held_run(tmp_path_factory):
+  """A DP run checkpointed every 3 rounds (OS noise key): 4 rounds; its
+  directory and what it printed."""
   root = tmp_path_factory.mktemp('held')
-  program.run(_config(root, rounds=4, checkpoint_every=3))
-  return root / 'run'
+  with contextlib.redirect_stdout(io.StringIO()) as out:
+    program.run(_config(root, rounds=4, checkpoint_every=3))
+  return root / 'run', out.getvalue()
+
+
+@pytest.fixture
+def held(held_run):
+  return held_run[0]
 
 
 def _header(path):
@@ -173,6 +182,19 @@ def test_a_dp_run_releases_rounds_only_once_a_checkpoint_holds_them(held):
     # It follows the log of the rounds before its first.
     assert header['log_hash'] == (log[rounds[0] - 2]['hash'] if rounds[0] > 1
                                   else '0' * 64)
+
+
+def test_a_held_rounds_line_shows_its_own_epsilon(held_run):
+  """Rounds 1-3 are printed once round 3's checkpoint is written, each with
+  the epsilon its row released (not the newest round's)."""
+  run_dir, output = held_run
+  rows = _rows(run_dir / 'metrics.csv')
+  key = next(k for k in rows[0] if k.startswith('epsilon_'))
+  lines = [l for l in output.splitlines() if l.startswith('round ')]
+  assert [l.split()[1] for l in lines] == ['1/4', '2/4', '3/4', '4/4']
+  assert len({row[key] for row in rows}) == 4  # Each round spends more.
+  for line, row in zip(lines, rows):
+    assert f'epsilon {float(row[key]):.3f} (PLD' in line, (line, row)
 
 
 def test_rounds_killed_before_their_release_are_released_from_the_checkpoint(

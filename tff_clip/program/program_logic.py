@@ -215,7 +215,9 @@ def train_model(*, process, sampler, client_data, evaluate: Callable,
     objective: `objective(trainable weights)`, a synthetic problem's
       measure of progress released as the row's 'objective', or None.
     released: the run's release filter (`released_metric`).
-    progress: `update(round_num, row, last_eval)` after each round.
+    progress: `update(round_num, row, last_eval, guarantee)` after each
+      round's release (`guarantee`: the row's epsilon, as `accounting.last`
+      was when the row was made; None without DP).
     last_eval: the last released evaluation (of a resumed run).
   """
   releases = _Releases(state_manager, release_managers, released)
@@ -255,18 +257,18 @@ def train_model(*, process, sampler, client_data, evaluate: Callable,
         last_eval = evaluate(state)
         row.update(last_eval)
       if accounting is not None:
-        held.append((round_num, row, event, last_eval))
+        held.append((round_num, row, event, last_eval, accounting.last))
         if (round_num % schedule.checkpoint_every == 0 or
             round_num == schedule.rounds):
           # Checkpoint (with the rows, as their releases will show them),
           # then release.
           state_manager.checkpoint(round_num, state, pending=[
               (r, releases.filtered(r_row), r_event)
-              for r, r_row, r_event, _ in held])
-          for r, r_row, r_event, r_eval in held:
+              for r, r_row, r_event, _, _ in held])
+          for r, r_row, r_event, r_eval, r_guarantee in held:
             releases.release(r, r_row, r_event)
             if progress is not None:
-              progress.update(r, r_row, r_eval)
+              progress.update(r, r_row, r_eval, r_guarantee)
           held = []
         continue
       releases.release(round_num, row, event)
@@ -276,7 +278,7 @@ def train_model(*, process, sampler, client_data, evaluate: Callable,
         last_checkpoint = time.monotonic()
         state_manager.checkpoint(round_num, state)
       if progress is not None:
-        progress.update(round_num, row, last_eval)
+        progress.update(round_num, row, last_eval, None)
   finally:
     releases.close()
   return state

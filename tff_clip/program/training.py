@@ -224,17 +224,16 @@ class _Progress:
           bar_format=None if timings else
           '{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}')
 
-  def update(self, round_num, row, last_eval):
+  def update(self, round_num, row, last_eval, guarantee=None):
     shown = collections.OrderedDict()
     for key, label in (('train_loss', 'loss'), ('objective', 'objective'),
                        ('clip_norm', 'clip')):
       if key in row and self._released((key,)):
         shown[label] = row[key]
     shown['acc'] = last_eval.get('eval_accuracy', math.nan)
-    # The run's one epsilon, its accountant and delta named (NOT private
-    # with seeded noise), as metrics.csv, TensorBoard and the summary.
-    guarantee = None if self._accounting is None else self._accounting.last
-    epsilon = ('' if guarantee is None else
+    # The row's epsilon, its accountant and delta named (NOT private with
+    # seeded noise), as metrics.csv, TensorBoard and the summary show it.
+    epsilon = ('' if guarantee is None or self._accounting is None else
                guarantee.label(self._accounting.private))
     if self._bar is None:
       print(f'round {round_num}/{self._config.rounds} ' + ' '.join(
