@@ -103,7 +103,7 @@ class Accounting:
   `delta` (`ledger.report`: PLD where it applies, RDP otherwise) under the
   column `names.epsilon_key` (its accountant and delta, and NOT_PRIVATE
   when `private` is False: seeded, predictable noise). `last`: the
-  guarantee of the last round released.
+  guarantee of the last row made (its round's epsilon).
   """
   round_event: Callable[[Any, int], Any]
   ledger: Any  # privacy_ledger.PrivacyLedger
