@@ -11,6 +11,7 @@ only if the noise is drawn once, on the server, from the same key.
 """
 
 import collections
+import copy
 import types
 
 import numpy as np
@@ -188,6 +189,29 @@ def _dp(method, clip_norm, **kwargs):
 
 # ----------------------------------------------------------------------------
 # Equivalence.
+
+
+def test_a_round_from_the_state_it_returned_equals_one_from_a_copy():
+  """The next round takes the returned state's leaves as they were computed
+  (not converted back from its arrays): bit for bit the round a copy of
+  that state (a new object, converted) gives."""
+  aggregator = _dp('clip', 0.3)
+  process = algorithms.build_fedavg(
+      tiny_model.model_fn, client_optimizer=_sgd(0.1),
+      server_optimizer=_sgd(1.0), model_aggregator=aggregator)
+  runner = simulation.InProcessRunner(process, client_threads=1)
+  batched = batched_clients.BatchedRunner(runner, tiny_model.model_fn,
+                                          aggregator)
+  task = _regression_task()
+  clients = client_data.ClientDatasets(task, seed=3, batched=True)
+  cohort = list(task.datasets.train_data.client_ids)
+  state = batched.next(runner.initialize(), clients.datasets(cohort, 1)).state
+  copied = copy.deepcopy(state)
+  returned = batched.next(state, clients.datasets(cohort, 2))
+  converted = batched.next(copied, clients.datasets(cohort, 2))
+  for a, b in zip(tf.nest.flatten((returned.state, returned.metrics)),
+                  tf.nest.flatten((converted.state, converted.metrics))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize('method', ['clip', 'normalize', 'per_layer_clip',

@@ -370,6 +370,10 @@ class BatchedRunner:
     self._uniform = client_weighting == tff.learning.ClientWeighting.UNIFORM
     self._round = None  # Traced on the first batched round.
     self._trace_key = trace_key
+    # (the state `next` returned last, its leaves as the tensors they were
+    # computed as): the next round takes them instead of converting the
+    # state's arrays back (the same values).
+    self._last_state = (None, None)
 
   def __getattr__(self, name):
     return getattr(self._runner, name)
@@ -533,12 +537,18 @@ class BatchedRunner:
       return self._runner.next(state, client_datasets)
     runner = self._runner
     examples, index = batches()
-    # As tensors once: `_prepare` and `_update` both take them.
-    state_leaves = runner._prepare.tensors(  # pylint: disable=protected-access
-        tf_graphs.flatten_value(state, runner._state_type, []))  # pylint: disable=protected-access
+    last, last_leaves = self._last_state
+    if state is last:
+      state_leaves = last_leaves
+    else:  # As tensors once: `_prepare` and `_update` both take them.
+      state_leaves = runner._prepare.tensors(  # pylint: disable=protected-access
+          tf_graphs.flatten_value(state, runner._state_type, []))  # pylint: disable=protected-access
     client_input = list(runner._prepare(*state_leaves))  # pylint: disable=protected-access
     if self._round is None:
       self._trace(client_input, examples, index)
     report = self._round(client_input, examples, index)
     result = runner._update(*state_leaves, *report)  # pylint: disable=protected-access
-    return tf_graphs.pack_value(runner._result_type, result)  # pylint: disable=protected-access
+    output = tf_graphs.pack_value(runner._result_type, result)  # pylint: disable=protected-access
+    # The result's first leaves are the new state's, in the state's order.
+    self._last_state = (output.state, list(result[:len(state_leaves)]))
+    return output
