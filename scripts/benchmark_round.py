@@ -363,7 +363,7 @@ def _bookkeeping_ms(rounds, parameters=20_000):
       row = dict(round=round_num, clip_norm=0.1,
                  epsilon=ledger.guarantee(1e-5).epsilon)
       store.save(round_num, leaves, dict(
-          pending=dict(row=row, event=event_dict),
+          pending=[dict(round=round_num, row=row, event=event_dict)],
           log_hash=log.hash_at(round_num - 1)))
       log.append(round_num, row, event_dict)
       rows.append(log.row(round_num))

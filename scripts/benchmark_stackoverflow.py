@@ -381,7 +381,8 @@ def _server_round(shape, mechanism, cohort, directory):
   store = checkpoints.Checkpoints(os.path.join(directory, 'server'))
   started = time.perf_counter()
   store.save(1, [np.asarray(leaf) for leaf in leaves],
-                   dict(pending=dict(row=dict(round=1), event=None)))
+                   dict(pending=[dict(round=1, row=dict(round=1),
+                                      event=None)]))
   result['checkpoint_s'] = time.perf_counter() - started
   result['checkpoint_bytes'] = os.path.getsize(
       os.path.join(directory, 'server', 'round_000001.npz'))
