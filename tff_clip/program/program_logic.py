@@ -208,7 +208,7 @@ def train_model(*, process, sampler, client_data, evaluate: Callable,
       `record(round_num, row, event)`.
     release_managers: `tff.program.ReleaseManager`s, each handed every
       released row with the round number as key, filtered by `released`.
-    schedule: the rounds, evaluation and (without DP) checkpoint schedule.
+    schedule: the rounds, evaluation and checkpoint schedule.
     restored: (state, first round to train, pending [(round, row, event),
       ...]), as `state_manager.restore` returns them.
     accounting: a DP run's ledger (None without DP).
