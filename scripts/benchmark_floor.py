@@ -23,10 +23,17 @@ and its ratio to the floor:
               the same at another server learning rate and target quantile
               (a tuning grid's next cell: the traced process with this
               run's own state, `hyperparameters.Rebased`)
+  batched, every round
+              the frontier cell checkpointed (and released) every round,
+              as a DP run of `scripts.train` is by default; the frontier's
+              trainings checkpoint every
+              `scripts.benchmark_settings.GRID_CHECKPOINT_EVERY` rounds
   per_client  the same training, `--client_execution=per_client`
 
 Every training is timed warm (one untimed training of each path first,
-as a frontier worker runs its trainings after its first one), in
+as a frontier worker runs its trainings after its first one, and a
+one-round training at each repeat's seed: the rows of a repeat share it,
+as a tuning grid's cells do), in
 alternating order, with the graph cache in a fresh temporary directory
 (empty at the start, as in a fresh clone; a frontier worker's later
 trainings then take its loaded runner and the cohort call traced by the
@@ -117,13 +124,14 @@ def training_seconds(path: str, rounds: int, seed: int,
   from scripts import program  # pylint: disable=g-import-not-at-top
   from tff_clip.program import config as config_lib  # pylint: disable=g-import-not-at-top
   root = tempfile.mkdtemp(prefix='benchmark_floor_')
-  config = config_lib.TrainConfig(
-      experiment_name=f'default_eps4_seed{seed}',
-      **dict(benchmark_settings.FRONTIER['mnist1000'], eval_every=10**6,
-             progress=False, plot=False, seed=seed, root_output_dir=root,
-             checkpoint_every=benchmark_settings.GRID_CHECKPOINT_EVERY,
-             eval_split='test', target_epsilon=4.0, noise_multiplier=None,
-             client_execution=path, rounds=rounds, **cell))
+  fields = dict(benchmark_settings.FRONTIER['mnist1000'], eval_every=10**6,
+                progress=False, plot=False, seed=seed, root_output_dir=root,
+                checkpoint_every=benchmark_settings.GRID_CHECKPOINT_EVERY,
+                eval_split='test', target_epsilon=4.0, noise_multiplier=None,
+                client_execution=path, rounds=rounds)
+  fields.update(cell)
+  config = config_lib.TrainConfig(experiment_name=f'default_eps4_seed{seed}',
+                                  **fields)
   program.validate(config)
   start = time.perf_counter()
   program.run(config, quiet=True)
@@ -177,14 +185,25 @@ def main(argv):
       'batched, another cell': lambda seed: training_seconds(
           'batched', rounds, seed, server_learning_rate=0.5,
           target_quantile=0.3),
+      'batched, every round': lambda seed: training_seconds(
+          'batched', rounds, seed, checkpoint_every=1),
       'per_client': lambda seed: training_seconds('per_client', rounds, seed),
   }
   runs = {'floor': [], **{name: [] for name in trainings}}
   for repeat in range(repeats):
+    # The repeat's seed once, untimed: its task, partition and population
+    # are built for the first training at a seed (~0.6 s, measured), which
+    # would otherwise fall on whichever row runs first.
+    training_seconds('batched', 1, repeat)
     runs['floor'].append(floor_seconds(rounds, repeat))
     names = list(trainings)
     for name in names if repeat % 2 == 0 else names[::-1]:
       runs[name].append(trainings[name](repeat))
+      if name == 'per_client':
+        # The per-client training's process and data displace the batched
+        # ones this process keeps (a frontier worker never alternates):
+        # taken back untimed before the next row.
+        training_seconds('batched', 1, repeat)
     print(f'[{repeat + 1}/{repeats}] ' + ', '.join(
         f'{k} {v[-1]:.2f} s' for k, v in runs.items()), flush=True)
   floor = statistics.median(runs['floor'])
