@@ -12,6 +12,7 @@ epsilons once. The benchmarks that run grids of seeds share it
 
 import concurrent.futures
 import ctypes
+import itertools
 import multiprocessing
 import os
 import signal
@@ -40,13 +41,10 @@ def train_group(configs, train_fn=train):
 
 def _groups(configs, groups):
   """[(first index, configs), ...]: consecutive configs of one key."""
-  out = []
-  for i, (config, key) in enumerate(zip(configs, groups)):
-    if out and key == out[-1][0]:
-      out[-1][2].append(config)
-    else:
-      out.append((key, i, [config]))
-  return [(first, members) for _, first, members in out]
+  runs = itertools.groupby(enumerate(zip(configs, groups)),
+                           key=lambda item: item[1][1])
+  return [(members[0][0], [config for _, (config, _) in members])
+          for members in (list(run) for _, run in runs)]
 
 
 def tie_to_parent():
