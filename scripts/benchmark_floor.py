@@ -19,6 +19,11 @@ and its ratio to the floor:
               (`scripts.benchmark_round.FRONTIER_CELL`) in this process,
               `--client_execution=batched` (everything of the run: session
               build, rounds, checkpoints, releases, final evaluation)
+  batched, looped records
+              the same with the cohort's DP records bounded client by
+              client in a loop (as a run of fewer rounds than
+              `client_execution.VECTORIZED_RECORDS_FROM` bounds them),
+              not all at once
   batched, another cell
               the same at another server learning rate and target quantile
               (a tuning grid's next cell: the traced process with this
@@ -115,8 +120,10 @@ def floor_seconds(rounds: int, seed: int = 0) -> float:
 
 
 def training_seconds(path: str, rounds: int, seed: int,
-                     **cell) -> float:
-  """Seconds of one frontier training on `path` (module docstring)."""
+                     looped_records: bool = False, **cell) -> float:
+  """Seconds of one frontier training on `path` (module docstring);
+  `looped_records`: the DP records summed client by client, as a run of
+  fewer rounds than `client_execution.VECTORIZED_RECORDS_FROM` sums them."""
   # `scripts.benchmark_frontier.make_config` of its timed cell
   # (`scripts.benchmark_round.FRONTIER_CELL`: mnist1000, the default method
   # at epsilon 4), built here: those modules define flags of this one's names.
@@ -133,9 +140,16 @@ def training_seconds(path: str, rounds: int, seed: int,
   config = config_lib.TrainConfig(experiment_name=f'default_eps4_seed{seed}',
                                   **fields)
   program.validate(config)
-  start = time.perf_counter()
-  program.run(config, quiet=True)
-  return time.perf_counter() - start
+  from tff_clip.program import client_execution  # pylint: disable=g-import-not-at-top
+  vectorized_from = client_execution.VECTORIZED_RECORDS_FROM
+  if looped_records:
+    client_execution.VECTORIZED_RECORDS_FROM = rounds + 1
+  try:
+    start = time.perf_counter()
+    program.run(config, quiet=True)
+    return time.perf_counter() - start
+  finally:
+    client_execution.VECTORIZED_RECORDS_FROM = vectorized_from
 
 
 def _command_seconds(args) -> float:
@@ -180,8 +194,11 @@ def main(argv):
   # the calibration cache).
   for path in ('batched', 'per_client'):
     training_seconds(path, rounds, 99)
+  training_seconds('batched', rounds, 99, looped_records=True)
   trainings = {
       'batched': lambda seed: training_seconds('batched', rounds, seed),
+      'batched, looped records': lambda seed: training_seconds(
+          'batched', rounds, seed, looped_records=True),
       'batched, another cell': lambda seed: training_seconds(
           'batched', rounds, seed, server_learning_rate=0.5,
           target_quantile=0.3),
@@ -209,10 +226,10 @@ def main(argv):
   floor = statistics.median(runs['floor'])
   print(f'\n{rounds} rounds of the mnist1000 frontier training '
         f'(median of {repeats}):')
-  print(f'{"":<22} {"seconds":>8} {"x floor":>8}')
+  print(f'{"":<24} {"seconds":>8} {"x floor":>8}')
   for name, values in runs.items():
     median = statistics.median(values)
-    print(f'{name:<22} {median:8.2f} {median / floor:8.1f}')
+    print(f'{name:<24} {median:8.2f} {median / floor:8.1f}')
   if not _QUICK.value:
     times = readme_seconds(repeats)
     base = times['import TF + TFF']

@@ -150,14 +150,15 @@ def _assert_same(actual, expected, what):
 
 
 def _assert_batched_equals_per_client(model_fn, task, aggregator, weighting,
-                                      rounds=2, cpp=False):
+                                      rounds=2, cpp=False, vectorized=False):
   process = algorithms.build_fedavg(
       model_fn, client_optimizer=_sgd(0.1), server_optimizer=_sgd(1.0),
       model_aggregator=aggregator, client_weighting=weighting)
   runner = simulation.InProcessRunner(process, client_threads=1)
   batched = batched_clients.BatchedRunner(
       runner, model_fn, aggregator,
-      client_weighting=weighting or _BY_EXAMPLES)
+      client_weighting=weighting or _BY_EXAMPLES,
+      vectorized_records=vectorized)
   clients = client_data.ClientDatasets(task, seed=3, batched=True)
   assert clients.can_batch
   cohort = list(task.datasets.train_data.client_ids)
@@ -214,19 +215,26 @@ def test_a_round_from_the_state_it_returned_equals_one_from_a_copy():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize('vectorized', [False, True],
+                         ids=['looped', 'vectorized'])
 @pytest.mark.parametrize('method', ['clip', 'normalize', 'per_layer_clip',
                                     'per_layer_normalize'])
-def test_dp_bounding_equals_per_client_path(method):
-  # A clip norm the updates exceed (clipping acts) on the regression model.
+def test_dp_bounding_equals_per_client_path(method, vectorized):
+  # A clip norm the updates exceed (clipping acts) on the regression model;
+  # the records summed client by client or all at once (`vectorized_map`).
   _assert_batched_equals_per_client(tiny_model.model_fn, _regression_task(),
-                                    _dp(method, 0.3), None)
+                                    _dp(method, 0.3), None,
+                                    vectorized=vectorized)
 
 
+@pytest.mark.parametrize('vectorized', [False, True],
+                         ids=['looped', 'vectorized'])
 @pytest.mark.parametrize('method', ['clip', 'per_layer_normalize'])
-def test_dp_adaptive_bounding_equals_per_client_path(method):
+def test_dp_adaptive_bounding_equals_per_client_path(method, vectorized):
   # The clipped counts (the quantile's record) go through the same sums.
   _assert_batched_equals_per_client(tiny_model.model_fn, _regression_task(),
-                                    _dp(method, 'adaptive'), None, rounds=3)
+                                    _dp(method, 'adaptive'), None, rounds=3,
+                                    vectorized=vectorized)
 
 
 def _tff_dp(kind):
@@ -240,14 +248,19 @@ def _tff_dp(kind):
       0.5, 3.0, 0.3, 0.5, 0.2, 1.0, restart_every=2, noise_seed=7)
 
 
-@pytest.mark.parametrize('kind', ['gaussian_fixed', 'gaussian_adaptive',
-                                  'tree_adaptive'])
-def test_tffs_dp_factories_equal_per_client_path(kind):
+@pytest.mark.parametrize('kind,vectorized', [
+    ('gaussian_fixed', False), ('gaussian_adaptive', False),
+    ('tree_adaptive', False), ('gaussian_adaptive', True),
+    ('tree_adaptive', True)], ids=[
+        'gaussian_fixed', 'gaussian_adaptive', 'tree_adaptive',
+        'gaussian_adaptive-vectorized', 'tree_adaptive-vectorized'])
+def test_tffs_dp_factories_equal_per_client_path(kind, vectorized):
   # TFF's own DP aggregators (the frontier's baselines): their queries'
   # clipping of each client's record, the sums, and (tree) the noise drawn
   # once on the server from the state's seeds.
   _assert_batched_equals_per_client(tiny_model.model_fn, _regression_task(),
-                                    _tff_dp(kind), None, rounds=3)
+                                    _tff_dp(kind), None, rounds=3,
+                                    vectorized=vectorized)
 
 
 @pytest.mark.parametrize('weighting', [_BY_EXAMPLES, _UNIFORM])
@@ -311,15 +324,19 @@ def test_auto_batches_small_models_and_trains_larger_ones_client_by_client(
   task = _classification_task()
   task.model_fn = model_fn
 
-  def path(wanted):
+  def path(wanted, rounds=1):
     config = types.SimpleNamespace(
         client_execution=wanted, seed=0, local_steps=None,
         executor='inprocess', audit_canaries=0, local_clip_norm=None,
-        blur_strength=None, lus_sparsity=None, client_optimizer='sgd')
+        blur_strength=None, lus_sparsity=None, client_optimizer='sgd',
+        rounds=rounds)
     _, chosen_runner, chosen = client_execution.clients(
         config, task, runner, None, lambda *_: (None, None, None))
     assert isinstance(chosen_runner, batched_clients.BatchedRunner) == (
         chosen == 'batched')
+    if chosen == 'batched':  # Long runs sum their records at once.
+      assert chosen_runner._vectorized == (  # pylint: disable=protected-access
+          rounds >= client_execution.VECTORIZED_RECORDS_FROM)
     return chosen
 
   monkeypatch.setattr(batched_clients, 'SMALL_MODEL', 43)
@@ -327,6 +344,8 @@ def test_auto_batches_small_models_and_trains_larger_ones_client_by_client(
   monkeypatch.setattr(batched_clients, 'SMALL_MODEL', 42)
   assert path('auto') == 'per_client'
   assert path('batched') == 'batched'
+  assert path('batched', rounds=client_execution.VECTORIZED_RECORDS_FROM
+             ) == 'batched'
   assert path('per_client') == 'per_client'
 
 

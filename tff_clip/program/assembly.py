@@ -33,6 +33,7 @@ import numpy as np
 from tff_clip.names import MIN_SEPARATION
 from tff_clip.privacy import accounting
 from tff_clip.privacy import sampling as sampling_lib
+from tff_clip.program import client_execution
 from tff_clip.program import config as config_lib
 from tff_clip.program import hyperparameters
 from tff_clip.program import process_cache
@@ -469,7 +470,6 @@ class Session:
                            self.process)
       self.process = self.process if cached is None else cached
     self.test_data = _eval_dataset(self.task, config.eval_split)
-    from tff_clip.program import client_execution  # pylint: disable=g-import-not-at-top
     # The traced calls' keys: the cohort's; the evaluation's, the shape's.
     self.trace_key = process_cache.trace_key(
         config, task_builder, self.noise_multiplier, self.task, self.process)
@@ -569,11 +569,12 @@ def session(config: TrainConfig, task_builder) -> Session:
 
   Runs in one process (tests, notebooks, sweeps) that differ only in where
   they write and how long they run share the task, the traced process, the
-  in-process runner and the client tensors: nothing is traced twice. A run
-  calibrated by `target_epsilon` shares only with runs of as many rounds
-  (its noise multiplier depends on them). A session holds no run's state
-  (the state, with its noise key, is drawn by `initial_state` or restored
-  from the run's checkpoint). Runs on TFF's workers and audited runs always
+  in-process runner and the client tensors: nothing is traced twice (but a
+  run of fewer rounds than `client_execution.VECTORIZED_RECORDS_FROM` sums
+  its records another way). A run calibrated by `target_epsilon` shares only
+  with runs of as many rounds. A session holds no run's state (the state,
+  with its noise key, is drawn by `initial_state` or restored from the
+  run's checkpoint). Runs on TFF's workers and audited runs always
   build their own. Runs that differ in their seed (or another
   `process_cache.DATA_ONLY` field) build their own session but share its
   in-process runner, where the graph cache is on
@@ -587,14 +588,13 @@ def session(config: TrainConfig, task_builder) -> Session:
     ignored.discard('rounds')  # The noise is calibrated for the rounds.
   defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)
               if f.name in ignored}
-  key = (task_builder, dataclasses.replace(config, **defaults))
+  key = (task_builder, dataclasses.replace(config, **defaults),
+         config.rounds >= client_execution.VECTORIZED_RECORDS_FROM)
   try:
     built = _sessions.pop(key, None)
   except TypeError:  # An unhashable field value: build afresh.
     return Session(config, task_builder)
-  if built is None:
-    built = Session(config, task_builder)
-  _sessions[key] = built
+  _sessions[key] = built = built or Session(config, task_builder)
   while len(_sessions) > _SESSIONS_KEPT:
     _sessions.popitem(last=False)
   return built

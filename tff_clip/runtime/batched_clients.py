@@ -18,8 +18,10 @@ server step exactly as on the per-client path:
              the model deltas (zeroed when not finite, as TFF does), the
              training metrics' sums, then the aggregator's client half on
              every client (the DP query's own `preprocess_record`:
-             `tff_clip.aggregation.bounding` with its exact norm guarantee)
-             and the sums over the clients
+             `tff_clip.aggregation.bounding` with its exact norm guarantee;
+             client by client, or all at once: `tff_clip.program.
+             client_execution.VECTORIZED_RECORDS_FROM`) and the sums over
+             the clients
   update(state, aggregate)  -- the form's graph, unchanged (noise, server)
 
 What is supported (`check_supported` says why not, in one line):
@@ -57,6 +59,7 @@ from __future__ import annotations
 import atexit
 import collections
 import collections.abc
+import functools
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -80,6 +83,7 @@ CLIENT_EXECUTIONS = ('auto', 'batched', 'per_client')
 # (docs/benchmarks.md, "The batched path by model size": 1.6x faster at
 # 159,010 parameters, 0.72x at 1,663,370).
 SMALL_MODEL = 2**18
+
 
 
 class Unsupported(ValueError):
@@ -354,6 +358,10 @@ class BatchedRunner:
     trace_key: the key the cohort's traced call is kept under for later
       runs of this process (`_traces`; the training program's
       `process_cache.trace_key`); None traces one for this runner alone.
+    vectorized_records: every client's DP record at once
+      (`tf.vectorized_map`), else client by client in a `tf.while_loop`:
+      the same records, summed in another order (which a run uses:
+      `tff_clip.program.client_execution.VECTORIZED_RECORDS_FROM`).
 
   Raises:
     Unsupported: where the batched path cannot reproduce the round.
@@ -363,11 +371,13 @@ class BatchedRunner:
                client_optimizer: str = 'sgd',
                client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES,
                client_options: bool = False,
-               trace_key: Optional[str] = None):
+               trace_key: Optional[str] = None,
+               vectorized_records: bool = False):
     self._runner = runner
     self._p = _Plan(runner, model_fn, aggregator, client_optimizer,
                     client_options)
     self._uniform = client_weighting == tff.learning.ClientWeighting.UNIFORM
+    self._vectorized = vectorized_records
     self._round = None  # Traced on the first batched round.
     self._trace_key = trace_key
     # (the state `next` returned last, its leaves as the tensors they were
@@ -390,8 +400,9 @@ class BatchedRunner:
 
   # --------------------------------------------------------------------------
 
-  def _client_sums(self, client_input, examples, index):
-    """The report's leaves: metrics and the aggregator's client sums."""
+  def _client_sums(self, vectorized, client_input, examples, index):
+    """The report's leaves: metrics and the aggregator's client sums
+    (`vectorized`: every client's record at once)."""
     p = self._p
     trainable = client_input[:p.num_trainable]
     learning_rate = client_input[p.num_trainable]
@@ -441,18 +452,22 @@ class BatchedRunner:
                          count_m + tf.reduce_sum(step_mask, axis=1)))
       return s + 1, weights, loss_total, loss_count, new_sums
 
+    start = (tf.constant(0), weights, zero_f, zero_f,
+             [(zero_f, zero_f) for _ in metric_names])
     _, local, loss_total, loss_count, metric_sums = tf.while_loop(
-        lambda s, *_: s < num_steps, step,
-        (tf.constant(0), weights, zero_f, zero_f,
-         [(zero_f, zero_f) for _ in metric_names]))
+        lambda s, *_: s < num_steps, step, start)
 
     deltas = [w[tf.newaxis] - l for w, l in zip(trainable, local)]
-    # TFF's `zero_all_if_any_non_finite`, client by client.
+    # TFF's `zero_all_if_any_non_finite`, client by client (selected only in
+    # a round that has a non-finite delta: the select of every value cost
+    # 1.3 ms of the frontier's round).
     finite = tf.reduce_all(tf.stack([
         tf.reduce_all(tf.math.is_finite(tf.reshape(d, [num_clients, -1])),
                       axis=1) for d in deltas]), axis=0)  # [C]
-    deltas = [tf.where(tf.reshape(finite, [-1] + [1] * (d.shape.rank - 1)),
-                       d, tf.zeros_like(d)) for d in deltas]
+    deltas = tf.cond(
+        tf.reduce_all(finite), lambda: deltas,
+        lambda: [tf.where(tf.reshape(finite, [-1] + [1] * (d.shape.rank - 1)),
+                          d, tf.zeros_like(d)) for d in deltas])
     num_examples = tf.reduce_sum(batch_sizes, axis=1)  # [C] int64
     num_batches = tf.reduce_sum(tf.cast(batch_sizes > 0, tf.int64), axis=1)
 
@@ -481,10 +496,13 @@ class BatchedRunner:
       out.append(tf.reduce_sum(weight))
       return out
     params = tf.nest.pack_sequence_as(p.params_structure, list(agg_params))
+    if vectorized:  # Every client's record at once, then the sums.
+      records = tf.vectorized_map(
+          lambda client_deltas: tf.nest.flatten(
+              p.query.preprocess_record(params, client_deltas)), deltas)
+      return out + [tf.reduce_sum(r, axis=0) for r in records]
+
     # Client by client, in cohort order, as TFF's `accumulate` sums them.
-    # (`vectorized_map` of the records runs the frontier's round 2.5 ms
-    # faster but traces seconds slower: the README's first run took 1.16x
-    # the wall time, `farm-bench` pair by pair.)
     def record(c, sums):
       records = tf.nest.flatten(p.query.preprocess_record(
           params, [d[c] for d in deltas]))
@@ -494,41 +512,41 @@ class BatchedRunner:
         lambda c, _: c < num_clients, record,
         (tf.constant(0), [tf.zeros(s.shape, s.dtype)
                           for s in p.sample_specs]))
-    out += sums
-    return out
+    return out + sums
 
-  def _trace(self, client_input, examples, index):
-    del index  # Any [clients, steps, batch] of example rows.
+  def _trace(self, client_input, examples):
+    """The cohort's traced call for inputs of these types."""
     specs = ([tf.TensorSpec.from_tensor(tf.convert_to_tensor(t))
               for t in client_input],
              tf.nest.map_structure(
                  lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype),
                  examples),
              tf.TensorSpec([None, None, None], tf.int64))
-    key = stored = None
+    key = stored = traced = None
     if self._trace_key is not None:
-      key = (self._trace_key, self._uniform, repr(specs))
-      self._round = _traces.get(key)
-      if self._round is not None:
+      key = (self._trace_key, self._uniform, self._vectorized, repr(specs))
+      traced = _traces.get(key)
+      if traced is not None:
         _traces.move_to_end(key)
-        return
+        return traced
       # A later process imports the graph instead of tracing it again.
       stored = graph_cache.entry_key(repr(('batched cohort', *key)))
-      self._round = runner_cache.traced_function(
-          stored, tf.nest.flatten(specs))
+      traced = runner_cache.traced_function(stored, tf.nest.flatten(specs))
     # Without autograph: the cohort call's control flow is explicit
     # (`tf.while_loop`, the queries' `tf.cond`s), and converting the
     # bounding's and the queries' Python source was most of the first
     # round's seconds (a tensor used as a Python bool would fail the trace
     # loudly, never run otherwise).
-    if self._round is None:
-      self._round = tf.function(
-          self._client_sums, autograph=False).get_concrete_function(*specs)
-      runner_cache.store_traced(stored, self._round)
+    if traced is None:
+      traced = tf.function(
+          functools.partial(self._client_sums, self._vectorized),
+          autograph=False).get_concrete_function(*specs)
+      runner_cache.store_traced(stored, traced)
     if key is not None:
-      _traces[key] = self._round
+      _traces[key] = traced
       while len(_traces) > _TRACES_KEPT:
         _traces.popitem(last=False)
+    return traced
 
   def next(self, state, client_datasets):
     """One round: the process's `next(state, client_datasets)`."""
@@ -545,7 +563,7 @@ class BatchedRunner:
           tf_graphs.flatten_value(state, runner._state_type, []))  # pylint: disable=protected-access
     client_input = list(runner._prepare(*state_leaves))  # pylint: disable=protected-access
     if self._round is None:
-      self._trace(client_input, examples, index)
+      self._round = self._trace(client_input, examples)
     report = self._round(client_input, examples, index)
     result = runner._update(*state_leaves, *report)  # pylint: disable=protected-access
     output = tf_graphs.pack_value(runner._result_type, result)  # pylint: disable=protected-access
