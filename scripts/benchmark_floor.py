@@ -19,11 +19,11 @@ and its ratio to the floor:
               (`scripts.benchmark_round.FRONTIER_CELL`) in this process,
               `--client_execution=batched` (everything of the run: session
               build, rounds, checkpoints, releases, final evaluation)
-  batched, looped records
-              the same with the cohort's DP records bounded client by
-              client in a loop (as a run of fewer rounds than
-              `client_execution.VECTORIZED_RECORDS_FROM` bounds them),
-              not all at once
+  batched, vectorized
+              the same with the cohort's DP records bounded all at once
+              (`tf.vectorized_map`), as a run of
+              `client_execution.VECTORIZED_RECORDS_FROM` rounds or more
+              bounds them, not client by client in a loop
   batched, another cell
               the same at another server learning rate and target quantile
               (a tuning grid's next cell: the traced process with this
@@ -120,10 +120,10 @@ def floor_seconds(rounds: int, seed: int = 0) -> float:
 
 
 def training_seconds(path: str, rounds: int, seed: int,
-                     looped_records: bool = False, **cell) -> float:
+                     vectorized_records: bool = False, **cell) -> float:
   """Seconds of one frontier training on `path` (module docstring);
-  `looped_records`: the DP records summed client by client, as a run of
-  fewer rounds than `client_execution.VECTORIZED_RECORDS_FROM` sums them."""
+  `vectorized_records`: the DP records bounded all at once, as a run of
+  `client_execution.VECTORIZED_RECORDS_FROM` rounds or more bounds them."""
   # `scripts.benchmark_frontier.make_config` of its timed cell
   # (`scripts.benchmark_round.FRONTIER_CELL`: mnist1000, the default method
   # at epsilon 4), built here: those modules define flags of this one's names.
@@ -142,8 +142,8 @@ def training_seconds(path: str, rounds: int, seed: int,
   program.validate(config)
   from tff_clip.program import client_execution  # pylint: disable=g-import-not-at-top
   vectorized_from = client_execution.VECTORIZED_RECORDS_FROM
-  if looped_records:
-    client_execution.VECTORIZED_RECORDS_FROM = rounds + 1
+  if vectorized_records:
+    client_execution.VECTORIZED_RECORDS_FROM = rounds
   try:
     start = time.perf_counter()
     program.run(config, quiet=True)
@@ -194,11 +194,11 @@ def main(argv):
   # the calibration cache).
   for path in ('batched', 'per_client'):
     training_seconds(path, rounds, 99)
-  training_seconds('batched', rounds, 99, looped_records=True)
+  training_seconds('batched', rounds, 99, vectorized_records=True)
   trainings = {
       'batched': lambda seed: training_seconds('batched', rounds, seed),
-      'batched, looped records': lambda seed: training_seconds(
-          'batched', rounds, seed, looped_records=True),
+      'batched, vectorized': lambda seed: training_seconds(
+          'batched', rounds, seed, vectorized_records=True),
       'batched, another cell': lambda seed: training_seconds(
           'batched', rounds, seed, server_learning_rate=0.5,
           target_quantile=0.3),

@@ -15,13 +15,15 @@ __all__ = ['VECTORIZED_RECORDS_FROM', 'clients']
 # Runs of at least this many rounds compute the cohort's DP records all at
 # once (`tf.vectorized_map` of the query's own `preprocess_record`), shorter
 # ones client by client (a `tf.while_loop`, as TFF's `accumulate` sums
-# them): the frontier's cohort call 4.5 ms faster (11.2 -> 6.7 ms a round),
-# but 1.8 s longer to trace (the query's `tf.cond`s are converted branch by
-# branch), once per graph shape and process unless the graph cache holds
-# it. A run of a few dozen rounds (the README's, the tests') would not earn
-# it back. A function of the run's configuration, so a run computes the same
-# rounds (to the bit, with a fixed noise seed) in any process.
-VECTORIZED_RECORDS_FROM = 100
+# them). All at once, the frontier's cohort call is 4.5 ms faster (11.2 ->
+# 6.7 ms a round), but traces 1.8-2.5 s longer (the query's `tf.cond`s are
+# converted branch by branch) for every graph it is traced for: a run earns
+# that back only after about 400-550 rounds. (At 100 rounds, the frontier's
+# 459 trainings took as long as with the loop, 21 min in one slow hour, its
+# many new graphs' traces eating what the rounds saved.) A function of the
+# run's configuration, so a run computes the same rounds (to the bit, with a
+# fixed noise seed) in any process.
+VECTORIZED_RECORDS_FROM = 500
 
 
 def clients(config, task, runner, noise_multiplier, server_parts,
