@@ -263,6 +263,35 @@ def test_tffs_dp_factories_equal_per_client_path(kind, vectorized):
                                     vectorized=vectorized)
 
 
+def test_a_non_finite_update_is_zeroed_as_the_per_client_path_zeroes_it():
+  # Client 1's labels overflow its squared-error gradient: its whole update
+  # is zeroed (TFF's `zero_all_if_any_non_finite`), the others' are not, in
+  # the round that has it and in the finite round after it.
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=[sum(SIZES), 3]).astype(np.float32)
+  y = (x @ rng.normal(scale=2.0, size=[3, 2])).astype(np.float32)
+  y[SIZES[0]:SIZES[0] + SIZES[1]] = 3e38  # Client 1's examples.
+  # TFF's mean (no bounding, which would zero it too): the zeroing alone.
+  task = _task(x, y)
+  process = algorithms.build_fedavg(
+      tiny_model.model_fn, client_optimizer=_sgd(0.1),
+      server_optimizer=_sgd(1.0))
+  runner = simulation.InProcessRunner(process, client_threads=1)
+  batched = batched_clients.BatchedRunner(runner, tiny_model.model_fn)
+  clients = client_data.ClientDatasets(task, seed=3, batched=True)
+  cohort = list(task.datasets.train_data.client_ids)
+  expected = actual = runner.initialize()
+  for round_num in (1, 2):
+    expected = runner.next(expected,
+                           list(clients.datasets(cohort, round_num))).state
+    actual = batched.next(actual, clients.datasets(cohort, round_num)).state
+    # The state: the training metrics' loss of the overflowing client is
+    # not compared.
+    _assert_same(actual, expected, f'round {round_num}')
+  assert all(np.all(np.isfinite(np.asarray(leaf)))
+             for leaf in tf.nest.flatten(actual.global_model_weights))
+
+
 @pytest.mark.parametrize('weighting', [_BY_EXAMPLES, _UNIFORM])
 def test_mean_without_dp_equals_per_client_path(weighting):
   # TFF's weighted mean: sum(w u) and sum(w), by examples or uniform.
