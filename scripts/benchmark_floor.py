@@ -37,7 +37,7 @@ and its ratio to the floor:
 
 Every training is timed warm (one untimed training of each path first,
 as a frontier worker runs its trainings after its first one, and a
-one-round training at each repeat's seed: the rows of a repeat share it,
+training at each repeat's seed: the rows of a repeat share it,
 as a tuning grid's cells do), in
 alternating order, with the graph cache in a fresh temporary directory
 (empty at the start, as in a fresh clone; a frontier worker's later
@@ -209,9 +209,12 @@ def main(argv):
   runs = {'floor': [], **{name: [] for name in trainings}}
   for repeat in range(repeats):
     # The repeat's seed once, untimed: its task, partition and population
-    # are built for the first training at a seed (~0.6 s, measured), which
-    # would otherwise fall on whichever row runs first.
-    training_seconds('batched', 1, repeat)
+    # are built for the first training at a seed (~0.6 s, measured), and its
+    # initial weights drawn (which clears TensorFlow's kernel caches, so the
+    # next call of each traced function instantiates it again, ~0.3 s),
+    # both of which would otherwise fall on whichever row runs first. A
+    # whole training, as a tuning grid's previous cell at the seed was.
+    training_seconds('batched', rounds, repeat)
     runs['floor'].append(floor_seconds(rounds, repeat))
     names = list(trainings)
     for name in names if repeat % 2 == 0 else names[::-1]:

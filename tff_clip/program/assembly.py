@@ -39,11 +39,12 @@ from tff_clip.program import hyperparameters
 from tff_clip.program import process_cache
 from tff_clip.program import preflight
 from tff_clip.program import program_logic
+from tff_clip.program import task_values
 from tff_clip.program.config import ConfigError, TrainConfig
 
 __all__ = [
-    'Session', 'build_aggregator', 'build_process', 'initial_model_weights',
-    'runners', 'session', 'set_execution_context',
+    'Session', 'build_aggregator', 'build_process', 'runners', 'session',
+    'set_execution_context',
 ]
 
 # ----------------------------------------------------------------------------
@@ -273,30 +274,6 @@ def build_process(config: TrainConfig, task, noise_multiplier,
       client_weighting=weighting)
 
 
-def initial_model_weights(task, seed: int):
-  """The model's initial weights as numpy, a function of the seed alone.
-
-  TFF traces `initialize` into its own graph, where Keras initializers ignore
-  the global seed: two processes would start from different weights. So the
-  model is built once eagerly under the seed and its weights set explicitly.
-  """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  tf.keras.utils.set_random_seed(seed)
-  weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
-  return tf.nest.map_structure(lambda v: v.numpy(), weights)
-
-
-def _model_size(task) -> tuple[int, int]:
-  """(d, layers): the model's trainable values (one noise vector's size,
-  which the default bounding and quantile read with z and n) and tensors.
-  Unseeded: the traced graphs must not depend on the run's seed."""
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
-  return (sum(int(np.prod(v.shape)) for v in weights.trainable),
-          max(len(weights.trainable), 1))
-
-
 def resolve_mechanism(config: TrainConfig, noise_multiplier,
                       dimension: int, layers: int = 1):
   """What the run's aggregator resolves its defaults to, from public numbers
@@ -419,7 +396,7 @@ class Session:
           config.seed, config.separation)
     except ValueError as e:
       raise config_lib.flag_error(e) from None
-    self.dimension, layers = _model_size(self.task)
+    self.dimension, layers = task_values.model_size(self.task)
     if self.private and config.noise.state_vectors:
       # Before tracing and `initialize`: refused in seconds, not an
       # out-of-memory crash halfway.
@@ -454,7 +431,8 @@ class Session:
                                        self.auditor, self.mechanism)
         except ValueError as e:  # E.g. explicit count noise too small.
           raise ConfigError(str(e).splitlines()[0]) from e
-      self.initial_weights = initial_model_weights(self.task, config.seed)
+      self.initial_weights = task_values.initial_model_weights(
+          self.task, config.seed)
       # Recorded at start: RESOLVED_KEY.
       self.resolved = resolved_choices(config, self.noise_multiplier,
                                        self.dimension, self.mechanism)

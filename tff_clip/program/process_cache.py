@@ -50,7 +50,7 @@ def not_built_from(config: TrainConfig) -> tuple[str, ...]:
 DATA_ONLY = (
     # The task's data split, client subset and partition, the cohorts
     # (`ClientSampler`), each client's data order (`ClientDatasets`) and the
-    # initial weights (`initial_model_weights`, numpy set over
+    # initial weights (`task_values.initial_model_weights`, numpy set over
     # `initialize`'s by `Session.initial_state`: so are a synthetic
     # problem's, which its model's initializer holds). The DP noise key is
     # drawn from OS entropy in the graph (a fixed --noise_seed is never

@@ -247,6 +247,30 @@ def check_supported(runner, model_fn, aggregator, client_optimizer: str,
   _Plan(runner, model_fn, aggregator, client_optimizer, client_options)
 
 
+# model_fn -> (model_fn, its parts): a session's model is its task's, and a
+# sweep's sessions share a task (`_model_parts`).
+_MODEL_PARTS_KEPT = 4
+_model_parts_of = collections.OrderedDict()
+atexit.register(_model_parts_of.clear)
+
+
+def _model_parts(model_fn):
+  """(loss, metrics, layer plan, weight specs) of `model_fn`'s model, built
+  once per `model_fn` (a Keras model takes ~0.1 s to build, a tenth of a
+  frontier session; its parts are stateless functions of the weights)."""
+  found = _model_parts_of.pop(id(model_fn), None)
+  if found is None or found[0] is not model_fn:
+    with tf.Graph().as_default():
+      keras_model, loss, metrics = _keras_parts(model_fn())
+      found = (model_fn, (loss, metrics, _layer_plan(keras_model),
+                          [tf.TensorSpec(v.shape, v.dtype)
+                           for v in keras_model.trainable_weights]))
+  _model_parts_of[id(model_fn)] = found
+  while len(_model_parts_of) > _MODEL_PARTS_KEPT:
+    _model_parts_of.popitem(last=False)
+  return found[1]
+
+
 class _Plan:
   """What the batched round needs of the process, checked."""
 
@@ -280,12 +304,8 @@ class _Plan:
     self.metric_leaves = [len(_leaves(metrics_type[i]))
                           for i in range(len(metrics_type))]
 
+    self.loss, metrics, self.plan, self.weight_specs = _model_parts(model_fn)
     with tf.Graph().as_default():
-      model = model_fn()
-      keras_model, self.loss, metrics = _keras_parts(model)
-      self.plan = _layer_plan(keras_model)
-      self.weight_specs = [tf.TensorSpec(v.shape, v.dtype)
-                           for v in keras_model.trainable_weights]
       self.metrics = {}
       for metric in metrics:
         name = metric.name

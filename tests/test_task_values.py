@@ -1,0 +1,84 @@
+"""Specification of what a session computes from its task alone, once.
+
+`task_values.initial_model_weights(task, seed)` is the model built eagerly
+under `tf.keras.utils.set_random_seed(seed)` (the oracle below builds it so
+itself), whatever ran in the process before; a later session of the same
+task and seed takes the same weights without setting the seed again (which
+clears TensorFlow's kernel caches, so that every traced function is
+instantiated again), read-only, since every such session shares them.
+`model_size` is the model's trainable count and tensors.
+"""
+
+import numpy as np
+import pytest
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clip.program import task_values
+
+
+class _Task:
+  """A task as a session sees it: `model_fn` makes a fresh model."""
+
+  def __init__(self, units=3):
+    spec = (tf.TensorSpec([None, 4], tf.float32),
+            tf.TensorSpec([None, 1], tf.int32))
+    self.model_fn = lambda: tff.learning.models.from_keras_model(
+        tf.keras.Sequential([tf.keras.layers.Dense(units, input_shape=(4,)),
+                             tf.keras.layers.Dense(2)]),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(),
+        input_spec=spec)
+
+
+def _drawn_fresh(task, seed):
+  """The oracle: the model's weights as built right after seeding."""
+  tf.keras.utils.set_random_seed(seed)
+  weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
+  return [v.numpy() for v in weights.trainable]
+
+
+def _trainable(weights):
+  return list(weights.trainable)
+
+
+def test_initial_weights_are_the_model_built_under_the_seed_whatever_ran_before():
+  task = _Task()
+  first = _trainable(task_values.initial_model_weights(task, 5))
+  expected = _drawn_fresh(task, 5)
+  tf.random.uniform([3])  # Random draws in between.
+  other = _trainable(task_values.initial_model_weights(task, 6))
+  again = _trainable(task_values.initial_model_weights(task, 5))
+  for a, b, c in zip(first, expected, again):
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(c, b)
+  assert any(not np.array_equal(a, b) for a, b in zip(other, expected))
+
+
+def test_a_later_session_of_the_task_and_seed_does_not_seed_again(
+    monkeypatch):
+  task = _Task()
+  drawn = _trainable(task_values.initial_model_weights(task, 8))
+
+  def clears_caches(seed):
+    raise AssertionError(f'set_random_seed({seed}) cleared the caches again')
+
+  monkeypatch.setattr(tf.keras.utils, 'set_random_seed', clears_caches)
+  again = _trainable(task_values.initial_model_weights(task, 8))
+  for a, b in zip(drawn, again):
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(AssertionError, match='cleared the caches'):
+    task_values.initial_model_weights(task, 9)  # A new seed is drawn.
+  with pytest.raises(AssertionError, match='cleared the caches'):
+    task_values.initial_model_weights(_Task(), 8)  # So is a new task's.
+
+
+def test_shared_weights_cannot_be_changed_in_place():
+  weights = task_values.initial_model_weights(_Task(), 1)
+  with pytest.raises(ValueError, match='read-only'):
+    weights.trainable[0][0, 0] = 1.0
+
+
+def test_model_size_counts_the_trainable_values_and_tensors():
+  # Dense 4 -> 7 -> 2: (4 * 7 + 7) + (7 * 2 + 2) values in 4 tensors.
+  assert task_values.model_size(_Task(units=7)) == (35 + 16, 4)
