@@ -38,17 +38,13 @@ def _drawn_fresh(task, seed):
   return [v.numpy() for v in weights.trainable]
 
 
-def _trainable(weights):
-  return list(weights.trainable)
-
-
 def test_initial_weights_are_the_model_built_under_the_seed_whatever_ran_before():
   task = _Task()
-  first = _trainable(task_values.initial_model_weights(task, 5))
+  first = task_values.initial_model_weights(task, 5).trainable
   expected = _drawn_fresh(task, 5)
   tf.random.uniform([3])  # Random draws in between.
-  other = _trainable(task_values.initial_model_weights(task, 6))
-  again = _trainable(task_values.initial_model_weights(task, 5))
+  other = task_values.initial_model_weights(task, 6).trainable
+  again = task_values.initial_model_weights(task, 5).trainable
   for a, b, c in zip(first, expected, again):
     np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(c, b)
@@ -58,13 +54,13 @@ def test_initial_weights_are_the_model_built_under_the_seed_whatever_ran_before(
 def test_a_later_session_of_the_task_and_seed_does_not_seed_again(
     monkeypatch):
   task = _Task()
-  drawn = _trainable(task_values.initial_model_weights(task, 8))
+  drawn = task_values.initial_model_weights(task, 8).trainable
 
   def clears_caches(seed):
     raise AssertionError(f'set_random_seed({seed}) cleared the caches again')
 
   monkeypatch.setattr(tf.keras.utils, 'set_random_seed', clears_caches)
-  again = _trainable(task_values.initial_model_weights(task, 8))
+  again = task_values.initial_model_weights(task, 8).trainable
   for a, b in zip(drawn, again):
     np.testing.assert_array_equal(a, b)
   with pytest.raises(AssertionError, match='cleared the caches'):
