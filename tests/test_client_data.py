@@ -37,7 +37,11 @@ _IN_MEMORY = ('digits', 'emnist_cnn', 'emnist_mlp', 'emnist_logreg',
               'eq24_quadratic')
 
 
-def _plain(task, client_id, seed, local_steps=None):
+def _plain(task, client_id, run_seed, round_num, local_steps=None):
+  """The oracle: TF's own pipeline for the client's round, under the run's
+  seed as TensorFlow's global seed (as `tf.random.set_seed(--seed)`)."""
+  seed = client_data.round_seed(run_seed, round_num, client_id)
+  tf.random.set_seed(run_seed)
   if getattr(task, 'round_train_data', None) is not None:
     dataset = task.round_train_data(client_id, seed)
   else:
@@ -46,6 +50,7 @@ def _plain(task, client_id, seed, local_steps=None):
       dataset.shuffle(1000, seed=seed, reshuffle_each_iteration=True))
   if local_steps is not None:
     dataset = dataset.repeat().take(local_steps)
+  tf.random.set_seed(None)  # The pipeline holds its seeds; none is left set.
   return dataset
 
 
@@ -65,19 +70,17 @@ def test_batches_equal_the_plain_pipeline_for_every_task(name, monkeypatch):
   task = tasks.get_task(name, train_batch_size=3, max_elements_per_client=7,
                         shuffle_buffer_size=1,
                         **_TINY.get(name, {}))
-  tf.keras.utils.set_random_seed(0)  # As the program does with --seed=0.
   clients = client_data.ClientDatasets(task, seed=5)
   train = task.datasets.train_data
   reads = []
   original = train.create_tf_dataset_for_client
   for client_id in train.client_ids[:2]:
     for round_num in (1, 2):
-      seed = client_data.round_seed(5, round_num, client_id)
       monkeypatch.setattr(train, 'create_tf_dataset_for_client',
                           lambda cid: reads.append(cid) or original(cid))
       got = _elements(clients.dataset(client_id, round_num))
       monkeypatch.undo()
-      _assert_same(got, _elements(_plain(task, client_id, seed)))
+      _assert_same(got, _elements(_plain(task, client_id, 5, round_num)))
   if name in _IN_MEMORY:  # Read from the arrays, never through tf.data.
     assert not reads
 
@@ -88,12 +91,25 @@ def digits():
 
 
 @pytest.mark.parametrize('global_seed', [None, 0, 3])
-def test_batches_follow_the_global_seed_as_tf_does(digits, global_seed):
-  tf.random.set_seed(global_seed)
-  clients = client_data.ClientDatasets(digits, seed=2)
+@pytest.mark.parametrize('batched', [False, True])
+def test_batches_are_the_run_seeds_whatever_the_global_seed_is(
+    digits, global_seed, batched):
+  # A sweep's process sets TensorFlow's global seed for one training (or
+  # never): a later training's batches must not change with it.
   client_id = digits.datasets.train_data.client_ids[1]
-  _assert_same(_elements(clients.dataset(client_id, 3)), _elements(_plain(
-      digits, client_id, client_data.round_seed(2, 3, client_id))))
+  tf.random.set_seed(global_seed)
+  clients = client_data.ClientDatasets(digits, seed=2, batched=batched)
+  if batched:
+    examples, index = clients.cohort_batches([client_id], 3)
+    x = tf.nest.flatten(examples)[0].numpy()
+    got = [x[row[row >= 0]] for row in index.numpy()[0] if (row >= 0).any()]
+  else:
+    got = [tf.nest.flatten(b)[0] for b in _elements(
+        clients.dataset(client_id, 3))]
+  tf.random.set_seed(None)
+  want = [tf.nest.flatten(b)[0] for b in _elements(
+      _plain(digits, client_id, 2, 3))]
+  _assert_same(got, want)
 
 
 def test_local_steps_repeat_and_cut_the_pipeline(digits):
@@ -101,8 +117,7 @@ def test_local_steps_repeat_and_cut_the_pipeline(digits):
   client_id = digits.datasets.train_data.client_ids[3]
   batches = _elements(clients.dataset(client_id, 4))
   assert len(batches) == 11
-  _assert_same(batches, _elements(_plain(
-      digits, client_id, client_data.round_seed(1, 4, client_id), 11)))
+  _assert_same(batches, _elements(_plain(digits, client_id, 1, 4, 11)))
 
 
 def test_examples_are_read_once_and_the_pipeline_traced_once(digits):
@@ -152,8 +167,7 @@ def test_a_full_cache_drops_the_least_recently_sampled_client(digits):
   clients._train_data = Counting()  # pylint: disable=protected-access
   for round_num, client_id in enumerate([a, b, a, c, a, b], 1):
     got = _elements(clients.dataset(client_id, round_num))
-    _assert_same(got, _elements(_plain(
-        digits, client_id, client_data.round_seed(0, round_num, client_id))))
+    _assert_same(got, _elements(_plain(digits, client_id, 0, round_num)))
   # c pushed out b (a was sampled more recently); b is read again.
   assert reads == {a: 1, b: 2, c: 1}
 
@@ -236,7 +250,8 @@ def test_cohort_shuffles_are_tf_datas(sizes, batch_size, num_epochs,
                                       max_elements, steps):
   # The oracle: tf.data's own shuffle, repeats, take and batches on each
   # client's positions, seed pair by seed pair (the pairs of seeds 0..).
-  pairs = np.array([client_data._seed_pair(s) for s in range(len(sizes))])
+  pairs = np.array([client_data._seed_pair(7, s) for s in range(len(sizes))])
+  tf.random.set_seed(7)  # The run's seed: the pairs' derivation in TF.
   got = shuffle_draws.shuffled_batches(pairs, sizes, batch_size, num_epochs,
                                       max_elements, steps)
   for c, n in enumerate(sizes):
@@ -253,6 +268,7 @@ def test_cohort_shuffles_are_tf_datas(sizes, batch_size, num_epochs,
     assert len(rows) == len(want), c
     for row, batch in zip(rows, want):
       np.testing.assert_array_equal(row, batch)
+  tf.random.set_seed(None)
 
 
 def test_a_cohorts_shuffle_seeds_are_numpys_draws_for_each_client():

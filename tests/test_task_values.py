@@ -2,10 +2,11 @@
 
 `task_values.initial_model_weights(task, seed)` is the model built eagerly
 under `tf.keras.utils.set_random_seed(seed)` (the oracle below builds it so
-itself), whatever ran in the process before; a later session of the same
-task and seed takes the same weights without setting the seed again (which
-clears TensorFlow's kernel caches, so that every traced function is
-instantiated again), read-only, since every such session shares them.
+itself), whatever ran in the process before; TensorFlow's global seed
+(whose setting clears its kernel caches, so that every traced function is
+instantiated again) is set only for a model whose construction reads it; a
+later session of the same task and seed takes the same weights, drawn once,
+read-only, since every such session shares them.
 `model_size` is the model's trainable count and tensors.
 """
 
@@ -51,22 +52,52 @@ def test_initial_weights_are_the_model_built_under_the_seed_whatever_ran_before(
   assert any(not np.array_equal(a, b) for a, b in zip(other, expected))
 
 
-def test_a_later_session_of_the_task_and_seed_does_not_seed_again(
+def test_keras_initializers_are_drawn_without_clearing_the_caches(
     monkeypatch):
-  task = _Task()
-  drawn = task_values.initial_model_weights(task, 8).trainable
-
+  # Keras's initializers seed stateless ops from Keras's own generator: the
+  # draw needs no global seed, so none is set (setting it clears every
+  # traced function's kernels), for a new seed or a new task alike.
   def clears_caches(seed):
-    raise AssertionError(f'set_random_seed({seed}) cleared the caches again')
+    raise AssertionError(f'set_seed({seed}) cleared the caches')
 
+  task = _Task()
+  expected = {seed: _drawn_fresh(task, seed) for seed in (8, 9)}
   monkeypatch.setattr(tf.keras.utils, 'set_random_seed', clears_caches)
-  again = task_values.initial_model_weights(task, 8).trainable
-  for a, b in zip(drawn, again):
+  monkeypatch.setattr(tf.random, 'set_seed', clears_caches)
+  for seed in (8, 9):
+    for a, b in zip(task_values.initial_model_weights(task, seed).trainable,
+                    expected[seed]):
+      np.testing.assert_array_equal(a, b)
+  task_values.initial_model_weights(_Task(), 8)
+
+
+def test_a_model_that_reads_the_global_seed_is_drawn_under_it():
+  # A stateful random op in the model's construction reads TensorFlow's
+  # global seed: the draw is then made under it, as the oracle's.
+  task = _Task()
+
+  def stateful_init(shape, dtype=None):
+    return tf.random.uniform(shape, dtype=dtype)
+
+  spec = (tf.TensorSpec([None, 4], tf.float32),
+          tf.TensorSpec([None, 1], tf.int32))
+  task.model_fn = lambda: tff.learning.models.from_keras_model(
+      tf.keras.Sequential([tf.keras.layers.Dense(
+          3, input_shape=(4,), kernel_initializer=stateful_init)]),
+      loss=tf.keras.losses.SparseCategoricalCrossentropy(), input_spec=spec)
+  expected = _drawn_fresh(task, 4)
+  tf.random.set_seed(77)  # Another global seed, left by something else.
+  drawn = task_values.initial_model_weights(task, 4).trainable
+  for a, b in zip(drawn, expected):
     np.testing.assert_array_equal(a, b)
-  with pytest.raises(AssertionError, match='cleared the caches'):
-    task_values.initial_model_weights(task, 9)  # A new seed is drawn.
-  with pytest.raises(AssertionError, match='cleared the caches'):
-    task_values.initial_model_weights(_Task(), 8)  # So is a new task's.
+  tf.random.set_seed(None)
+
+
+def test_a_later_session_of_the_task_and_seed_draws_nothing(monkeypatch):
+  task = _Task()
+  drawn = task_values.initial_model_weights(task, 8)
+  monkeypatch.setattr(task, 'model_fn', lambda: pytest.fail('drawn again'))
+  assert task_values.initial_model_weights(task, 8) is drawn
 
 
 def test_shared_weights_cannot_be_changed_in_place():

@@ -4,17 +4,22 @@ The model's size (`model_size`) and its initial weights at a seed
 (`initial_model_weights`), kept by the task object while this process
 keeps them: a tuning grid's cells at one seed train one task
 (`scripts.program.build_task` keeps it), each cell in a session of its own.
-Drawing initial weights sets TensorFlow's global seed, which clears its
-kernel caches: every traced function of the process is then instantiated
-again on its next call (0.25-0.45 s of each later training of the frontier
-cell, measured). Each value is held with its task, so an id is never
-another task's. No TensorFlow import until a value is computed.
+Setting TensorFlow's global seed clears its kernel caches: every traced
+function of the process is then instantiated again on its next call
+(0.25-0.45 s of each later training of the frontier cell, measured). So the
+weights are drawn without it wherever the model's construction does not
+read it (`_keras_seeded`), and a drawn value is kept. Each value is held
+with its task, so an id is never another task's. No TensorFlow import until
+a value is computed.
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
+import random
+import sys
 
 import numpy as np
 
@@ -44,20 +49,57 @@ def _read_only(variable) -> np.ndarray:
   return array
 
 
+@contextlib.contextmanager
+def _keras_seeded(seed: int):
+  """`tf.keras.utils.set_random_seed(seed)` but TensorFlow's global seed:
+  Python's, NumPy's and Keras's own seed generator (from which Keras 2.14's
+  initializers seed their stateless ops). Yields a list that holds True once
+  anything asked TensorFlow for an op seed (`random_seed.get_seed`, which
+  every stateful random op calls and which reads the global seed): then the
+  draw depended on the global seed, and must be made under it."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.framework import random_seed  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  random.seed(seed)
+  np.random.seed(seed)
+  # What `set_random_seed` sets in Keras's backend (where its initializers
+  # take their seeds), found by a function the backend defines.
+  keras_backend = sys.modules[tf.keras.backend.clear_session.__module__]
+  keras_backend._SEED_GENERATOR.generator = random.Random(seed)  # pylint: disable=protected-access
+  stateful = [False]
+  get_seed = random_seed.get_seed
+
+  def watched(op_seed):
+    stateful[0] = True
+    return get_seed(op_seed)
+
+  random_seed.get_seed = watched
+  try:
+    yield stateful
+  finally:
+    random_seed.get_seed = get_seed
+
+
 def initial_model_weights(task, seed: int):
   """The model's initial weights as read-only numpy, a function of the task
-  and the seed alone.
+  and the seed alone: the model built right after
+  `tf.keras.utils.set_random_seed(seed)`.
 
   TFF traces `initialize` into its own graph, where Keras initializers ignore
   the global seed: two processes would start from different weights. So the
   model is built once eagerly under the seed and its weights set explicitly.
+  TensorFlow's global seed is set (clearing its caches) only where the
+  model's construction reads it (a stateful random op); Keras's stateless
+  initializers draw the same values without it.
   """
 
   def draw():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-    tf.keras.utils.set_random_seed(seed)
-    weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
+    with _keras_seeded(seed) as stateful:
+      weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
+    if stateful[0]:
+      tf.keras.utils.set_random_seed(seed)
+      weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
     return tf.nest.map_structure(_read_only, weights)
   return _of_task(task, ('initial weights', seed), draw)
 

@@ -53,7 +53,6 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import random_seed as framework_random_seed  # pylint: disable=g-direct-tensorflow-import
 
 from tff_clip.runtime import shuffle_draws
 
@@ -62,6 +61,7 @@ __all__ = ['ClientDatasets', 'CohortDatasets', 'ExamplewisePreprocess',
 
 # The shuffle buffer of a client's examples (a full shuffle up to this many).
 SHUFFLE_BUFFER = 1000
+_MAXINT32 = 2**31 - 1  # TF's bound on a seed (`random_seed._MAXINT32`).
 # The clients' examples kept as tensors at most (2 GiB).
 DEFAULT_MAX_CACHED_BYTES = 2**31
 # A whole population's examples up to this size are also held as tensors,
@@ -100,16 +100,31 @@ def _plain_options() -> tf.data.Options:
   return options
 
 
-def _seed_pair(seed: int) -> tuple[int, int]:
-  """The (seed, seed2) of `Dataset.shuffle(seed=seed)` here and now.
+def _seed_pair(run_seed: int, seed: int) -> tuple[int, int]:
+  """The (seed, seed2) of `Dataset.shuffle(seed=seed)` under
+  `tf.random.set_seed(run_seed)`, whatever TensorFlow's global seed is now.
 
-  TF's own derivation (with the global seed, as `tf.random.set_seed` says):
-  tf.data's `get_seed` is the framework's `get_seed` made tensors (five
-  eager ops, a tenth of a millisecond per client); with an op seed given the
-  framework's pair is never None, and it already maps (0, 0) to
-  (0, 2^31 - 1) as tf.data's does.
+  TF's own derivation (`random_seed.get_seed` with an op seed: the global
+  and the op seed each modulo 2^31 - 1, the pair (0, 0) made (0, 2^31 - 1)),
+  with the run's seed in place of the global one: the batches are a function
+  of (run seed, round, client) only, never of what the process set before
+  (a sweep's earlier training at another seed).
   """
-  return framework_random_seed.get_seed(seed)
+  pair = (run_seed % _MAXINT32, seed % _MAXINT32)
+  return (0, _MAXINT32) if pair == (0, 0) else pair
+
+
+def _shuffled(dataset, seed, seed2):
+  """`dataset.shuffle(SHUFFLE_BUFFER, reshuffle_each_iteration=True)` with
+  the seed pair given (`_seed_pair`), not derived from the global seed."""
+  flat = tf.nest.flatten(dataset.element_spec)
+  shuffled = tf.raw_ops.ShuffleDatasetV3(
+      input_dataset=tf.data.experimental.to_variant(dataset),
+      buffer_size=tf.constant(SHUFFLE_BUFFER, tf.int64), seed=seed,
+      seed2=seed2, seed_generator=tf.raw_ops.DummySeedGenerator(),
+      output_types=[s.dtype for s in flat],
+      output_shapes=[s.shape for s in flat], reshuffle_each_iteration=True)
+  return tf.data.experimental.from_variant(shuffled, dataset.element_spec)
 
 
 class ExamplewisePreprocess:
@@ -214,23 +229,15 @@ class ClientDatasets:
                            tf.TensorSpec([], tf.int64)])
 
   def _pipeline(self, examples, seed, seed2):
+    # The seed pair is computed eagerly (`_seed_pair`) and passed in:
     # `Dataset.shuffle(seed=tensor)` fails to trace under a global seed of 0
-    # (TF compares the seed pair in Python), so the pair TF would derive from
-    # the round's seed is computed eagerly (`_seed_pair`) and passed in.
-    dataset = tf.data.Dataset.from_tensor_slices(examples)
-    flat = tf.nest.flatten(dataset.element_spec)
-    shuffled = tf.raw_ops.ShuffleDatasetV3(
-        input_dataset=tf.data.experimental.to_variant(dataset),
-        buffer_size=tf.constant(SHUFFLE_BUFFER, tf.int64), seed=seed,
-        seed2=seed2, seed_generator=tf.raw_ops.DummySeedGenerator(),
-        output_types=[s.dtype for s in flat],
-        output_shapes=[s.shape for s in flat], reshuffle_each_iteration=True)
-    return self._after_shuffle(tf.data.experimental.from_variant(
-        shuffled, dataset.element_spec))
+    # (TF compares the seed pair in Python).
+    return self._after_shuffle(_shuffled(
+        tf.data.Dataset.from_tensor_slices(examples), seed, seed2))
 
   def _finish(self, dataset, seed: int):
-    return self._after_shuffle(dataset.shuffle(
-        SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=True))
+    return self._after_shuffle(_shuffled(dataset,
+                                         *_seed_pair(self._seed, seed)))
 
   def _map_stacked_examples(self, examples):
     mapped = self._preprocess.map_examples(
@@ -281,7 +288,7 @@ class ClientDatasets:
       examples = self._stack_mapped(self._fresh(client_id, seed))
     else:
       examples = self._cached_examples(client_id)
-    return self._build(examples, *_seed_pair(seed))
+    return self._build(examples, *_seed_pair(self._seed, seed))
 
   def _cached_examples(self, client_id):
     if client_id in self._examples:
@@ -439,7 +446,7 @@ class ClientDatasets:
     cohort = list(cohort)
     offsets, sizes = self._stored(cohort)
     spec = self._preprocess.spec
-    pairs = np.array([_seed_pair(seed) for seed in shuffle_draws.round_seeds(
+    pairs = np.array([_seed_pair(self._seed, seed) for seed in shuffle_draws.round_seeds(
         self._seed, round_num, cohort)], np.int64).reshape(-1, 2)
     if len(cohort) and sizes.max() > SHUFFLE_BUFFER:
       local = self._index_with_tf_data(sizes, pairs)
