@@ -272,6 +272,12 @@ _HYPERPARAMETER_CHANGES = {
 }
 
 
+# Where a change keeps a hyperparameter's kind (`hyperparameters.shape`): a
+# fixed clip norm to another, a given target quantile to another.
+_HYPERPARAMETER_BASES = {'clip_norm': dict(clip_norm=1.0),
+                         'target_quantile': dict(target_quantile=0.5)}
+
+
 def test_every_hyperparameter_has_its_key_check():
   from tff_clip.program import hyperparameters
   assert set(_HYPERPARAMETER_CHANGES) == set(hyperparameters.HYPERPARAMETERS)
@@ -281,12 +287,26 @@ def test_every_hyperparameter_has_its_key_check():
 def test_a_hyperparameter_leaves_the_shape_key_alone_not_the_exact_key(
     cache_dir, field):
   changes = _HYPERPARAMETER_CHANGES[field]
-  base = _config(bounding=changes.get('bounding', 'normalize'))
-  config = _config(**dict(dict(bounding='normalize'), **changes))
+  kind = _HYPERPARAMETER_BASES.get(field, {})
+  base = _config(bounding=changes.get('bounding', 'normalize'), **kind)
+  config = _config(**dict(dict(bounding='normalize', **kind), **changes))
   noise = 0.7 if field in ('target_epsilon', 'delta', 'noise_multiplier') else 0.5
   assert _cache_key(config, noise) == _cache_key(base)
   assert (_cache_key(config, noise, exact=True) !=
           _cache_key(base, exact=True))
+
+
+@pytest.mark.parametrize('kinds', [
+    (dict(clip_norm=1.0), dict(clip_norm='adaptive')),
+    (dict(target_quantile=0.5), dict(target_quantile=None)),
+], ids=['clip_norm', 'target_quantile'])
+def test_a_hyperparameter_of_another_kind_has_its_own_shape_key(cache_dir,
+                                                               kinds):
+  # A fixed and an adaptive clip norm build other aggregators (so do a given
+  # target quantile and one that follows the noise, which may switch): one
+  # grid's cells must not try, and fail, to run on the other's graphs.
+  fixed, adaptive = (_config(bounding='clip', **kind) for kind in kinds)
+  assert _cache_key(fixed) != _cache_key(adaptive)
 
 
 # A grid's cells share an aggregator or a server optimizer built once in a

@@ -76,13 +76,20 @@ ServerParts = Callable[[TrainConfig, Optional[float]], tuple]
 def shape(config: TrainConfig, noise_multiplier: Optional[float]) -> tuple:
   """What of `config` the process's graphs may depend on: every field but
   the hyperparameters, whether the run is private
-  (which weighs clients uniformly), and BLUR's clip norm as resolved."""
+  (which weighs clients uniformly), BLUR's clip norm as resolved, and the
+  kinds of two hyperparameters whose kind builds another aggregator: an
+  adaptive or a fixed clip norm, a given target quantile or one that
+  follows the noise (which may switch: more state). A grid of fixed clip
+  norms and one of adaptive norms thus have an entry each; with one entry
+  for both, the second grid's every cell failed `rebase` onto the first's
+  graphs and traced its own process (3 s a training of the frontier)."""
   # The default experiment name is made from every field: left out too.
   fields = tuple((f.name, getattr(config, f.name))
                  for f in dataclasses.fields(config)
                  if f.name not in HYPERPARAMETERS + ('experiment_name',))
   return (fields, noise_multiplier is not None,
-          config_lib.blur_clip_norm(config))
+          config_lib.blur_clip_norm(config),
+          config.clip_norm == 'adaptive', config.target_quantile is None)
 
 
 def values(config: TrainConfig,
