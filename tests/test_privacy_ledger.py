@@ -207,3 +207,37 @@ def test_ledger_refuses_an_event_it_cannot_account_when_recorded():
   assert ledger.rounds == (1,)
   assert ledger.guarantee(DELTA).epsilon == pytest.approx(
       accounting.compute_training_epsilon(1.0, N, K, 1, DELTA).epsilon)
+
+
+def _pld_oracle(rounds, guarantee):
+  """dp_accounting's own PLD epsilon of `rounds`, at the report's grid."""
+  return pld.PLDAccountant(
+      value_discretization_interval=guarantee.value_discretization_interval
+  ).compose(rounds).get_epsilon(DELTA)
+
+
+def test_the_next_rounds_figure_is_computed_ahead(monkeypatch):
+  # While round 6 trains, its figure is computed on another thread, as if
+  # it repeats round 5; round 6's report is then read from the cache.
+  from tff_clip.privacy import accountants
+  ledger = _poisson_ledger(5)
+  ledger.report_ahead(DELTA).join()
+  _record(ledger, 6, Z)
+  monkeypatch.setattr(accountants, '_guarantee', lambda *args: pytest.fail(
+      'computed again'))
+  report = ledger.report(DELTA)
+  assert report.accountant == 'pld'
+  assert report.epsilon == pytest.approx(
+      _pld_oracle(_poisson_rounds(Z, N / K, 6), report), rel=1e-12)
+
+
+def test_a_next_round_unlike_the_last_is_reported_as_it_ran():
+  ledger = _poisson_ledger(5)
+  ledger.report_ahead(DELTA).join()  # Computed for a sixth round at Z.
+  _record(ledger, 6, 1.5 * Z)
+  report = ledger.report(DELTA)
+  rounds = dp_accounting.ComposedDpEvent(
+      [_poisson_rounds(Z, N / K, 5), _poisson_rounds(1.5 * Z, N / K, 1)])
+  assert report.epsilon == pytest.approx(_pld_oracle(rounds, report),
+                                         rel=1e-12)
+  assert privacy_ledger.PrivacyLedger().report_ahead(DELTA) is None

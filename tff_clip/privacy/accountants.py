@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
+import threading
 from typing import Optional
 
 import attr
@@ -85,6 +87,33 @@ _GUARANTEE_CACHE_SIZE = 4096
 # Noise multipliers this close (relative) are accounted as the smaller
 # (`merge_float_neighbours`): 8 float32 ulps.
 _NEIGHBOUR_GAP = 2.0**-20
+# The caches above are read and filled by one thread at a time: a training
+# computes its next round's figure ahead on another thread (`ahead`).
+_LOCK = threading.RLock()
+
+
+def _locked(function):
+  @functools.wraps(function)
+  def with_lock(*args, **kwargs):
+    with _LOCK:
+      return function(*args, **kwargs)
+  return with_lock
+
+
+def ahead(compute) -> threading.Thread:
+  """`compute()` on a daemon thread, for what it leaves in the caches (its
+  result and errors are dropped: whoever asks the same question later gets
+  the cached answer, or computes it, errors included)."""
+
+  def run():
+    try:
+      compute()
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+  thread = threading.Thread(target=run, name='epsilon ahead', daemon=True)
+  thread.start()
+  return thread
 
 
 def sub_events(event) -> list:
@@ -223,6 +252,7 @@ class _RdpAccountant(rdp.RdpAccountant):
     return _epsilon_from_rdp(self.orders, self.rdp, target_delta)[0]
 
 
+@_locked
 def _sampled_round(key) -> pld_numpy.SampledRound:
   """`_PLD_CACHE`'s round of `key` (z, q, grid), built if not kept."""
   found = _PLD_CACHE.get(key)
@@ -307,6 +337,7 @@ def _rdp(view, relation) -> np.ndarray:
   return total
 
 
+@_locked
 def _cached_rdp(event, relation) -> np.ndarray:
   # Keyed by the event itself (its fields compared exactly, so float32(1.1)
   # is not 1.1); an unhashable event (a list inside) is not cached.
@@ -449,6 +480,7 @@ def merge_float_neighbours(view):
       for q, z, count, _ in groups])
 
 
+@_locked
 def guarantee(view, relation, delta, accountant, grid) -> PrivacyGuarantee:
   """Runs one accountant on an interpreted event (each distinct question
   answered once per process: the same arithmetic on the same inputs), its

@@ -21,6 +21,7 @@ from dp_accounting import dp_event as dp_event_lib
 from tff_clip import checks
 from tff_clip.names import RDP
 from tff_clip.privacy import accounting
+from tff_clip.privacy import accountants
 
 __all__ = ['PrivacyLedger', 'event_from_dict', 'event_to_dict']
 
@@ -178,6 +179,18 @@ class PrivacyLedger:
     every round's row, the summary and the end-of-run line show it
     (`accounting.report_epsilon`: RDP's where PLD's grid is refused)."""
     return accounting.report_epsilon(self.composed_event(), delta)
+
+  def report_ahead(self, delta: float):
+    """`report(delta)` as it will be once the next round repeats the last
+    recorded round's event, computed on another thread (`accountants.ahead`):
+    the next round's report is then a cache hit, its PLD built while the
+    round trains. The event is composed here, before the thread starts."""
+    if not self._index:
+      return None
+    counts = collections.Counter(self._counts)
+    counts[self._index[max(self._index)]] += 1
+    event = self._composed(counts)
+    return accountants.ahead(lambda: accounting.report_epsilon(event, delta))
 
   def epsilon_history(self, delta: float) -> list[tuple[int, float]]:
     """(round_num, RDP epsilon of the rounds up to it), ascending."""

@@ -112,8 +112,11 @@ class Accounting:
   last: Any = None
 
   def epsilon_column(self):
-    """(column name, epsilon) of the ledger's rounds so far."""
+    """(column name, epsilon) of the ledger's rounds so far; the next
+    round's figure is then computed ahead, while that round trains
+    (`PrivacyLedger.report_ahead`)."""
     self.last = self.ledger.report(self.delta)
+    self.ledger.report_ahead(self.delta)
     return (names.epsilon_key(self.last.accountant, self.last.delta,
                               self.private), self.last.epsilon)
 
