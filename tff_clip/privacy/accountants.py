@@ -274,6 +274,7 @@ class _PldAccountant(pld.PLDAccountant):
   the same arithmetic on the same inputs, so the same epsilon, without
   rebuilding it every round."""
 
+  @_locked  # A kept round (its compositions) is used by one thread at once.
   def _maybe_compose(self, event, count, do_compose):
     if (do_compose and isinstance(event, dp_accounting.PoissonSampledDpEvent)
         and isinstance(event.event, dp_accounting.GaussianDpEvent) and
