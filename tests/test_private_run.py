@@ -189,9 +189,17 @@ def test_audited_run_reports_both_empirical_epsilons_below_the_accounted(
   summary, _ = private_run
   empirical = summary['empirical_epsilon']
   assert empirical['rounds'] == ROUNDS and empirical['confidence'] == AUDIT_CONFIDENCE
+  # The estimate compares the inserted candidates' statistics with the
+  # others': it needs two of each, which the secret fair coins leave in all
+  # but 26 of 2^12 draws of 12 candidates; else it is undefined (None).
+  inserted = empirical['inserted']
+  two_of_each = 2 <= inserted <= empirical['candidates'] - 2
   for threat in ('final_model', 'all_iterates'):
     assert 0.0 <= empirical[threat]['lower_bound'] < summary['epsilon']
-    assert math.isfinite(empirical[threat]['estimate'])
+    if two_of_each:
+      assert math.isfinite(empirical[threat]['estimate'])
+    else:
+      assert empirical[threat]['estimate'] is None
 
 
 def test_private_run_is_labelled_secret_not_not_private(private_run):
