@@ -446,8 +446,9 @@ class ClientDatasets:
     cohort = list(cohort)
     offsets, sizes = self._stored(cohort)
     spec = self._preprocess.spec
-    pairs = np.array([_seed_pair(self._seed, seed) for seed in shuffle_draws.round_seeds(
-        self._seed, round_num, cohort)], np.int64).reshape(-1, 2)
+    seeds = shuffle_draws.round_seeds(self._seed, round_num, cohort)
+    pairs = np.array([_seed_pair(self._seed, seed) for seed in seeds],
+                     np.int64).reshape(-1, 2)
     if len(cohort) and sizes.max() > SHUFFLE_BUFFER:
       local = self._index_with_tf_data(sizes, pairs)
     else:
