@@ -149,16 +149,22 @@ def _assert_same(actual, expected, what):
       np.testing.assert_array_equal(a, e, err_msg=f'{what}, leaf {i}')
 
 
+# How the batched path computes the cohort's DP records: as tensor ops over
+# the client axis (`dp_queries.summed_records`, the default where the query
+# has them), client by client in a loop, or all at once (`vectorized_map`).
+_RECORDS = {'batched': {}, 'looped': dict(batched_records=False),
+            'vectorized': dict(batched_records=False, vectorized_records=True)}
+
+
 def _assert_batched_equals_per_client(model_fn, task, aggregator, weighting,
-                                      rounds=2, cpp=False, vectorized=False):
+                                      rounds=2, cpp=False, records='batched'):
   process = algorithms.build_fedavg(
       model_fn, client_optimizer=_sgd(0.1), server_optimizer=_sgd(1.0),
       model_aggregator=aggregator, client_weighting=weighting)
   runner = simulation.InProcessRunner(process, client_threads=1)
   batched = batched_clients.BatchedRunner(
       runner, model_fn, aggregator,
-      client_weighting=weighting or _BY_EXAMPLES,
-      vectorized_records=vectorized)
+      client_weighting=weighting or _BY_EXAMPLES, **_RECORDS[records])
   clients = client_data.ClientDatasets(task, seed=3, batched=True)
   assert clients.can_batch
   cohort = list(task.datasets.train_data.client_ids)
@@ -215,26 +221,25 @@ def test_a_round_from_the_state_it_returned_equals_one_from_a_copy():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize('vectorized', [False, True],
-                         ids=['looped', 'vectorized'])
+@pytest.mark.parametrize('records', sorted(_RECORDS))
 @pytest.mark.parametrize('method', ['clip', 'normalize', 'per_layer_clip',
                                     'per_layer_normalize'])
-def test_dp_bounding_equals_per_client_path(method, vectorized):
+def test_dp_bounding_equals_per_client_path(method, records):
   # A clip norm the updates exceed (clipping acts) on the regression model;
-  # the records summed client by client or all at once (`vectorized_map`).
+  # the records bounded as tensor ops over the cohort, client by client, or
+  # all at once (`vectorized_map`).
   _assert_batched_equals_per_client(tiny_model.model_fn, _regression_task(),
-                                    _dp(method, 0.3), None,
-                                    vectorized=vectorized)
+                                    _dp(method, 0.3), None, records=records)
 
 
-@pytest.mark.parametrize('vectorized', [False, True],
-                         ids=['looped', 'vectorized'])
-@pytest.mark.parametrize('method', ['clip', 'per_layer_normalize'])
-def test_dp_adaptive_bounding_equals_per_client_path(method, vectorized):
+@pytest.mark.parametrize('records', sorted(_RECORDS))
+@pytest.mark.parametrize('method', ['clip', 'normalize', 'per_layer_clip',
+                                    'per_layer_normalize'])
+def test_dp_adaptive_bounding_equals_per_client_path(method, records):
   # The clipped counts (the quantile's record) go through the same sums.
   _assert_batched_equals_per_client(tiny_model.model_fn, _regression_task(),
                                     _dp(method, 'adaptive'), None, rounds=3,
-                                    vectorized=vectorized)
+                                    records=records)
 
 
 def _tff_dp(kind):
@@ -248,19 +253,18 @@ def _tff_dp(kind):
       0.5, 3.0, 0.3, 0.5, 0.2, 1.0, restart_every=2, noise_seed=7)
 
 
-@pytest.mark.parametrize('kind,vectorized', [
-    ('gaussian_fixed', False), ('gaussian_adaptive', False),
-    ('tree_adaptive', False), ('gaussian_adaptive', True),
-    ('tree_adaptive', True)], ids=[
-        'gaussian_fixed', 'gaussian_adaptive', 'tree_adaptive',
-        'gaussian_adaptive-vectorized', 'tree_adaptive-vectorized'])
-def test_tffs_dp_factories_equal_per_client_path(kind, vectorized):
+@pytest.mark.parametrize('kind,records', [
+    ('gaussian_fixed', 'looped'), ('gaussian_adaptive', 'looped'),
+    ('tree_adaptive', 'looped'), ('gaussian_adaptive', 'vectorized'),
+    ('tree_adaptive', 'vectorized'), ('gaussian_adaptive', 'batched')])
+def test_tffs_dp_factories_equal_per_client_path(kind, records):
   # TFF's own DP aggregators (the frontier's baselines): their queries'
   # clipping of each client's record, the sums, and (tree) the noise drawn
-  # once on the server from the state's seeds.
+  # once on the server from the state's seeds. (Their queries have no
+  # tensor-op records: 'batched' sums them client by client.)
   _assert_batched_equals_per_client(tiny_model.model_fn, _regression_task(),
                                     _tff_dp(kind), None, rounds=3,
-                                    vectorized=vectorized)
+                                    records=records)
 
 
 def test_a_non_finite_update_is_zeroed_as_the_per_client_path_zeroes_it():

@@ -305,3 +305,93 @@ def test_integer_leaves_are_rejected():
 def test_explicit_budgets_refuse_signed_zero_negative_and_nonfinite(budgets):
   with pytest.raises(ValueError, match='split'):
     bounding.ExplicitBudgets(budgets)
+
+
+# ----------------------------------------------------------------------------
+# Many clients at once (`bound_batch`): each client's update bounded as
+# `bound` bounds it alone, with the same exact guarantee.
+
+
+@st.composite
+def cohorts(draw):
+  """(K clients' updates stacked on a leading axis, one update per client):
+  leaves of any float dtype and shape, each client of its own kind (normal,
+  zeros, huge, tiny, or poisoned with a NaN or an Inf)."""
+  shapes = draw(st.lists(st.lists(st.integers(0, 3), max_size=2),
+                         min_size=1, max_size=3))
+  dtypes = draw(st.lists(st.sampled_from(DTYPES), min_size=len(shapes),
+                         max_size=len(shapes)))
+  clients = []
+  for _ in range(draw(st.integers(1, 4))):
+    kind = draw(st.sampled_from(['normal', 'zeros', 'huge', 'tiny', 'nan',
+                                 'inf']))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    update = []
+    for shape, dtype in zip(shapes, dtypes):
+      values = rng.standard_normal(shape)
+      limit = float(np.finfo(np.float16 if dtype == np.float16
+                             else np.float32).max)
+      if kind == 'zeros':
+        values = np.zeros(shape)
+      elif kind == 'huge':
+        values = np.clip(values * (limit / 4), -limit, limit)
+      elif kind == 'tiny':
+        values = values * (1e-6 if dtype == np.float16 else 1e-30)
+      elif kind in ('nan', 'inf') and values.size:
+        values.flat[0] = np.nan if kind == 'nan' else np.inf
+      if dtype == np.float16:
+        values = np.clip(values, -6e4, 6e4)
+      update.append(values.astype(dtype))
+    clients.append(update)
+  stacked = [tf.constant(np.stack([c[i] for c in clients]))
+             for i in range(len(shapes))]
+  return stacked, [[tf.constant(x) for x in c] for c in clients]
+
+
+def _tolerance(dtype):
+  """Four ulps of the stored dtype (float32's for float64: the factors are
+  rounded to float32 on the fast path)."""
+  eps = {np.float16: 2.0**-10, np.float32: 2.0**-23, np.float64: 2.0**-23}
+  return 4 * eps.get(dtype, 2.0**-7)  # bfloat16's otherwise.
+
+
+@settings(max_examples=60, deadline=None)
+@given(cohorts(), norms, st.sampled_from(bounding.BOUNDINGS))
+def test_a_batch_of_clients_is_bounded_as_each_client_alone(cohort, clip_norm,
+                                                             method):
+  stacked, clients = cohort
+  budgets = bounding.layer_budgets(clients[0], clip_norm, 'dim')
+  batch = bounding.bound_batch(stacked, method, clip_norm=clip_norm,
+                               budgets=budgets)
+  for k, update in enumerate(clients):
+    alone = bounding.bound(update, method, clip_norm=clip_norm,
+                           budgets=budgets)
+    value = [x[k] for x in batch.value]
+    # The guarantee, exactly: the stored slice's norm <= C (per layer: its
+    # budget), zeros for a non-finite update.
+    if bool(alone.nonfinite):
+      for x in value:
+        np.testing.assert_array_equal(np.asarray(x, np.float64), 0.0)
+    else:
+      _assert_bounded(value, clip_norm)
+      if method.startswith('per_layer'):
+        for x, budget in zip(value, np.asarray(budgets)):
+          assert _exact_squared_norm(x) <= fractions.Fraction(
+              float(budget))**2
+    # And what `bound` gives the client alone, to its dtype's rounding.
+    for x, y in zip(value, alone.value):
+      np.testing.assert_allclose(np.asarray(x, np.float64),
+                                 np.asarray(y, np.float64),
+                                 rtol=_tolerance(y.dtype.as_numpy_dtype),
+                                 atol=0)
+    np.testing.assert_array_equal(batch.nonfinite[k], alone.nonfinite)
+    np.testing.assert_array_equal(batch.was_bounded[k], alone.was_bounded)
+    np.testing.assert_allclose(batch.global_norm[k], alone.global_norm,
+                               rtol=1e-6)
+    np.testing.assert_allclose(batch.layer_norms[k], alone.layer_norms,
+                               rtol=1e-6)
+
+
+def test_a_batch_needs_a_client_axis():
+  with pytest.raises(ValueError, match='leading client axis'):
+    bounding.bound_batch([tf.constant(1.0)], 'clip', clip_norm=1.0)

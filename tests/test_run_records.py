@@ -721,7 +721,8 @@ def test_a_separated_run_started_with_hashed_groups_is_not_resumed(
 # Atomic, durable writes; a full disk is one line naming the path.
 
 
-def test_writes_are_fsynced_file_and_directory(tmp_path, monkeypatch):
+def _fsync_spy(monkeypatch) -> list:
+  """The paths fsynced from now on, in order."""
   synced = []
   real_fsync = os.fsync
 
@@ -730,12 +731,47 @@ def test_writes_are_fsynced_file_and_directory(tmp_path, monkeypatch):
     real_fsync(fd)
 
   monkeypatch.setattr(run_records.os, 'fsync', spy)
+  return synced
+
+
+def test_writes_are_fsynced_file_and_directory(tmp_path, monkeypatch):
+  synced = _fsync_spy(monkeypatch)
   run_records.write_json(str(tmp_path / 'a.json'), {'x': 1})
   assert synced == [str(tmp_path / '.a.json.tmp'), str(tmp_path)]
   synced.clear()
   log = run_records.ReleaseLog(str(tmp_path))
   log.append(1, {'round': 1, 'epsilon': 1.0}, None)
   assert str(tmp_path / 'releases.jsonl') in synced
+
+
+def test_a_release_of_many_rounds_is_durable_once_all_are_written(
+    tmp_path, monkeypatch):
+  # A DP run releases the rounds since its checkpoint together: each line is
+  # written (and flushed) in turn, and the log (a new file: its directory
+  # too) fsynced once, when the last is appended.
+  synced = _fsync_spy(monkeypatch)
+  log = run_records.ReleaseLog(str(tmp_path))
+  for round_num in (1, 2, 3):
+    log.append(round_num, {'round': round_num}, None, sync=False)
+  assert synced == []
+  assert len((tmp_path / 'releases.jsonl').read_text().splitlines()) == 3
+  log.sync()
+  assert synced == [str(tmp_path / 'releases.jsonl'), str(tmp_path)]
+  assert [r['round'] for r in run_records.ReleaseLog(str(tmp_path)).records
+         ] == [1, 2, 3]
+
+
+def test_a_training_fsyncs_its_log_and_csv_once_a_release(tmp_path,
+                                                          monkeypatch):
+  # 4 DP rounds checkpointed every 3: two releases (rounds 1-3, round 4).
+  synced = _fsync_spy(monkeypatch)
+  with contextlib.redirect_stdout(io.StringIO()):
+    program.run(_config(tmp_path, rounds=4, checkpoint_every=3))
+  run_dir = tmp_path / 'run'
+  assert synced.count(str(run_dir / 'releases.jsonl')) == 2
+  assert synced.count(str(run_dir / 'metrics.csv')) == 2
+  assert [r['round'] for r in _rows(run_dir / 'metrics.csv')] == [
+      '1', '2', '3', '4']
 
 
 def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):

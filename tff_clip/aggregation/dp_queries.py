@@ -34,6 +34,7 @@ __all__ = [
     'CountQuantileEstimatorQuery',
     'ResultDtypeQuery',
     'secret_key',
+    'summed_records',
 ]
 
 
@@ -498,3 +499,60 @@ class ActualCountNormalizedQuery(tfp.SumAggregationDPQuery):
 
   def derive_metrics(self, global_state):
     return self._numerator.derive_metrics(global_state)
+
+
+# ----------------------------------------------------------------------------
+# Many records at once.
+
+
+def _bounded_sums(query: BoundedGaussianSumQuery, params, records):
+  """(the sum of K bounded records, `bounding.bound_batch`'s result)."""
+  per_layer = query._per_layer  # pylint: disable=protected-access
+  result = bounding.bound_batch(
+      records, query._method,  # pylint: disable=protected-access
+      clip_norm=None if per_layer else params.clip_norm,
+      budgets=query.budgets(params.clip_norm) if per_layer else None)
+  return tf.nest.map_structure(lambda x: tf.reduce_sum(x, axis=0),
+                               _widen(result.value)), result
+
+
+def summed_records(query, params, records):
+  """What a round's sample state is after K records: the sum over the
+  leading axis of `query.preprocess_record(params, record)`, for `records`
+  whose every leaf stacks K records [K, ...], as tensor ops over that axis
+  (`bounding.bound_batch`: each record bounded as alone, with its
+  guarantee). For this module's queries (central noise) and
+  tensorflow-privacy's `NormalizedQuery` and `NoPrivacyAverageQuery` around
+  them; None for any other query (sum its records one by one)."""
+  # pylint: disable=protected-access
+  count = lambda: tf.cast(tf.shape(tf.nest.flatten(records)[0])[0],
+                          tf.float32)
+  if isinstance(query, BoundedGaussianSumQuery):
+    if query._placement != 'central':
+      return None  # Each record draws its own noise.
+    return _bounded_sums(query, params, records)[0]
+  if isinstance(query, AdaptiveBoundedSumQuery):
+    if query._sum_query._placement != 'central':
+      return None
+    values, result = _bounded_sums(query._sum_query, params.sum_params,
+                                   records)
+    # A non-finite update counts as "above the norm" (NaN <= C is False).
+    norms = (result.layer_norms if query._per_layer_quantiles
+             else result.global_norm)
+    below = summed_records(query._estimator, params.estimator_params, norms)
+    return None if below is None else query.SampleState(values, below)
+  if isinstance(query, CountQuantileEstimatorQuery):
+    below = tf.cast(records <= params.current_estimate, tf.float32) - 0.5
+    return summed_records(query._below_estimate_query,
+                          params.below_estimate_params, below)
+  if isinstance(query, tfp.NormalizedQuery):
+    return summed_records(query._numerator, params, records)
+  if isinstance(query, tfp.NoPrivacyAverageQuery):
+    return (tf.nest.map_structure(lambda x: tf.reduce_sum(x, axis=0),
+                                  records), count())
+  if isinstance(query, ResultDtypeQuery):
+    return summed_records(query._query, params, records)
+  if isinstance(query, ActualCountNormalizedQuery):
+    inner = summed_records(query._numerator, params, records)
+    return None if inner is None else (inner, count())
+  return None

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 __all__ = ['VECTORIZED_RECORDS_FROM', 'clients']
 
-# Runs of at least this many rounds compute the cohort's DP records all at
-# once (`tf.vectorized_map` of the query's own `preprocess_record`), shorter
-# ones client by client (a `tf.while_loop`, as TFF's `accumulate` sums
+# tff_clip's DP queries bound a cohort's records as tensor ops over the
+# client axis in every run (`dp_queries.summed_records`). Other queries
+# (TFF's): runs of at least this many rounds compute the cohort's DP records
+# all at once (`tf.vectorized_map` of the query's own `preprocess_record`),
+# shorter ones client by client (a `tf.while_loop`, as TFF's `accumulate` sums
 # them). All at once, the frontier's cohort call is 4.5 ms faster (11.2 ->
 # 6.7 ms a round), but traces 1.8-2.5 s longer (the query's `tf.cond`s are
 # converted branch by branch) for every graph it is traced for: a run earns

@@ -171,6 +171,8 @@ class _Releases:
     self._released = released
     self._managers = [tff.program.FilteringReleaseManager(manager, released)
                       for manager in release_managers]
+    # Managers whose files are made durable once a release (`sync`).
+    self._syncing = [m for m in release_managers if hasattr(m, 'sync')]
     # One event loop for the run's releases (not one a round: `close`).
     self._runner = asyncio.Runner()
 
@@ -180,7 +182,9 @@ class _Releases:
   def release(self, rows):
     """Releases `rows` [(round, row, event), ...] in order, each to the
     record and then to every manager (one pass of the event loop for all:
-    a pass a row was a millisecond of every round)."""
+    a pass a row was a millisecond of every round), then makes the record
+    and the managers' files durable, once for all (an fsync a row was half
+    a millisecond)."""
 
     async def release_all():
       for round_num, row, event in rows:
@@ -189,6 +193,10 @@ class _Releases:
           await manager.release(row, key=round_num)
 
     self._runner.run(release_all())
+    if rows:
+      self._state_manager.sync()
+      for manager in self._syncing:
+        manager.sync()
 
   def close(self):
     self._runner.close()
@@ -211,8 +219,9 @@ def train_model(*, process, sampler, client_data, evaluate: Callable,
     client_data: `datasets(cohort, round_num)`, the cohort's datasets.
     evaluate: `evaluate(state)`, an ordered dict (eval_loss, eval_accuracy).
     state_manager: the run's program state (`run_directory.RunState`):
-      `checkpoint(round_num, state, pending=())` and
-      `record(round_num, row, event)`.
+      `checkpoint(round_num, state, pending=())`,
+      `record(round_num, row, event)` and `sync()` (the rounds recorded
+      durable).
     release_managers: `tff.program.ReleaseManager`s, each handed every
       released row with the round number as key, filtered by `released`.
     schedule: the rounds, evaluation and checkpoint schedule.

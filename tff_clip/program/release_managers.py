@@ -66,7 +66,12 @@ class MetricsCsvView(tff.program.ReleaseManager):
   async def release(self, value, key):
     del value  # The row as the log holds it (key: its round).
     self._rows.append(self._log.row(key))
-    run_records.append_metrics_csv(self._path, self._rows)
+    run_records.append_metrics_csv(self._path, self._rows, sync=False)
+
+  def sync(self) -> None:
+    """Makes the rows released so far durable (a release of many rounds
+    syncs once, after the last)."""
+    run_records.sync_file(self._path)
 
 
 class _EventFile:

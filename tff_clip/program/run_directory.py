@@ -524,8 +524,13 @@ class RunState:
     self._checkpoints.save(round_num, self._to_leaves(state), header)
 
   def record(self, round_num: int, row, event) -> None:
-    """Appends the released round (its row and DP event) to the log."""
-    self._log.append(round_num, row, _event_dict(event))
+    """Appends the released round (its row and DP event) to the log,
+    durable at the next `sync` (a release of many rounds syncs once)."""
+    self._log.append(round_num, row, _event_dict(event), sync=False)
+
+  def sync(self) -> None:
+    """Makes the rounds recorded so far durable."""
+    self._log.sync()
 
 
 def _event_dict(event):

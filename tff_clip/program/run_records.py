@@ -14,8 +14,8 @@ checkpoint that does not belong to the log is detected.
 Every file is written atomically: a temporary file in the same directory,
 flushed and fsynced, renamed over the target, and the directory fsynced
 (POSIX rename is atomic; the directory fsync makes the rename itself
-durable). An append to the log is flushed and fsynced before the call
-returns. A write that fails (a full disk, a read-only file system) raises
+durable). An append to the log is flushed, and fsynced before the call
+returns (a release of many rounds fsyncs once, when all are appended). A write that fails (a full disk, a read-only file system) raises
 `RunRecordError` naming the path; nothing already written is touched.
 
 Each per-round operation costs O(1) in the number of rounds: one line
@@ -246,6 +246,7 @@ class ReleaseLog:
     self.path = os.path.join(run_dir, RELEASES)
     self._records: list[dict[str, Any]] = []
     self._hashes: list[str] = []
+    self._new_file = False  # Its directory entry not yet fsynced.
     self.dropped_torn_line = False
     if os.path.isdir(self.path) and not os.path.islink(self.path):
       raise RunRecordError(f'{self.path} is a directory, not the log of '
@@ -315,8 +316,10 @@ class ReleaseLog:
     return [(r['round'], r['event']) for r in self._records]
 
   def append(self, round_num: int, row: Mapping[str, Any],
-             event: Optional[Mapping[str, Any]]) -> None:
-    """Releases round `round_num` (the next one): one durable line."""
+             event: Optional[Mapping[str, Any]], sync: bool = True) -> None:
+    """Releases round `round_num` (the next one): one line, written and
+    flushed, and durable (fsynced) before the call returns; with `sync`
+    False, at the next `sync()` (a release of many rounds syncs once)."""
     if round_num != self.last_round + 1:
       raise RunRecordError(
           f'{self.path}: round {round_num} cannot follow round '
@@ -333,14 +336,30 @@ class ReleaseLog:
       with open_file(self.path, 'ab') as f:
         f.write(line)
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+          os.fsync(f.fileno())
     except OSError as e:
       self._rewrite_quietly()
       raise write_error(self.path, e) from None
-    if len(self._records) == 0:
-      fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+    self._new_file = self._new_file or not self._records
     self._records.append(record)
     self._hashes.append(record['hash'])
+    if sync and self._new_file:
+      fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+      self._new_file = False
+
+  def sync(self) -> None:
+    """Makes every line appended so far durable (the file, and the
+    directory entry of a new log)."""
+    if self._records:
+      try:
+        with open_file(self.path, 'ab') as f:
+          os.fsync(f.fileno())
+      except OSError as e:
+        raise write_error(self.path, e) from None
+    if self._new_file:
+      fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+      self._new_file = False
 
   def _rewrite_quietly(self) -> None:
     # A partial append (full disk) must not leave half a line behind.
@@ -386,8 +405,10 @@ def repair_metrics_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> bool:
   return True
 
 
-def append_metrics_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
-  """Appends the last of `rows` (or rebuilds the file if its columns grew).
+def append_metrics_csv(path: str, rows: Sequence[Mapping[str, Any]],
+                       sync: bool = True) -> None:
+  """Appends the last of `rows` (or rebuilds the file if its columns grew);
+  fsynced unless `sync` is False (`sync_file` later).
 
   O(1) in the number of rows: the file's header (written from the same rows,
   or rebuilt from the log on resume) is trusted unless the last row brings a
@@ -409,6 +430,16 @@ def append_metrics_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
     with open_file(path, 'a', newline='') as f:
       f.write(buffer.getvalue())
       f.flush()
+      if sync:
+        os.fsync(f.fileno())
+  except OSError as e:
+    raise write_error(path, e) from None
+
+
+def sync_file(path: str) -> None:
+  """fsyncs the run file `path` (what was appended to it is durable)."""
+  try:
+    with open_file(path, 'a') as f:
       os.fsync(f.fileno())
   except OSError as e:
     raise write_error(path, e) from None

@@ -378,10 +378,10 @@ class BatchedRunner:
     trace_key: the key the cohort's traced call is kept under for later
       runs of this process (`_traces`; the training program's
       `process_cache.trace_key`); None traces one for this runner alone.
-    vectorized_records: every client's DP record at once
-      (`tf.vectorized_map`), else client by client in a `tf.while_loop`:
-      the same records, summed in another order (which a run uses:
-      `tff_clip.program.client_execution.VECTORIZED_RECORDS_FROM`).
+    batched_records: DP records as tensor ops over the client axis where
+      the query allows (`dp_queries.summed_records`), else (or False) as
+      `vectorized_records` says: at once (`tf.vectorized_map`) or client by
+      client (`client_execution.VECTORIZED_RECORDS_FROM`).
 
   Raises:
     Unsupported: where the batched path cannot reproduce the round.
@@ -392,12 +392,14 @@ class BatchedRunner:
                client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES,
                client_options: bool = False,
                trace_key: Optional[str] = None,
-               vectorized_records: bool = False):
+               vectorized_records: bool = False,
+               batched_records: bool = True):
     self._runner = runner
     self._p = _Plan(runner, model_fn, aggregator, client_optimizer,
                     client_options)
     self._uniform = client_weighting == tff.learning.ClientWeighting.UNIFORM
     self._vectorized = vectorized_records
+    self._batched_records = batched_records
     self._round = None  # Traced on the first batched round.
     self._trace_key = trace_key
     # (the state `next` returned last, its leaves as the tensors they were
@@ -516,6 +518,11 @@ class BatchedRunner:
       out.append(tf.reduce_sum(weight))
       return out
     params = tf.nest.pack_sequence_as(p.params_structure, list(agg_params))
+    if self._batched_records:  # The cohort's records as tensor ops.
+      from tff_clip.aggregation import dp_queries  # pylint: disable=g-import-not-at-top
+      sums = dp_queries.summed_records(p.query, params, deltas)
+      if sums is not None:
+        return out + tf.nest.flatten(sums)
     if vectorized:  # Every client's record at once, then the sums.
       records = tf.vectorized_map(
           lambda client_deltas: tf.nest.flatten(
@@ -544,7 +551,8 @@ class BatchedRunner:
              tf.TensorSpec([None, None, None], tf.int64))
     key = stored = traced = None
     if self._trace_key is not None:
-      key = (self._trace_key, self._uniform, self._vectorized, repr(specs))
+      key = (self._trace_key, self._uniform, self._vectorized,
+             self._batched_records, repr(specs))
       traced = _traces.get(key)
       if traced is not None:
         _traces.move_to_end(key)

@@ -168,15 +168,19 @@ def _philox_stream(seed, seed2, count: int) -> np.ndarray:
   `SingleSampleAdapter<PhiloxRandom>(seed, seed2)`, one row per seed pair."""
   seed = np.asarray(seed).astype(np.uint64)
   seed2 = np.asarray(seed2).astype(np.uint64)
-  key = (seed & _U32, seed >> np.uint64(32))
-  words = []
-  for block in range(-(-count // 4)):
-    words.extend(_philox(
-        (np.full(seed.shape, block, np.uint64), np.zeros(seed.shape, np.uint64),
-         seed2 & _U32, seed2 >> np.uint64(32)), key))
-  if not words:
+  blocks = -(-count // 4)
+  if not blocks:
     return np.zeros([seed.shape[0], 0], np.uint64)
-  return np.stack(words, 1)[:, :count]
+  # Every block of every row in one pass: [blocks * N] counters.
+  tile = lambda a: np.tile(a, blocks)
+  counter = np.repeat(np.arange(blocks, dtype=np.uint64), seed.shape[0])
+  words = _philox(
+      (counter, np.zeros_like(counter), tile(seed2 & _U32),
+       tile(seed2 >> np.uint64(32))),
+      (tile(seed & _U32), tile(seed >> np.uint64(32))))
+  # [4, blocks, N] -> [N, blocks, 4] -> [N, 4 * blocks].
+  stacked = np.stack(words).reshape(4, blocks, seed.shape[0])
+  return stacked.transpose(2, 1, 0).reshape(seed.shape[0], -1)[:, :count]
 
 
 def shuffled_batches(pairs, sizes, batch_size: int, num_epochs: int,
