@@ -19,11 +19,6 @@ and its ratio to the floor:
               (`scripts.benchmark_round.FRONTIER_CELL`) in this process,
               `--client_execution=batched` (everything of the run: session
               build, rounds, checkpoints, releases, final evaluation)
-  batched, vectorized
-              the same with the cohort's DP records bounded all at once
-              (`tf.vectorized_map`), as a run of
-              `client_execution.VECTORIZED_RECORDS_FROM` rounds or more
-              bounds them, not client by client in a loop
   batched, another cell
               the same at another server learning rate and target quantile
               (a tuning grid's next cell: the traced process with this
@@ -36,7 +31,8 @@ and its ratio to the floor:
   per_client  the same training, `--client_execution=per_client`
 
 Every training is timed warm (one untimed training of each path first,
-as a frontier worker runs its trainings after its first one, and a
+and one of a grid cell with a given quantile, as a frontier worker runs
+its trainings after its first ones, and a
 training at each repeat's seed: the rows of a repeat share it,
 as a tuning grid's cells do), in
 alternating order, with the graph cache in a fresh temporary directory
@@ -119,11 +115,11 @@ def floor_seconds(rounds: int, seed: int = 0) -> float:
   return time.perf_counter() - start
 
 
-def training_seconds(path: str, rounds: int, seed: int,
-                     vectorized_records: bool = False, **cell) -> float:
-  """Seconds of one frontier training on `path` (module docstring);
-  `vectorized_records`: the DP records bounded all at once, as a run of
-  `client_execution.VECTORIZED_RECORDS_FROM` rounds or more bounds them."""
+def training_seconds(path: str, rounds: int, seed: int, **cell) -> float:
+  """Seconds of one frontier training on `path` (module docstring). (Its
+  DP records are bounded as tensor ops over the cohort in a run of any
+  length: `client_execution.VECTORIZED_RECORDS_FROM` concerns TFF's
+  queries only.)"""
   # `scripts.benchmark_frontier.make_config` of its timed cell
   # (`scripts.benchmark_round.FRONTIER_CELL`: mnist1000, the default method
   # at epsilon 4), built here: those modules define flags of this one's names.
@@ -140,16 +136,9 @@ def training_seconds(path: str, rounds: int, seed: int,
   config = config_lib.TrainConfig(experiment_name=f'default_eps4_seed{seed}',
                                   **fields)
   program.validate(config)
-  from tff_clip.program import client_execution  # pylint: disable=g-import-not-at-top
-  vectorized_from = client_execution.VECTORIZED_RECORDS_FROM
-  if vectorized_records:
-    client_execution.VECTORIZED_RECORDS_FROM = rounds
-  try:
-    start = time.perf_counter()
-    program.run(config, quiet=True)
-    return time.perf_counter() - start
-  finally:
-    client_execution.VECTORIZED_RECORDS_FROM = vectorized_from
+  start = time.perf_counter()
+  program.run(config, quiet=True)
+  return time.perf_counter() - start
 
 
 def _command_seconds(args) -> float:
@@ -194,11 +183,12 @@ def main(argv):
   # the calibration cache).
   for path in ('batched', 'per_client'):
     training_seconds(path, rounds, 99)
-  training_seconds('batched', rounds, 99, vectorized_records=True)
+  # And a grid cell of a given quantile (its own graphs' shape,
+  # `hyperparameters.shape`): the timed other cell is then a grid's next.
+  training_seconds('batched', rounds, 99, server_learning_rate=0.25,
+                   target_quantile=0.7)
   trainings = {
       'batched': lambda seed: training_seconds('batched', rounds, seed),
-      'batched, vectorized': lambda seed: training_seconds(
-          'batched', rounds, seed, vectorized_records=True),
       'batched, another cell': lambda seed: training_seconds(
           'batched', rounds, seed, server_learning_rate=0.5,
           target_quantile=0.3),
