@@ -13,6 +13,7 @@ import tensorflow_federated as tff
 
 from tff_clip.aggregation import bounding
 from tff_clip.aggregation import dp
+from tff_clip.aggregation import dp_queries
 import key_search  # pylint: disable=g-bad-import-order
 
 # Two layers of different sizes: 'dim' budgets differ between them.
@@ -268,18 +269,35 @@ def _noiseless_sum(query, records):
   return total
 
 
+def _batched_noiseless_sum(query, records):
+  """The same sum, the records stacked on a client axis and summed as the
+  batched round sums them (`dp_queries.summed_records`)."""
+  params = query.derive_sample_params(query.initial_global_state())
+  stacked = (tf.nest.map_structure(lambda *xs: tf.stack(xs), *records)
+             if records else collections.OrderedDict(
+                 a=tf.zeros([0, 6]), b=tf.zeros([0, 2, 3])))
+  return dp_queries.summed_records(query, params, stacked)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(client_update(), min_size=0, max_size=4), client_update(),
        st.sampled_from(bounding.BOUNDINGS),
        st.sampled_from(['uniform', 'dim']),
        st.floats(0.01, 100.0))
-def test_one_client_moves_the_noiseless_sum_by_at_most_s(cohort, extra, method,
-                                                         split, clip_norm):
+@pytest.mark.parametrize('summed', [_noiseless_sum, _batched_noiseless_sum],
+                         ids=['one_by_one', 'batched'])
+def test_one_client_moves_the_noiseless_sum_by_at_most_s(summed, cohort, extra,
+                                                         method, split,
+                                                         clip_norm):
   structure = collections.OrderedDict(a=tf.zeros([6]), b=tf.zeros([2, 3]))
   fractions = bounding.layer_budget_fractions(structure, split)
   query = dp.BoundedGaussianSumQuery(method, clip_norm, 0.0, fractions)
-  without = _noiseless_sum(query, cohort)
-  with_extra = _noiseless_sum(query, cohort + [extra])
+  without = summed(query, cohort)
+  with_extra = summed(query, cohort + [extra])
+  # Summed either way, the same sum (to float32 rounding).
+  for x, y in zip(tf.nest.flatten(with_extra),
+                  tf.nest.flatten(_noiseless_sum(query, cohort + [extra]))):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6 * clip_norm)
   moved = math.sqrt(sum(
       float(np.sum(np.square(np.float64(x) - np.float64(y))))
       for x, y in zip(tf.nest.flatten(with_extra), tf.nest.flatten(without))))
