@@ -17,11 +17,11 @@ server step exactly as on the per-client path:
              client takes exactly as many steps as it has batches);
              the model deltas (zeroed when not finite, as TFF does), the
              training metrics' sums, then the aggregator's client half on
-             every client (the DP query's own `preprocess_record`:
-             `tff_clip.aggregation.bounding` with its exact norm guarantee;
-             client by client, or all at once: `tff_clip.program.
-             client_execution.VECTORIZED_RECORDS_FROM`) and the sums over
-             the clients
+             every client (tff_clip's queries: tensor ops over the client
+             axis, `dp_queries.summed_records`, each client bounded as
+             alone with the exact norm guarantee; others: the query's own
+             `preprocess_record`, client by client or all at once,
+             `client_execution.VECTORIZED_RECORDS_FROM`) and their sums
   update(state, aggregate)  -- the form's graph, unchanged (noise, server)
 
 What is supported (`check_supported` says why not, in one line):
