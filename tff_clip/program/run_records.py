@@ -15,7 +15,8 @@ Every file is written atomically: a temporary file in the same directory,
 flushed and fsynced, renamed over the target, and the directory fsynced
 (POSIX rename is atomic; the directory fsync makes the rename itself
 durable). An append to the log is flushed, and fsynced before the call
-returns (a release of many rounds fsyncs once, when all are appended). A write that fails (a full disk, a read-only file system) raises
+returns (a release of many rounds fsyncs once, when all are appended). A
+write that fails (a full disk, a read-only file system) raises
 `RunRecordError` naming the path; nothing already written is touched.
 
 Each per-round operation costs O(1) in the number of rounds: one line
@@ -352,11 +353,7 @@ class ReleaseLog:
     """Makes every line appended so far durable (the file, and the
     directory entry of a new log)."""
     if self._records:
-      try:
-        with open_file(self.path, 'ab') as f:
-          os.fsync(f.fileno())
-      except OSError as e:
-        raise write_error(self.path, e) from None
+      sync_file(self.path)
     if self._new_file:
       fsync_dir(os.path.dirname(os.path.abspath(self.path)))
       self._new_file = False
