@@ -238,6 +238,35 @@ def test_examplewise_preprocessing_maps_each_client_once_and_keeps_empty_ones(
   np.testing.assert_array_equal(y[order], arrays['x'].sum(1, keepdims=True))
 
 
+def test_tasks_of_one_example_fn_share_one_trace_of_the_stacked_map():
+  # A new seed's task: other data, the same map. Its session takes the
+  # first's trace, and maps its own examples (oracle: the map written out).
+  calls = []
+
+  def example_fn(element):
+    calls.append(1)  # Runs when traced.
+    return element['x'] + 1.0, element['x'][:1]
+
+  spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=9,
+                                             shuffle_buffer_size=1)
+  mapped = []
+  for offset in (0.0, 100.0):  # Two tasks' data.
+    arrays = collections.OrderedDict(
+        x=np.arange(6, dtype=np.float32).reshape(3, 2) + offset)
+    task = types.SimpleNamespace(datasets=types.SimpleNamespace(
+        train_data=task_lib.ArrayClientData({'a': arrays}),
+        train_preprocess_fn=client_data.ExamplewisePreprocess(example_fn,
+                                                              spec)))
+    clients = client_data.ClientDatasets(task, seed=0)
+    (batch,) = _elements(clients.dataset('a', 1))
+    order = np.argsort(batch[0][:, 0])
+    np.testing.assert_array_equal(batch[0][order], arrays['x'] + 1.0)
+    np.testing.assert_array_equal(batch[1][order], arrays['x'][:, :1])
+    mapped.append(clients._map_stacked)  # pylint: disable=protected-access
+  assert mapped[0] is mapped[1]
+  assert mapped[0].experimental_get_tracing_count() == 1
+
+
 @pytest.mark.parametrize('sizes,batch_size,num_epochs,max_elements,steps', [
     ((5, 3, 7, 0, 11, 2), 2, 1, None, None),
     ((5, 3, 7, 0, 11, 2), 3, 2, None, None),

@@ -4,6 +4,7 @@ The oracles are dp_accounting's accountants composing the same rounds
 directly, and `tff_clip.privacy.accounting` for events it was checked against there.
 """
 
+import collections
 import json
 
 import dp_accounting
@@ -216,7 +217,16 @@ def _pld_oracle(rounds, guarantee):
   ).compose(rounds).get_epsilon(DELTA)
 
 
-def test_the_next_rounds_figure_is_computed_ahead(monkeypatch):
+@pytest.fixture
+def fresh_guarantees(monkeypatch):
+  """No figure asked before in this process (each test computes its own)."""
+  from tff_clip.privacy import accountants
+  monkeypatch.setattr(accountants, '_GUARANTEE_CACHE',
+                      collections.OrderedDict())
+
+
+def test_the_next_rounds_figure_is_computed_ahead(monkeypatch,
+                                                  fresh_guarantees):
   # While round 6 trains, its figure is computed on another thread, as if
   # it repeats round 5; round 6's report is then read from the cache.
   from tff_clip.privacy import accountants
@@ -231,7 +241,21 @@ def test_the_next_rounds_figure_is_computed_ahead(monkeypatch):
       _pld_oracle(_poisson_rounds(Z, N / K, 6), report), rel=1e-12)
 
 
-def test_a_next_round_unlike_the_last_is_reported_as_it_ran():
+def test_a_figure_asked_before_starts_no_thread_ahead(fresh_guarantees):
+  # A sweep's later trainings ask their rounds' figures again: the cache
+  # holds them, and nothing is computed on another thread.
+  _poisson_ledger(5).report_ahead(DELTA).join()
+  again = _poisson_ledger(5)
+  assert again.report_ahead(DELTA) is None
+  _record(again, 6, Z)
+  assert again.report(DELTA).epsilon == pytest.approx(_pld_oracle(
+      _poisson_rounds(Z, N / K, 6), again.report(DELTA)), rel=1e-12)
+  thread = _poisson_ledger(4).report_ahead(DELTA)  # Another question.
+  assert thread is not None
+  thread.join()
+
+
+def test_a_next_round_unlike_the_last_is_reported_as_it_ran(fresh_guarantees):
   ledger = _poisson_ledger(5)
   ledger.report_ahead(DELTA).join()  # Computed for a sixth round at Z.
   _record(ledger, 6, 1.5 * Z)

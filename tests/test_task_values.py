@@ -7,7 +7,8 @@ itself), whatever ran in the process before; TensorFlow's global seed
 instantiated again) is set only for a model whose construction reads it; a
 later session of the same task and seed takes the same weights, drawn once,
 read-only, since every such session shares them.
-`model_size` is the model's trainable count and tensors.
+`model_size` is the model's trainable count and tensors, read from the
+drawn weights (the same at every seed).
 """
 
 import numpy as np
@@ -108,4 +109,14 @@ def test_shared_weights_cannot_be_changed_in_place():
 
 def test_model_size_counts_the_trainable_values_and_tensors():
   # Dense 4 -> 7 -> 2: (4 * 7 + 7) + (7 * 2 + 2) values in 4 tensors.
-  assert task_values.model_size(_Task(units=7)) == (35 + 16, 4)
+  assert task_values.model_size(_Task(units=7), 0) == (35 + 16, 4)
+
+
+def test_model_size_is_read_from_the_drawn_weights_at_any_seed():
+  task, built = _Task(units=7), []
+  model_fn = task.model_fn
+  task.model_fn = lambda: built.append(1) or model_fn()
+  task_values.initial_model_weights(task, 3)
+  assert task_values.model_size(task, 3) == (35 + 16, 4)
+  assert len(built) == 1  # The draw's model only: none built for the size.
+  assert task_values.model_size(task, 4) == (35 + 16, 4)  # Same at any seed.

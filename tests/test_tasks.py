@@ -7,6 +7,8 @@ are in test_tasks_synthetic.py, where they are checked against the exact
 gradient.
 """
 
+import collections
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -14,6 +16,7 @@ import tensorflow_federated as tff
 
 import tasks
 from tasks import models
+from tasks import task as task_lib
 
 _LEARNING_TASKS = ('digits', 'emnist_cnn', 'emnist_mlp', 'emnist_logreg',
                    'cifar10_cnn', 'shakespeare', 'stackoverflow_next_word',
@@ -408,3 +411,41 @@ def test_describe_lists_every_task():
   rows = tasks.describe()
   assert {r.name for r in rows} == set(tasks.TASK_NAMES)
   assert all(r.num_parameters > 0 and r.num_clients > 0 for r in rows)
+
+
+def _spec_task(model_fn, element_spec):
+  """A `tasks.task.Task` of one client whose examples have `element_spec`."""
+  arrays = collections.OrderedDict(
+      (key, np.zeros([2, *s.shape[1:]], s.dtype.as_numpy_dtype))
+      for key, s in element_spec.items())
+  datasets = tff.simulation.baselines.BaselineTaskDatasets(
+      train_data=task_lib.ArrayClientData({'a': arrays}),
+      test_data=tf.data.Dataset.from_tensor_slices(arrays),
+      train_preprocess_fn=lambda d: d.batch(2)
+      .map(lambda e: (e['x'], e['y'])))
+  return task_lib.Task(datasets, model_fn, name='t', data_source='offline',
+                       model_description='', data_description='')
+
+
+def test_a_declared_input_spec_is_checked_as_tff_checks_it_without_a_model():
+  built = []
+  keras_model_fn = lambda: built.append(1) or tf.keras.Sequential(
+      [tf.keras.layers.Dense(2, input_shape=(3,))])
+  spec = (tf.TensorSpec([None, 3], tf.float32),
+          tf.TensorSpec([None], tf.int32))
+  model_fn = task_lib.classification_model_fn(keras_model_fn, spec)
+  elements = collections.OrderedDict(x=tf.TensorSpec([None, 3], tf.float32),
+                                     y=tf.TensorSpec([None], tf.int32))
+  task = _spec_task(model_fn, elements)  # The batches' spec is `spec`.
+  assert not built  # Checked from the declared spec: no model built.
+  # A mismatch is refused as TFF's own check (which builds one) refuses it.
+  other = collections.OrderedDict(x=tf.TensorSpec([None, 4], tf.float32),
+                                  y=tf.TensorSpec([None], tf.int32))
+  with pytest.raises(ValueError, match='do not match'):
+    _spec_task(model_fn, other)
+  undeclared = lambda: model_fn()  # No `input_spec`: TFF's check runs.
+  with pytest.raises(ValueError, match='do not match'):
+    _spec_task(undeclared, other)
+  assert len(built) == 1
+  _spec_task(undeclared, elements)
+  assert task.datasets.element_type_structure == spec

@@ -371,6 +371,38 @@ def test_client_arrays_are_what_the_clients_dataset_slices():
     assert not arrays['pixels'].flags.writeable
 
 
+def _elements(dataset):
+  return [tf.nest.map_structure(lambda t: t.numpy(), e) for e in dataset]
+
+
+def test_client_data_from_arrays_equals_tffs_own_and_owns_its_arrays():
+  arrays = collections.OrderedDict(
+      pixels=np.arange(12, dtype=np.float32).reshape(6, 2),
+      label=np.array([5, 4, 3, 2, 1, 0], np.int64))
+  made = task_lib.client_data_from_arrays(arrays, [[4, 0, 2], [1], [5, 3]])
+  made_by_slices = task_lib.client_data_from_arrays(arrays,
+                                                    [slice(0, 3), slice(3, 6)])
+  # Oracle: TFF's TestClientData of the same clients' arrays (checked and
+  # deep-copied by TFF).
+  tffs = tff.simulation.datasets.TestClientData({
+      '0': collections.OrderedDict((k, v[[4, 0, 2]]) for k, v in
+                                   arrays.items()),
+      '1': collections.OrderedDict((k, v[[1]]) for k, v in arrays.items()),
+      '2': collections.OrderedDict((k, v[[5, 3]]) for k, v in
+                                   arrays.items())})
+  assert made.client_ids == tffs.client_ids
+  assert made.element_type_structure == tffs.element_type_structure
+  arrays['pixels'][:] = -1.0  # The source changes: the clients' data do not.
+  for client_id in tffs.client_ids:
+    tf.nest.map_structure(
+        np.testing.assert_array_equal,
+        _elements(made.create_tf_dataset_for_client(client_id)),
+        _elements(tffs.create_tf_dataset_for_client(client_id)))
+  assert made_by_slices.client_arrays('0')['pixels'].min() == 0.0  # Copied.
+  with pytest.raises(ValueError, match='read-only'):
+    made._tensor_slices_dict['0']['pixels'][0] = 7.0  # pylint: disable=protected-access
+
+
 def test_selecting_in_memory_clients_keeps_their_arrays():
   client_data = _made_up_client_data()
   selected = task_lib.select_clients(client_data, 2, seed=3)

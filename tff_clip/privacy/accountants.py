@@ -481,17 +481,38 @@ def merge_float_neighbours(view):
       for q, z, count, _ in groups])
 
 
-@_locked
-def guarantee(view, relation, delta, accountant, grid) -> PrivacyGuarantee:
-  """Runs one accountant on an interpreted event (each distinct question
-  answered once per process: the same arithmetic on the same inputs), its
-  rounds of float32-neighbouring noise merged (`merge_float_neighbours`)."""
+def _question(view, relation, delta, accountant, grid):
+  """(the view, float32 neighbours merged; its `_GUARANTEE_CACHE` key, or
+  None where a field is unhashable: computed, not cached)."""
   view = merge_float_neighbours(view)
   try:
     key = (_event_key(view), relation, type(delta), delta, accountant,
            type(grid), grid)
     hash(key)
-  except TypeError:  # An unhashable field: computed, not cached.
+  except TypeError:
+    return view, None
+  return view, key
+
+
+def known(view, relation, delta, accountant, grid) -> bool:
+  """Whether `guarantee` of these arguments is answered from its cache;
+  False, without waiting, while another thread computes a guarantee."""
+  if not _LOCK.acquire(blocking=False):
+    return False
+  try:
+    _, key = _question(view, relation, delta, accountant, grid)
+    return key is not None and key in _GUARANTEE_CACHE
+  finally:
+    _LOCK.release()
+
+
+@_locked
+def guarantee(view, relation, delta, accountant, grid) -> PrivacyGuarantee:
+  """Runs one accountant on an interpreted event (each distinct question
+  answered once per process: the same arithmetic on the same inputs), its
+  rounds of float32-neighbouring noise merged (`merge_float_neighbours`)."""
+  view, key = _question(view, relation, delta, accountant, grid)
+  if key is None:
     return _guarantee(view, relation, delta, accountant, grid)
   found = _GUARANTEE_CACHE.get(key)
   if found is None:

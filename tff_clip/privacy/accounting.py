@@ -315,6 +315,18 @@ def report_epsilon(event: dp_accounting.DpEvent,
     return compute_epsilon(event, delta, RDP)
 
 
+def report_known(event: dp_accounting.DpEvent, delta: float) -> bool:
+  """Whether `report_epsilon(event, delta)` is answered from this process's
+  cache (asked before: a sweep's later trainings ask their rounds' figures
+  again), so that nothing is left to compute ahead."""
+  _check_event(event)
+  relation = accountants.neighboring_relation(event)
+  view = accountants.accounting_view(event, relation)
+  return accountants.known(view, relation, _delta(delta),
+                           accountants.reporting_accountant(view, relation),
+                           None)
+
+
 # ---------------------------------------------------------------------------
 # Calibration.
 

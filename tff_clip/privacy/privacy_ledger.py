@@ -190,6 +190,8 @@ class PrivacyLedger:
     counts = collections.Counter(self._counts)
     counts[self._index[max(self._index)]] += 1
     event = self._composed(counts)
+    if accounting.report_known(event, delta):
+      return None  # Asked before: the next report is a cache hit already.
     return accountants.ahead(lambda: accounting.report_epsilon(event, delta))
 
   def epsilon_history(self, delta: float) -> list[tuple[int, float]]:

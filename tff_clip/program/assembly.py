@@ -396,7 +396,7 @@ class Session:
           config.seed, config.separation)
     except ValueError as e:
       raise config_lib.flag_error(e) from None
-    self.dimension, layers = task_values.model_size(self.task)
+    self.dimension, layers = task_values.model_size(self.task, config.seed)
     if self.private and config.noise.state_vectors:
       # Before tracing and `initialize`: refused in seconds, not an
       # out-of-memory crash halfway.

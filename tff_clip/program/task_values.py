@@ -1,7 +1,7 @@
 """What a session computes from its built task alone, once per task.
 
-The model's size (`model_size`) and its initial weights at a seed
-(`initial_model_weights`), kept by the task object while this process
+The model's initial weights at a seed (`initial_model_weights`) and its
+size (`model_size`, read from them), kept by the task object while this process
 keeps them: a tuning grid's cells at one seed train one task
 (`scripts.program.build_task` keeps it), each cell in a session of its own.
 Setting TensorFlow's global seed clears its kernel caches: every traced
@@ -104,14 +104,12 @@ def initial_model_weights(task, seed: int):
   return _of_task(task, ('initial weights', seed), draw)
 
 
-def model_size(task) -> tuple[int, int]:
+def model_size(task, seed: int) -> tuple[int, int]:
   """(d, layers): the model's trainable values (one noise vector's size,
   which the default bounding and quantile read with z and n) and tensors.
-  Unseeded: the traced graphs must not depend on the run's seed."""
-
-  def size():
-    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-    weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
-    return (sum(int(np.prod(v.shape)) for v in weights.trainable),
-            max(len(weights.trainable), 1))
-  return _of_task(task, 'model size', size)
+  Read from the initial weights at `seed` (drawn once, and needed by the
+  run anyway): their shapes, and so d, are the same at every seed, so the
+  traced graphs do not depend on the run's seed."""
+  trainable = initial_model_weights(task, seed).trainable
+  return (sum(int(np.prod(np.shape(v))) for v in trainable),
+          max(len(trainable), 1))

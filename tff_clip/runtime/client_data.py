@@ -72,6 +72,11 @@ _WHOLE_STORE_TENSOR_BYTES = 2**28
 # later run of the same task data and preprocessing in this process (a
 # sweep's or the frontier's trainings). Read-only once stored.
 _WHOLE_POPULATIONS = weakref.WeakKeyDictionary()
+# (example_fn, element spec) -> the examplewise map on stacked examples,
+# traced once in this process: a new seed's task (new data, the same map)
+# takes the first session's trace. The least recently used go first.
+_STACKED_MAPS = collections.OrderedDict()
+_STACKED_MAPS_KEPT = 8
 
 
 def round_seed(seed: int, round_num: int, client_id) -> int:
@@ -174,6 +179,37 @@ class ExamplewisePreprocess:
     return self.batch(self.map_examples(dataset))
 
 
+def _stacked_map(preprocess: ExamplewisePreprocess, spec):
+  """`preprocess`'s map on every one of a client's stacked examples, as one
+  `tf.function` (`Dataset.map` called eagerly traces its function anew on
+  every call). Shared by the tasks of one `example_fn` and element `spec`
+  where the map is `ExamplewisePreprocess`'s own (a function of `example_fn`
+  alone)."""
+  signature = [tf.nest.map_structure(
+      lambda s: tf.TensorSpec([None, *s.shape], s.dtype), spec)]
+
+  def map_stacked(examples):
+    mapped = preprocess.map_examples(
+        tf.data.Dataset.from_tensor_slices(examples))
+    return tf.data.experimental.get_single_element(
+        mapped.batch(2**31 - 1).with_options(_plain_options()))
+
+  key = (preprocess.example_fn, repr(signature))
+  try:
+    hash(key)
+  except TypeError:  # An unhashable `example_fn`: traced for this task.
+    key = None
+  if (key is None or type(preprocess).map_examples is not
+      ExamplewisePreprocess.map_examples):
+    return tf.function(map_stacked, input_signature=signature)
+  traced = _STACKED_MAPS.pop(key, None) or tf.function(
+      map_stacked, input_signature=signature)
+  _STACKED_MAPS[key] = traced
+  while len(_STACKED_MAPS) > _STACKED_MAPS_KEPT:
+    _STACKED_MAPS.popitem(last=False)
+  return traced
+
+
 class ClientDatasets:
   """`datasets(cohort, round_num)`: the cohort's datasets for one round.
 
@@ -212,10 +248,7 @@ class ClientDatasets:
     if self._examplewise and _fully_defined(spec):
       # The map on a client's stacked examples, traced once (`Dataset.map`
       # called eagerly traces its function anew on every call).
-      self._map_stacked = tf.function(
-          self._map_stacked_examples,
-          input_signature=[tf.nest.map_structure(
-              lambda s: tf.TensorSpec([None, *s.shape], s.dtype), spec)])
+      self._map_stacked = _stacked_map(self._preprocess, spec)
       spec = self._preprocess.map_examples(tf.data.Dataset.from_tensors(
           tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype),
                                 spec))).element_spec
@@ -238,12 +271,6 @@ class ClientDatasets:
   def _finish(self, dataset, seed: int):
     return self._after_shuffle(_shuffled(dataset,
                                          *_seed_pair(self._seed, seed)))
-
-  def _map_stacked_examples(self, examples):
-    mapped = self._preprocess.map_examples(
-        tf.data.Dataset.from_tensor_slices(examples))
-    return tf.data.experimental.get_single_element(
-        mapped.batch(2**31 - 1).with_options(_plain_options()))
 
   def _stack_mapped(self, dataset) -> Any:
     """`_stack`, then the examplewise map (if any) on every example."""
