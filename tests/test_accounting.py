@@ -657,7 +657,7 @@ def test_an_epsilon_asked_again_is_the_one_computed_and_types_are_kept():
       accountants.accounting_view(event, accountants.ADD_OR_REMOVE),
       accountants.ADD_OR_REMOVE, 1e-5, 'pld', None)
   assert first == fresh == accounting.compute_epsilon(event, 1e-5, 'pld')
-  key = accountants._event_key  # pylint: disable=protected-access
+  key = accountants.event_key
   assert key(dp_accounting.GaussianDpEvent(np.float32(0.6))) != key(
       dp_accounting.GaussianDpEvent(0.6))
   assert key(event) == key(dp_accounting.SelfComposedDpEvent(

@@ -223,6 +223,7 @@ def fresh_guarantees(monkeypatch):
   from tff_clip.privacy import accountants
   monkeypatch.setattr(accountants, '_GUARANTEE_CACHE',
                       collections.OrderedDict())
+  monkeypatch.setattr(privacy_ledger, '_REPORTS', collections.OrderedDict())
 
 
 def test_the_next_rounds_figure_is_computed_ahead(monkeypatch,
@@ -253,6 +254,32 @@ def test_a_figure_asked_before_starts_no_thread_ahead(fresh_guarantees):
   thread = _poisson_ledger(4).report_ahead(DELTA)  # Another question.
   assert thread is not None
   thread.join()
+
+
+def test_a_report_of_the_same_rounds_is_read_and_any_other_is_computed(
+    monkeypatch, fresh_guarantees):
+  first = _poisson_ledger(3).report(DELTA)
+  computed = []
+  report_epsilon = accounting.report_epsilon
+  monkeypatch.setattr(accounting, 'report_epsilon',
+                      lambda *args: computed.append(1) or report_epsilon(*args))
+  assert _poisson_ledger(3).report(DELTA) is first  # Another run's ledger.
+  assert not computed
+  ledger = _poisson_ledger(3)
+  _record(ledger, 4, Z)
+  other_z = _poisson_ledger(3)
+  _record(other_z, 4, 1.5 * Z)
+  for got, rounds, delta in (
+      (ledger.report(DELTA), _poisson_rounds(Z, N / K, 4), DELTA),
+      (_poisson_ledger(3).report(2 * DELTA), _poisson_rounds(Z, N / K, 3),
+       2 * DELTA),
+      (other_z.report(DELTA), dp_accounting.ComposedDpEvent(
+          [_poisson_rounds(Z, N / K, 3), _poisson_rounds(1.5 * Z, N / K, 1)]),
+       DELTA)):
+    assert got.epsilon == pytest.approx(pld.PLDAccountant(
+        value_discretization_interval=got.value_discretization_interval
+    ).compose(rounds).get_epsilon(delta), rel=1e-12)
+  assert len(computed) == 3
 
 
 def test_a_next_round_unlike_the_last_is_reported_as_it_ran(fresh_guarantees):

@@ -428,15 +428,15 @@ def epsilon_label(epsilon, accountant: str, delta: float,
   return text if private else text + ' NOT private (seeded noise)'
 
 
-def _event_key(value):
+def event_key(value):
   """A hashable key equal exactly when two events are (each value's type
   kept: float32(1.1) is not 1.1)."""
   if isinstance(value, dp_accounting.DpEvent):
     return (type(value),) + tuple(
-        (field.name, _event_key(getattr(value, field.name)))
+        (field.name, event_key(getattr(value, field.name)))
         for field in attr.fields(type(value)))
   if isinstance(value, (list, tuple)):
-    return (type(value),) + tuple(_event_key(item) for item in value)
+    return (type(value),) + tuple(event_key(item) for item in value)
   return (type(value), value)
 
 
@@ -486,7 +486,7 @@ def _question(view, relation, delta, accountant, grid):
   None where a field is unhashable: computed, not cached)."""
   view = merge_float_neighbours(view)
   try:
-    key = (_event_key(view), relation, type(delta), delta, accountant,
+    key = (event_key(view), relation, type(delta), delta, accountant,
            type(grid), grid)
     hash(key)
   except TypeError:
