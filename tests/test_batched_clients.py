@@ -221,9 +221,15 @@ def test_a_round_from_the_state_it_returned_equals_one_from_a_copy():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize('records', sorted(_RECORDS))
-@pytest.mark.parametrize('method', ['clip', 'normalize', 'per_layer_clip',
-                                    'per_layer_normalize'])
+# Each bounding on the default records (tensor ops over the cohort); the
+# loop and `vectorized_map` (which run any query's `preprocess_record` client
+# by client, as for TFF's queries below) for one of them.
+_BOUNDING_RECORDS = [(method, 'batched') for method in (
+    'clip', 'normalize', 'per_layer_clip', 'per_layer_normalize')] + [
+        ('clip', 'looped'), ('clip', 'vectorized')]
+
+
+@pytest.mark.parametrize('method,records', _BOUNDING_RECORDS)
 def test_dp_bounding_equals_per_client_path(method, records):
   # A clip norm the updates exceed (clipping acts) on the regression model;
   # the records bounded as tensor ops over the cohort, client by client, or
@@ -232,9 +238,7 @@ def test_dp_bounding_equals_per_client_path(method, records):
                                     _dp(method, 0.3), None, records=records)
 
 
-@pytest.mark.parametrize('records', sorted(_RECORDS))
-@pytest.mark.parametrize('method', ['clip', 'normalize', 'per_layer_clip',
-                                    'per_layer_normalize'])
+@pytest.mark.parametrize('method,records', _BOUNDING_RECORDS)
 def test_dp_adaptive_bounding_equals_per_client_path(method, records):
   # The clipped counts (the quantile's record) go through the same sums.
   _assert_batched_equals_per_client(tiny_model.model_fn, _regression_task(),
