@@ -67,6 +67,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_clip.runtime import cohort_steps
+from tff_clip.runtime import fused_rounds
 from tff_clip.runtime import graph_cache
 from tff_clip.runtime import runner_cache
 from tff_clip.runtime import tf_graphs
@@ -361,6 +362,7 @@ class BatchedRunner:
     self._vectorized = vectorized_records
     self._batched_records = batched_records
     self._round = None  # Traced on the first batched round.
+    self._fused = None  # The later rounds' one call (`fused_rounds`).
     self._trace_key = trace_key
     # (the state `next` returned last, its leaves as the tensors they were
     # computed as): the next round takes them instead of converting the
@@ -509,17 +511,20 @@ class BatchedRunner:
     else:  # As tensors once: `_prepare` and `_update` both take them.
       state_leaves = runner._prepare.tensors(  # pylint: disable=protected-access
           tf_graphs.flatten_value(state, runner._state_type, []))  # pylint: disable=protected-access
-    client_input = list(runner._prepare(*state_leaves))  # pylint: disable=protected-access
-    if self._round is None:
-      self._round = self._trace(client_input, examples)
-    if isinstance(self._round, tf.types.experimental.ConcreteFunction):
-      # On its flat inputs, as an imported one is called (a structured
-      # call's checks cost ~0.2 ms a round).
-      report = tf_graphs.call_flat(self._round, tf.nest.flatten(
-          (client_input, examples, index)))
+    if self._fused is None:
+      # The first round calls prepare, the cohort call (traced now) and
+      # update one by one; the later ones as one call (`fused_rounds`).
+      client_input = list(runner._prepare(*state_leaves))  # pylint: disable=protected-access
+      if self._round is None:
+        self._round = self._trace(client_input, examples)
+      report = fused_rounds.call_cohort(self._round, client_input, examples,
+                                        index)
+      result = runner._update(*state_leaves, *report)  # pylint: disable=protected-access
+      self._fused = fused_rounds.fused_round(
+          runner._prepare, self._round, runner._update,  # pylint: disable=protected-access
+          runner._prepare._specs, examples)  # pylint: disable=protected-access
     else:
-      report = self._round(client_input, examples, index)
-    result = runner._update(*state_leaves, *report)  # pylint: disable=protected-access
+      result = self._fused(state_leaves, examples, index)
     output = tf_graphs.pack_value(runner._result_type, result)  # pylint: disable=protected-access
     # The result's first leaves are the new state's, in the state's order.
     self._last_state = (output.state, list(result[:len(state_leaves)]))
