@@ -6,7 +6,11 @@ client of a round at once: the model as a function of stacked weights
 each client's batches in order, exactly as many as the client has.
 
 Step 0 runs on every client (a client without a first batch has a zero
-gradient: its weights stay as they are). Clients differ in their number of
+gradient: its weights stay as they are), all from the server's weights: a
+model of dense and examplewise layers takes them unstacked, each dense
+layer one product over all the clients' examples, and each client's
+gradient comes from its own rows (its layer inputs and pre-activations'
+gradients), with no copy of the weights per client. Clients differ in their number of
 batches, and in a later step usually few have one (a cohort of small
 clients of a few batches, `scripts.benchmark_settings.FRONTIER`: a tenth of
 the clients take a second step): each later step gathers the clients that
@@ -40,11 +44,7 @@ def forward(plan, weights, x):
   """
   for kind, layer, ix in plan:
     if kind == 'examplewise':
-      shape = tf.shape(x)
-      # The layer's computation itself (`call`: no Keras bookkeeping of a
-      # layer built in another graph).
-      merged = layer.call(tf.reshape(x, tf.concat([[-1], shape[2:]], 0)))
-      x = tf.reshape(merged, tf.concat([shape[:2], tf.shape(merged)[1:]], 0))
+      x = _examplewise(layer, x)
       continue
     if kind == 'embedding':
       x = tf.gather(weights[ix[0]], tf.cast(x, tf.int32), batch_dims=1)
@@ -62,6 +62,46 @@ def forward(plan, weights, x):
       x = x + _per_client(weights[ix[1]], x.shape.rank)
     x = layer.activation(x)
   return x
+
+
+def _examplewise(layer, x):
+  """A weightless examplewise layer on [C, B, ...] (client and batch axes
+  merged: the layer's computation itself, `call`, no Keras bookkeeping of a
+  layer built in another graph)."""
+  shape = tf.shape(x)
+  merged = layer.call(tf.reshape(x, tf.concat([[-1], shape[2:]], 0)))
+  return tf.reshape(merged, tf.concat([shape[:2], tf.shape(merged)[1:]], 0))
+
+
+def _shared_forward(plan, weights, x, tape):
+  """`forward` where every client has the same weights (unstacked: step 0
+  of a model of dense and examplewise layers): each dense layer one product
+  over all the clients' examples. Returns (predictions, [(weight indices,
+  layer input, pre-activation)]), each pre-activation watched by `tape`."""
+  layers = []
+  for kind, layer, ix in plan:
+    if kind == 'examplewise':
+      x = _examplewise(layer, x)
+      continue
+    z = tf.einsum('cb...i,io->cb...o', x, weights[ix[0]])
+    if len(ix) > 1:
+      z = z + weights[ix[1]]
+    tape.watch(z)
+    layers.append((ix, x, z))
+    x = layer.activation(z)
+  return x, layers
+
+
+def _shared_gradients(layers, dz, count):
+  """Each client's gradients [C, ...] of `count` weights, from its layer
+  inputs and pre-activations' gradients (`_shared_forward`): a client's
+  loss depends on its own rows only."""
+  gradients = [None] * count
+  for (ix, x, _), d in zip(layers, dz):
+    gradients[ix[0]] = tf.einsum('cb...i,cb...o->cio', x, d)
+    if len(ix) > 1:
+      gradients[ix[1]] = tf.reduce_sum(d, axis=tf.range(1, tf.rank(d) - 1))
+  return gradients
 
 
 def local_steps(plan, loss, metrics, trainable, learning_rate, x_all, y_all,
@@ -89,21 +129,31 @@ def local_steps(plan, loss, metrics, trainable, learning_rate, x_all, y_all,
   batch_sizes = tf.reduce_sum(tf.cast(mask, tf.int64), axis=2)  # [C, S]
   rate = tf.reshape(learning_rate, [])
 
-  def step(weights, rows, step_mask, size):
-    """One step of some clients: weights [K, ...], rows and step_mask [K,
-    B], size [K] -> (new weights, loss sums, [(metric sums, counts)])."""
+  def step(weights, rows, step_mask, size, shared=False):
+    """One step of some clients: weights [K, ...] (`shared`: unstacked, the
+    same for all), rows and step_mask [K, B], size [K] -> (new weights [K,
+    ...], loss sums, [(metric sums, counts)])."""
     x, y = tf.gather(x_all, rows), tf.gather(y_all, rows)
     with tf.GradientTape() as tape:
-      tape.watch(weights)
-      predictions = forward(plan, weights, x)
+      if shared:
+        predictions, layers = _shared_forward(plan, weights, x, tape)
+      else:
+        tape.watch(weights)
+        predictions = forward(plan, weights, x)
       per_example = tf.cast(loss.call(y, predictions), tf.float32)
       # Keras's SUM_OVER_BATCH_SIZE over the client's real examples.
       client_loss = tf.math.divide_no_nan(
           tf.reduce_sum(per_example * step_mask, axis=1), size)
       total = tf.reduce_sum(client_loss)
-    gradients = [tf.convert_to_tensor(g)  # An embedding's: sparse.
-                 for g in tape.gradient(total, weights)]
-    weights = [w - rate * g for w, g in zip(weights, gradients)]
+    if shared:
+      gradients = _shared_gradients(
+          layers, tape.gradient(total, [z for _, _, z in layers]),
+          len(weights))
+      weights = [w[tf.newaxis] - rate * g for w, g in zip(weights, gradients)]
+    else:
+      gradients = [tf.convert_to_tensor(g)  # An embedding's: sparse.
+                   for g in tape.gradient(total, weights)]
+      weights = [w - rate * g for w, g in zip(weights, gradients)]
     sums = []
     for metric in metrics.values():
       values = tf.cast(metric._fn(  # pylint: disable=protected-access
@@ -114,10 +164,14 @@ def local_steps(plan, loss, metrics, trainable, learning_rate, x_all, y_all,
     return weights, client_loss * size, sums
 
   def first(weights, loss_total, loss_count, metric_sums):
-    """Step 0 on every client."""
+    """Step 0 on every client (from the same weights: a model of dense and
+    examplewise layers takes them unstacked, `_shared_forward`)."""
     size = tf.cast(batch_sizes[:, 0], tf.float32)
-    weights, losses, sums = step(weights, gather_index[:, 0],
-                                 tf.cast(mask[:, 0], tf.float32), size)
+    rows, step_mask = gather_index[:, 0], tf.cast(mask[:, 0], tf.float32)
+    if shared:
+      weights, losses, sums = step(trainable, rows, step_mask, size, True)
+    else:
+      weights, losses, sums = step(weights(), rows, step_mask, size)
     return (weights, loss_total + losses, loss_count + size,
             [(t + st, c + sc) for (t, c), (st, sc) in zip(metric_sums, sums)])
 
@@ -137,12 +191,14 @@ def local_steps(plan, loss, metrics, trainable, learning_rate, x_all, y_all,
             [(add(t, st), add(c, sc))
              for (t, c), (st, sc) in zip(metric_sums, sums)])
 
-  weights = [tf.tile(w[tf.newaxis], tf.concat(
+  shared = all(kind in ('dense', 'examplewise') for kind, _, _ in plan)
+  tiled = lambda: [tf.tile(w[tf.newaxis], tf.concat(
       [[num_clients], tf.ones([w.shape.rank], tf.int32)], 0))
-             for w in trainable]
+                   for w in trainable]  # Each client's copy.
   zero = tf.zeros([num_clients], tf.float32)
-  start = (weights, zero, zero, [(zero, zero) for _ in metrics])
-  start = tf.cond(num_steps > 0, lambda: first(*start), lambda: start)
+  sums = (zero, zero, [(zero, zero) for _ in metrics])
+  start = tf.cond(num_steps > 0, lambda: first(tiled, *sums),
+                  lambda: (tiled(), *sums))
   _, local, loss_total, loss_count, metric_sums = tf.while_loop(
       lambda s, *_: s < num_steps, later, (tf.constant(1), *start))
   return local, loss_total, loss_count, metric_sums, batch_sizes
