@@ -114,15 +114,15 @@ class Ahead:
 
 # `ahead`'s computations, run in turn by one daemon thread, started by the
 # first (a thread started each round cost the training ~0.7 ms a round:
-# `start` waits for the new thread to take the interpreter).
-_AHEAD_QUEUE = queue.SimpleQueue()
-_AHEAD_WORKER: list[threading.Thread] = []
+# `start` waits for the new thread to take the interpreter): [thread, its
+# queue], both made anew where the thread is gone (a forked process).
+_AHEAD_WORKER: list = []
 _AHEAD_START = threading.Lock()
 
 
-def _run_ahead():
+def _run_ahead(jobs):
   while True:
-    job = _AHEAD_QUEUE.get()
+    job = jobs.get()
     try:
       job.compute()
     except Exception:  # pylint: disable=broad-except
@@ -138,12 +138,13 @@ def ahead(compute) -> Ahead:
   one at a time, in the order asked."""
   job = Ahead(compute)
   with _AHEAD_START:
-    if not (_AHEAD_WORKER and _AHEAD_WORKER[0].is_alive()):  # Or forked.
-      worker = threading.Thread(target=_run_ahead, name='epsilon ahead',
-                                daemon=True)
+    if not (_AHEAD_WORKER and _AHEAD_WORKER[0].is_alive()):
+      jobs = queue.SimpleQueue()
+      worker = threading.Thread(target=_run_ahead, args=(jobs,),
+                                name='epsilon ahead', daemon=True)
       worker.start()
-      _AHEAD_WORKER[:] = [worker]
-    _AHEAD_QUEUE.put(job)
+      _AHEAD_WORKER[:] = [worker, jobs]
+    _AHEAD_WORKER[1].put(job)
   return job
 
 
