@@ -221,6 +221,48 @@ def test_a_round_from_the_state_it_returned_equals_one_from_a_copy():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize('clip_norm', [0.3, 'adaptive'])
+def test_the_later_rounds_one_call_equals_the_calls_one_by_one(
+    monkeypatch, clip_norm):
+  """Rounds after the first run prepare, the cohort call and update as one
+  traced call (`fused_rounds`): bit for bit the rounds that the calls make
+  one by one (the noise drawn by update from the state's key, once)."""
+  from tff_clip.runtime import fused_rounds  # pylint: disable=g-import-not-at-top
+  aggregator = _dp('clip', clip_norm)
+  process = algorithms.build_fedavg(
+      tiny_model.model_fn, client_optimizer=_sgd(0.1),
+      server_optimizer=_sgd(1.0), model_aggregator=aggregator)
+  runner = simulation.InProcessRunner(process, client_threads=1)
+  task = _regression_task()
+  clients = client_data.ClientDatasets(task, seed=3, batched=True)
+  cohort = list(task.datasets.train_data.client_ids)
+
+  def rounds():
+    batched = batched_clients.BatchedRunner(runner, tiny_model.model_fn,
+                                            aggregator)
+    state, outputs = runner.initialize(), []
+    for round_num in range(1, 4):
+      # A cohort of unequal clients, one empty, a step 1 for a few.
+      output = batched.next(state, clients.datasets(cohort[round_num - 1:],
+                                                    round_num))
+      outputs.append(output)
+      state = output.state
+    return outputs, batched._fused  # pylint: disable=protected-access
+
+  fused, one_call = rounds()
+  assert one_call is not None
+  monkeypatch.setattr(fused_rounds, 'fused_round', lambda *args: None)
+  one_by_one, none = rounds()
+  assert none is None
+  for a, b in zip(fused, one_by_one, strict=True):
+    for x, y in zip(tf.nest.flatten((a.state, a.metrics)),
+                    tf.nest.flatten((b.state, b.metrics)), strict=True):
+      assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+  assert not np.array_equal(  # The rounds moved the model.
+      fused[-1].state.global_model_weights.trainable[0],
+      fused[0].state.global_model_weights.trainable[0])
+
+
 # Each bounding on the default records (tensor ops over the cohort); the
 # loop and `vectorized_map` (which run any query's `preprocess_record` client
 # by client, as for TFF's queries below) for one of them.

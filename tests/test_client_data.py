@@ -317,3 +317,15 @@ def test_a_cohorts_shuffle_seeds_are_numpys_draws_for_each_client():
       assert [client_data.round_seed(seed, round_num, c)
               for c in ids] == expected
   assert shuffle_draws.round_seeds(3, 4, []).shape == (0,)
+
+
+@pytest.mark.parametrize('run_seed', [0, 1, 2**31 - 1, 2**31 + 5, 12345678901])
+def test_a_cohorts_seed_pairs_are_each_clients_seed_pair(run_seed):
+  # TF's derivation, pair by pair (`_seed_pair`), is the oracle; (0, 0)
+  # becomes (0, 2^31 - 1) as TF makes it.
+  seeds = np.array([0, 1, 2**31 - 1, 2**31 - 2, 977, 0], np.int64)
+  pairs = client_data._seed_pairs(run_seed, seeds)  # pylint: disable=protected-access
+  assert pairs.dtype == np.int64 and pairs.shape == (len(seeds), 2)
+  assert pairs.tolist() == [list(client_data._seed_pair(run_seed, s))  # pylint: disable=protected-access
+                            for s in seeds.tolist()]
+  assert client_data._seed_pairs(run_seed, seeds[:0]).shape == (0, 2)  # pylint: disable=protected-access

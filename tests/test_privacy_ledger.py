@@ -6,6 +6,7 @@ directly, and `tff_clip.privacy.accounting` for events it was checked against th
 
 import collections
 import json
+import threading
 
 import dp_accounting
 from dp_accounting import pld
@@ -292,3 +293,19 @@ def test_a_next_round_unlike_the_last_is_reported_as_it_ran(fresh_guarantees):
   assert report.epsilon == pytest.approx(_pld_oracle(rounds, report),
                                          rel=1e-12)
   assert privacy_ledger.PrivacyLedger().report_ahead(DELTA) is None
+
+
+def test_computations_ahead_run_in_turn_on_one_thread_past_errors():
+  from tff_clip.privacy import accountants
+  ran = []
+
+  def compute(i):
+    ran.append((i, threading.current_thread().name))
+    if i == 1:
+      raise ValueError('dropped, as a cache warmer\'s errors are')
+
+  jobs = [accountants.ahead(lambda i=i: compute(i)) for i in range(4)]
+  assert all(job.join(timeout=60) for job in jobs)
+  assert [i for i, _ in ran] == [0, 1, 2, 3]
+  assert {name for _, name in ran} == {'epsilon ahead'}
+  assert threading.current_thread().name != 'epsilon ahead'

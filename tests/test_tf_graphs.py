@@ -13,6 +13,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_clip.runtime import tf_graphs
+from tff_clip.runtime import value_builders
 
 SEQUENCE_TYPE = tff.SequenceType(np.float32)
 
@@ -238,6 +239,62 @@ def test_packed_values_are_tffs_own_containers():
     for a, b in zip(tf.nest.flatten(packed), tf.nest.flatten(expected),
                     strict=True):
       np.testing.assert_array_equal(a, b)
+
+
+class _Leaf:
+
+  def __init__(self, index):
+    self.index = index
+
+
+_Pair = collections.namedtuple('_Pair', ['b', 'a'])
+
+
+def test_a_built_value_is_what_tf_nest_packs():
+  # Containers of every kind the builder makes (dict keys out of sorted
+  # order, whose leaves tf.nest takes sorted), against tf.nest itself.
+  import attr  # pylint: disable=g-import-not-at-top
+
+  @attr.s(frozen=True)
+  class Attrs:
+    z = attr.ib()
+    y = attr.ib()
+
+  shape = lambda leaf: collections.OrderedDict(
+      b=[leaf(), (leaf(), _Pair(leaf(), {'y': leaf(), 'x': leaf()}))],
+      a=Attrs(leaf(), collections.OrderedDict()), c=(), d=[leaf()])
+  count = len(tf.nest.flatten(shape(object)))
+  positions = iter(np.random.default_rng(0).permutation(count))
+  template = shape(lambda: _Leaf(int(next(positions))))
+  build = value_builders.builder(template, _Leaf)
+  leaves = [f'leaf {i}' for i in range(count)]
+  expected = tf.nest.pack_sequence_as(
+      template, [leaves[p.index] for p in tf.nest.flatten(template)])
+  built = build(leaves)
+  assert repr(built) == repr(expected)
+  tf.nest.assert_same_structure(built, expected, check_types=True)
+  assert build([f'other {i}' for i in range(count)]) != built
+
+
+def test_a_container_the_builder_does_not_make_is_packed_by_tf_nest():
+  class Mapping(collections.abc.Mapping):  # tf.nest's, not the builder's.
+
+    def __init__(self, *args, **kwargs):
+      self._items = dict(*args, **kwargs)
+
+    def __getitem__(self, key):
+      return self._items[key]
+
+    def __iter__(self):
+      return iter(self._items)
+
+    def __len__(self):
+      return len(self._items)
+
+  template = [Mapping(a=_Leaf(1), b=_Leaf(0))]
+  built = value_builders.builder(template, _Leaf)(['zero', 'one'])
+  assert type(built[0]) is Mapping and dict(built[0]) == {'a': 'one',
+                                                          'b': 'zero'}
 
 
 def test_a_function_imports_its_graph_on_its_first_call_only():

@@ -66,6 +66,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_clip.runtime import cohort_steps
+from tff_clip.runtime import fused_rounds
 from tff_clip.runtime import graph_cache
 from tff_clip.runtime import runner_cache
 from tff_clip.runtime import tf_graphs
@@ -158,47 +160,6 @@ def _layer_plan(keras_model) -> list:
     else:
       raise Unsupported(f'the model has a {kind} layer')
   return plan
-
-
-def _per_client(weight, rank):
-  """[C, n] weight reshaped to broadcast against [C, B, ..., n] (`rank`)."""
-  return tf.reshape(weight, tf.concat(
-      [tf.shape(weight)[:1], tf.ones([rank - 2], tf.int32),
-       tf.shape(weight)[1:]], 0))
-
-
-def _forward(plan, weights, x):
-  """Predictions [C, B, ...] of each client's model (weights [C, ...]).
-
-  Dense and embedding layers are batched products and gathers over the
-  client axis; a convolution is `vectorized_map`ped over the clients (each
-  its own kernel); weightless examplewise layers (pooling, flattening,
-  activations) run on the examples with the client and batch axes merged.
-  """
-  for kind, layer, ix in plan:
-    if kind == 'examplewise':
-      shape = tf.shape(x)
-      # The layer's computation itself (`call`: no Keras bookkeeping of a
-      # layer built in another graph).
-      merged = layer.call(tf.reshape(x, tf.concat([[-1], shape[2:]], 0)))
-      x = tf.reshape(merged, tf.concat([shape[:2], tf.shape(merged)[1:]], 0))
-      continue
-    if kind == 'embedding':
-      x = tf.gather(weights[ix[0]], tf.cast(x, tf.int32), batch_dims=1)
-      continue
-    kernel = weights[ix[0]]
-    if kind == 'dense':
-      x = tf.einsum('cb...i,cio->cb...o', x, kernel)
-    else:  # A convolution: client c's examples with client c's kernel.
-      x = tf.vectorized_map(
-          lambda args, layer=layer: tf.nn.convolution(
-              args[0], args[1], strides=layer.strides,
-              padding=layer.padding.upper(), dilations=layer.dilation_rate),
-          (x, kernel))
-    if len(ix) > 1:
-      x = x + _per_client(weights[ix[1]], x.shape.rank)
-    x = layer.activation(x)
-  return x
 
 
 # ----------------------------------------------------------------------------
@@ -401,6 +362,7 @@ class BatchedRunner:
     self._vectorized = vectorized_records
     self._batched_records = batched_records
     self._round = None  # Traced on the first batched round.
+    self._fused = None  # The later rounds' one call (`fused_rounds`).
     self._trace_key = trace_key
     # (the state `next` returned last, its leaves as the tensors they were
     # computed as): the next round takes them instead of converting the
@@ -429,56 +391,16 @@ class BatchedRunner:
     trainable = client_input[:p.num_trainable]
     learning_rate = client_input[p.num_trainable]
     agg_params = client_input[p.num_trainable + 1:]
-    mask = index >= 0  # [C, S, B]
-    gather_index = tf.maximum(index, 0)
     # As TFF's `forward_pass` reads a batch: x and y by key, or in order.
     if isinstance(examples, collections.abc.Mapping):
       x_all, y_all = examples['x'], examples['y']
     else:
       x_all, y_all = examples[0], examples[1]
     num_clients = tf.shape(index)[0]
-    num_steps = tf.shape(index)[1]
-    batch_sizes = tf.reduce_sum(tf.cast(mask, tf.int64), axis=2)  # [C, S]
-    weights = [tf.tile(w[tf.newaxis], tf.concat(
-        [[num_clients], tf.ones([w.shape.rank], tf.int32)], 0))
-               for w in trainable]
-
+    local, loss_total, loss_count, metric_sums, batch_sizes = (
+        cohort_steps.local_steps(p.plan, p.loss, p.metrics, trainable,
+                                 learning_rate, x_all, y_all, index))
     metric_names = list(p.metrics)
-    zero_f = tf.zeros([num_clients], tf.float32)
-
-    def step(s, weights, loss_total, loss_count, metric_sums):
-      step_mask = tf.cast(mask[:, s], tf.float32)  # [C, B]
-      x = tf.gather(x_all, gather_index[:, s])
-      y = tf.gather(y_all, gather_index[:, s])
-      size = tf.cast(batch_sizes[:, s], tf.float32)  # [C]
-      with tf.GradientTape() as tape:
-        tape.watch(weights)
-        predictions = _forward(p.plan, weights, x)
-        per_example = tf.cast(p.loss.call(y, predictions), tf.float32)
-        # Keras's SUM_OVER_BATCH_SIZE over the client's real examples.
-        client_loss = tf.math.divide_no_nan(
-            tf.reduce_sum(per_example * step_mask, axis=1), size)
-        total = tf.reduce_sum(client_loss)
-      gradients = [tf.convert_to_tensor(g)  # An embedding's: sparse.
-                   for g in tape.gradient(total, weights)]
-      weights = [w - tf.reshape(learning_rate, []) * g
-                 for w, g in zip(weights, gradients)]
-      # TFF's loss metric: Mean(batch loss, sample_weight=batch size).
-      loss_total += client_loss * size
-      loss_count += size
-      new_sums = []
-      for name, (total_m, count_m) in zip(metric_names, metric_sums):
-        values = tf.cast(p.metrics[name]._fn(  # pylint: disable=protected-access
-            y, predictions, **p.metrics[name]._fn_kwargs), tf.float32)  # pylint: disable=protected-access
-        new_sums.append((total_m + tf.reduce_sum(values * step_mask, axis=1),
-                         count_m + tf.reduce_sum(step_mask, axis=1)))
-      return s + 1, weights, loss_total, loss_count, new_sums
-
-    start = (tf.constant(0), weights, zero_f, zero_f,
-             [(zero_f, zero_f) for _ in metric_names])
-    _, local, loss_total, loss_count, metric_sums = tf.while_loop(
-        lambda s, *_: s < num_steps, step, start)
-
     deltas = [w[tf.newaxis] - l for w, l in zip(trainable, local)]
     # TFF's `zero_all_if_any_non_finite`, client by client (selected only in
     # a round that has a non-finite delta: the select of every value cost
@@ -589,11 +511,20 @@ class BatchedRunner:
     else:  # As tensors once: `_prepare` and `_update` both take them.
       state_leaves = runner._prepare.tensors(  # pylint: disable=protected-access
           tf_graphs.flatten_value(state, runner._state_type, []))  # pylint: disable=protected-access
-    client_input = list(runner._prepare(*state_leaves))  # pylint: disable=protected-access
-    if self._round is None:
-      self._round = self._trace(client_input, examples)
-    report = self._round(client_input, examples, index)
-    result = runner._update(*state_leaves, *report)  # pylint: disable=protected-access
+    if self._fused is None:
+      # The first round calls prepare, the cohort call (traced now) and
+      # update one by one; the later ones as one call (`fused_rounds`).
+      client_input = list(runner._prepare(*state_leaves))  # pylint: disable=protected-access
+      if self._round is None:
+        self._round = self._trace(client_input, examples)
+      report = fused_rounds.call_cohort(self._round, client_input, examples,
+                                        index)
+      result = runner._update(*state_leaves, *report)  # pylint: disable=protected-access
+      self._fused = fused_rounds.fused_round(
+          runner._prepare, self._round, runner._update,  # pylint: disable=protected-access
+          runner._prepare._specs, examples)  # pylint: disable=protected-access
+    else:
+      result = self._fused(state_leaves, examples, index)
     output = tf_graphs.pack_value(runner._result_type, result)  # pylint: disable=protected-access
     # The result's first leaves are the new state's, in the state's order.
     self._last_state = (output.state, list(result[:len(state_leaves)]))

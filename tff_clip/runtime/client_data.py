@@ -119,6 +119,15 @@ def _seed_pair(run_seed: int, seed: int) -> tuple[int, int]:
   return (0, _MAXINT32) if pair == (0, 0) else pair
 
 
+def _seed_pairs(run_seed: int, seeds) -> np.ndarray:
+  """[C, 2] int64: `_seed_pair(run_seed, seed)` of every seed of `seeds`."""
+  pairs = np.stack(np.broadcast_arrays(
+      np.int64(run_seed % _MAXINT32), np.asarray(seeds, np.int64) % _MAXINT32),
+                   axis=-1).reshape(-1, 2)
+  pairs[(pairs == 0).all(axis=1), 1] = _MAXINT32
+  return pairs
+
+
 def _shuffled(dataset, seed, seed2):
   """`dataset.shuffle(SHUFFLE_BUFFER, reshuffle_each_iteration=True)` with
   the seed pair given (`_seed_pair`), not derived from the global seed."""
@@ -474,8 +483,7 @@ class ClientDatasets:
     offsets, sizes = self._stored(cohort)
     spec = self._preprocess.spec
     seeds = shuffle_draws.round_seeds(self._seed, round_num, cohort)
-    pairs = np.array([_seed_pair(self._seed, seed) for seed in seeds],
-                     np.int64).reshape(-1, 2)
+    pairs = _seed_pairs(self._seed, seeds)
     if len(cohort) and sizes.max() > SHUFFLE_BUFFER:
       local = self._index_with_tf_data(sizes, pairs)
     else:

@@ -12,6 +12,7 @@ NumPy's and tf.data's own draws.
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import numpy as np
@@ -60,37 +61,51 @@ def _xorshift16(value):
   return value ^ (value >> np.uint64(16))
 
 
-def _hashes(init: int, multiplier: int):
-  """The hash constants a SeedSequence pass uses, one per value hashed."""
-  constant = init
-  while True:
-    yield np.uint64(constant)
+@functools.lru_cache(maxsize=16)
+def _hashes(init: int, multiplier: int, count: int):
+  """The first `count` hash constants a SeedSequence pass uses (one per
+  value hashed, in order) and each one's multiplier, as [count, 1]."""
+  constants, constant = [], init
+  for _ in range(count):
+    constants.append(constant)
     constant = (constant * multiplier) & 0xFFFFFFFF
+  return (np.array(constants, np.uint64)[:, None],
+          np.array([(c * multiplier) & 0xFFFFFFFF for c in constants],
+                   np.uint64)[:, None])
 
 
-def _hash(value, constants, multiplier: int):
-  constant = next(constants)
+def _hash(values, hashes, start: int, count: int):
+  """[count, N]: `values` ([count, N], or [1, N]: one value hashed `count`
+  times) hashed with the constants of `hashes` from `start` on."""
+  constants, multipliers = hashes
+  end = start + count
+  return _xorshift16((values ^ constants[start:end]) *
+                     multipliers[start:end] & _U32)
+
+
+def _mix(x, y):
   return _xorshift16(
-      (value ^ constant) *
-      np.uint64((int(constant) * multiplier) & 0xFFFFFFFF) & _U32)
-
-
-def _pool(entropy: list) -> list:
-  """SeedSequence's `mix_entropy` on [N] columns of 32-bit words."""
-  constants = _hashes(*_HASH_A)
-  hashed = lambda value: _hash(value, constants, _HASH_A[1])
-  mix = lambda x, y: _xorshift16(
       (np.uint64(_MIX[0]) * x - np.uint64(_MIX[1]) * y) & _U32)
+
+
+def _pool(entropy: list) -> np.ndarray:
+  """SeedSequence's `mix_entropy` on [N] columns of 32-bit words: the [4, N]
+  pool. A value hashed with consecutive constants (a source mixed into each
+  other word of the pool) is hashed once for them all: [K, N] operations."""
+  hashes = _hashes(*_HASH_A, _POOL * _POOL +
+                   _POOL * max(len(entropy) - _POOL, 0))
   zero = np.zeros_like(entropy[0])
-  pool = [hashed(entropy[i] if i < len(entropy) else zero)
-          for i in range(_POOL)]
+  pool = _hash(np.stack([entropy[i] if i < len(entropy) else zero
+                         for i in range(_POOL)]), hashes, 0, _POOL)
+  used = _POOL
   for source in range(_POOL):
-    for target in range(_POOL):
-      if source != target:
-        pool[target] = mix(pool[target], hashed(pool[source]))
+    targets = [t for t in range(_POOL) if t != source]
+    pool[targets] = _mix(pool[targets], _hash(
+        pool[source][None], hashes, used, len(targets)))
+    used += len(targets)
   for source in range(_POOL, len(entropy)):
-    for target in range(_POOL):
-      pool[target] = mix(pool[target], hashed(entropy[source]))
+    pool = _mix(pool, _hash(entropy[source][None], hashes, used, _POOL))
+    used += _POOL
   return pool
 
 
@@ -127,8 +142,8 @@ def round_seeds(seed: int, round_num: int, client_ids) -> np.ndarray:
              for word in _words(int(seed)) + _words(int(round_num))]
   pool = _pool(entropy + [words])
   # `generate_state(4, np.uint64)`: 8 hashed words, paired little-endian.
-  constants = _hashes(*_HASH_B)
-  state = [_hash(pool[i % _POOL], constants, _HASH_B[1]) for i in range(8)]
+  state = _hash(pool[np.arange(2 * _POOL) % _POOL], _hashes(*_HASH_B, 8),
+                0, 8)
   seeds = [state[2 * k] | (state[2 * k + 1] << np.uint64(32))
            for k in range(4)]
   # PCG64: state 0, increment (seeds[2:] << 1) | 1, a step, the initial
@@ -149,18 +164,29 @@ def round_seeds(seed: int, round_num: int, client_ids) -> np.ndarray:
 # ----------------------------------------------------------------------------
 # tf.data's shuffle, drawn as tf.data draws it, for a whole cohort at once.
 
+_PHILOX_ROUNDS = 10
+# Philox4x32's multipliers, of words 0 and 2, and its key's increments (of
+# key words 0 and 1), as columns.
+_PHILOX_MULTIPLIERS = np.array([[0xD2511F53], [0xCD9E8D57]], np.uint64)
+_PHILOX_KEY_STEPS = (np.arange(_PHILOX_ROUNDS, dtype=np.uint64)[:, None, None] *
+                     np.array([[0x9E3779B9], [0xBB67AE85]], np.uint64))
+
+
 def _philox(counter, key):
-  """Philox4x32-10 (TF's `random::PhiloxRandom`) on [N] uint64 words."""
-  c = list(counter)
-  k0, k1 = key
-  for _ in range(10):
-    p0 = np.uint64(0xD2511F53) * c[0]
-    p1 = np.uint64(0xCD9E8D57) * c[2]
-    c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & _U32,
-         (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & _U32]
-    k0 = (k0 + np.uint64(0x9E3779B9)) & _U32
-    k1 = (k1 + np.uint64(0xBB67AE85)) & _U32
-  return c
+  """Philox4x32-10 (TF's `random::PhiloxRandom`) on [N] uint64 words.
+
+  Words 0 and 2 (the multiplied ones) and words 1 and 3 travel as [2, N]
+  pairs, and the rounds' keys are made at once: five array operations a
+  round."""
+  multiplied = np.stack([counter[0], counter[2]])
+  other = np.stack([counter[1], counter[3]])
+  keys = (np.stack(key)[None] + _PHILOX_KEY_STEPS) & _U32  # [rounds, 2, N]
+  for r in range(_PHILOX_ROUNDS):
+    product = _PHILOX_MULTIPLIERS * multiplied
+    # (hi(p1) ^ c1 ^ k0, lo(p1), hi(p0) ^ c3 ^ k1, lo(p0)).
+    multiplied, other = ((product >> np.uint64(32))[::-1] ^ other ^ keys[r],
+                         (product & _U32)[::-1])
+  return [multiplied[0], other[0], multiplied[1], other[1]]
 
 
 def _philox_stream(seed, seed2, count: int) -> np.ndarray:
@@ -227,13 +253,17 @@ def shuffled_batches(pairs, sizes, batch_size: int, num_epochs: int,
   seeds = _philox_stream(pairs[:, 0], pairs[:, 1], 2 * num_iterations)
   clients = np.arange(num_clients)
   orders = np.zeros([num_iterations, num_clients, prefix], np.int64)
+  # Position k's pick, k + draw_k % (n - k), for every k at once (at most
+  # the buffer's last: a client of fewer than `prefix` examples).
+  ks = np.arange(prefix)
+  left = np.maximum(sizes[:, None] - ks, 1).astype(np.uint64)  # [C, prefix]
   for e in range(num_iterations):
     draws = _philox_stream(seeds[:, 2 * e], seeds[:, 2 * e + 1], prefix)
     buffer = np.tile(np.arange(int(sizes.max())), (num_clients, 1))
+    picks = np.minimum(ks + (draws % left).astype(np.int64),
+                       buffer.shape[1] - 1)
     for k in range(prefix):
-      left = np.maximum(sizes - k, 1).astype(np.uint64)
-      pick = k + (draws[:, k] % left).astype(np.int64)
-      pick = np.minimum(pick, buffer.shape[1] - 1)
+      pick = picks[:, k]
       chosen = buffer[clients, pick]
       orders[e, :, k] = chosen
       buffer[clients, pick] = buffer[clients, k]

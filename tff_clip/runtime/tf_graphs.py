@@ -51,6 +51,7 @@ from tensorflow_federated.proto.v0 import computation_pb2 as pb
 from tensorflow_federated.python.core.impl.types import type_serialization
 
 from tff_clip.runtime import graph_defs
+from tff_clip.runtime import value_builders
 
 __all__ = ['TensorFlowFunction', 'call_flat', 'flatten_value', 'pack_value',
            'count_leaves', 'tiny_dataset_options']
@@ -146,9 +147,7 @@ def _packer(type_spec):
   if sorted(p.index for p in order if isinstance(p, _Position)) != list(
       range(count)) or len(order) != count:
     return None
-  positions = [p.index for p in order]
-  return lambda leaves: tf.nest.pack_sequence_as(
-      template, [leaves[i] for i in positions])
+  return value_builders.builder(template, _Position)
 
 
 class _Position:
