@@ -227,7 +227,6 @@ def test_the_later_rounds_one_call_equals_the_calls_one_by_one(
   """Rounds after the first run prepare, the cohort call and update as one
   traced call (`fused_rounds`): bit for bit the rounds that the calls make
   one by one (the noise drawn by update from the state's key, once)."""
-  from tff_clip.runtime import fused_rounds  # pylint: disable=g-import-not-at-top
   aggregator = _dp('clip', clip_norm)
   process = algorithms.build_fedavg(
       tiny_model.model_fn, client_optimizer=_sgd(0.1),
@@ -237,9 +236,10 @@ def test_the_later_rounds_one_call_equals_the_calls_one_by_one(
   clients = client_data.ClientDatasets(task, seed=3, batched=True)
   cohort = list(task.datasets.train_data.client_ids)
 
-  def rounds():
-    batched = batched_clients.BatchedRunner(runner, tiny_model.model_fn,
-                                            aggregator)
+  def rounds(fuse, trace_key=None):
+    batched = batched_clients.BatchedRunner(
+        runner, tiny_model.model_fn, aggregator, fuse=fuse,
+        trace_key=trace_key)
     state, outputs = runner.initialize(), []
     for round_num in range(1, 4):
       # A cohort of unequal clients, one empty, a step 1 for a few.
@@ -249,11 +249,20 @@ def test_the_later_rounds_one_call_equals_the_calls_one_by_one(
       state = output.state
     return outputs, batched._fused  # pylint: disable=protected-access
 
-  fused, one_call = rounds()
-  assert one_call is not None
-  monkeypatch.setattr(fused_rounds, 'fused_round', lambda *args: None)
-  one_by_one, none = rounds()
-  assert none is None
+  fused, one_call = rounds(True)
+  assert one_call
+  one_by_one, none = rounds(False)
+  assert none is False
+  # By default, only where this process traced the cohort call before.
+  assert rounds(None)[1] is False
+  monkeypatch.setattr(batched_clients, '_traces', collections.OrderedDict())
+  assert rounds(None, f'key {clip_norm}')[1] is False
+  warm, default = rounds(None, f'key {clip_norm}')
+  assert default
+  for a, b in zip(warm, fused, strict=True):
+    for x, y in zip(tf.nest.flatten((a.state, a.metrics)),
+                    tf.nest.flatten((b.state, b.metrics)), strict=True):
+      assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
   for a, b in zip(fused, one_by_one, strict=True):
     for x, y in zip(tf.nest.flatten((a.state, a.metrics)),
                     tf.nest.flatten((b.state, b.metrics)), strict=True):

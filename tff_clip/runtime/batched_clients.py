@@ -343,6 +343,8 @@ class BatchedRunner:
       the query allows (`dp_queries.summed_records`), else (or False) as
       `vectorized_records` says: at once (`tf.vectorized_map`) or client by
       client (`client_execution.VECTORIZED_RECORDS_FROM`).
+    fuse: the rounds after the first as one call (`fused_rounds`); None:
+      where the cohort call was traced earlier in this process (`_traces`).
 
   Raises:
     Unsupported: where the batched path cannot reproduce the round.
@@ -354,7 +356,8 @@ class BatchedRunner:
                client_options: bool = False,
                trace_key: Optional[str] = None,
                vectorized_records: bool = False,
-               batched_records: bool = True):
+               batched_records: bool = True,
+               fuse: Optional[bool] = None):
     self._runner = runner
     self._p = _Plan(runner, model_fn, aggregator, client_optimizer,
                     client_options)
@@ -362,6 +365,14 @@ class BatchedRunner:
     self._vectorized = vectorized_records
     self._batched_records = batched_records
     self._round = None  # Traced on the first batched round.
+    # The later rounds' one call (`fused_rounds`), made after the first
+    # round (False: not made). Its trace and graph optimization (~0.5 s)
+    # pay only over many rounds: by default it is made where this process
+    # already traced the run's cohort call (a sweep's or a frontier
+    # worker's later trainings, which then share it).
+    self._fuse = fuse
+    self._fused = None
+    self._warm = False  # Whether the cohort call was this process's.
     self._fused = None  # The later rounds' one call (`fused_rounds`).
     self._trace_key = trace_key
     # (the state `next` returned last, its leaves as the tensors they were
@@ -478,6 +489,7 @@ class BatchedRunner:
       traced = _traces.get(key)
       if traced is not None:
         _traces.move_to_end(key)
+        self._warm = True
         return traced
       # A later process imports the graph instead of tracing it again.
       stored = graph_cache.entry_key(repr(('batched cohort', *key)))
@@ -511,20 +523,22 @@ class BatchedRunner:
     else:  # As tensors once: `_prepare` and `_update` both take them.
       state_leaves = runner._prepare.tensors(  # pylint: disable=protected-access
           tf_graphs.flatten_value(state, runner._state_type, []))  # pylint: disable=protected-access
-    if self._fused is None:
-      # The first round calls prepare, the cohort call (traced now) and
-      # update one by one; the later ones as one call (`fused_rounds`).
+    if self._fused:
+      result = self._fused(state_leaves, examples, index)
+    else:
+      # Prepare, the cohort call (traced in the first round) and update one
+      # by one; the rounds after the first as one call where `fuse` says.
       client_input = list(runner._prepare(*state_leaves))  # pylint: disable=protected-access
       if self._round is None:
         self._round = self._trace(client_input, examples)
       report = fused_rounds.call_cohort(self._round, client_input, examples,
                                         index)
       result = runner._update(*state_leaves, *report)  # pylint: disable=protected-access
-      self._fused = fused_rounds.fused_round(
-          runner._prepare, self._round, runner._update,  # pylint: disable=protected-access
-          runner._prepare._specs, examples)  # pylint: disable=protected-access
-    else:
-      result = self._fused(state_leaves, examples, index)
+      if self._fused is None:
+        fuse = self._warm if self._fuse is None else self._fuse
+        self._fused = fuse and fused_rounds.fused_round(
+            runner._prepare, self._round, runner._update,  # pylint: disable=protected-access
+            runner._prepare._specs, examples)  # pylint: disable=protected-access
     output = tf_graphs.pack_value(runner._result_type, result)  # pylint: disable=protected-access
     # The result's first leaves are the new state's, in the state's order.
     self._last_state = (output.state, list(result[:len(state_leaves)]))
