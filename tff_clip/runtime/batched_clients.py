@@ -366,14 +366,14 @@ class BatchedRunner:
     self._batched_records = batched_records
     self._round = None  # Traced on the first batched round.
     # The later rounds' one call (`fused_rounds`), made after the first
-    # round (False: not made). Its trace and graph optimization (~0.5 s)
-    # pay only over many rounds: by default it is made where this process
-    # already traced the run's cohort call (a sweep's or a frontier
-    # worker's later trainings, which then share it).
+    # round (False: not made). Its trace and its first call's graph
+    # optimization (0.3 s and more, measured) pay only over many rounds: by
+    # default it is made where this process already traced the run's
+    # cohort call (a sweep's or a frontier worker's later trainings, which
+    # then share it).
     self._fuse = fuse
     self._fused = None
     self._warm = False  # Whether the cohort call was this process's.
-    self._fused = None  # The later rounds' one call (`fused_rounds`).
     self._trace_key = trace_key
     # (the state `next` returned last, its leaves as the tensors they were
     # computed as): the next round takes them instead of converting the
