@@ -513,7 +513,10 @@ def built(tmp_path_factory):
   directory = tmp_path_factory.mktemp('graph_cache')
   monkeypatch = pytest.MonkeyPatch()
   monkeypatch.setenv(graph_cache.ENV, str(directory))
-  config = TrainConfig(clients_per_round=4, num_clients=20)
+  # A given target quantile: `_OTHER_HYPERPARAMETERS` gives another value
+  # of it (a quantile that follows the noise is another graph shape).
+  config = TrainConfig(clients_per_round=4, num_clients=20,
+                       target_quantile=0.5)
   traced = []
   original = assembly.build_process
   monkeypatch.setattr(assembly, 'build_process',

@@ -20,6 +20,7 @@ import re
 
 import dp_accounting
 from dp_accounting import pld
+import numpy as np
 from dp_accounting import rdp
 import pytest
 from scipy import optimize
@@ -51,6 +52,14 @@ def _gaussian_epsilon(mu, delta):
   return optimize.brentq(gap, 0.0, 100.0, xtol=1e-12)
 
 
+def _ulps_below(z, count):
+  """`count` float32 ulps below `z` (as float32 arithmetic could leave it)."""
+  below = np.float32(z)
+  for _ in range(count):
+    below = np.nextafter(below, np.float32(0))
+  return float(below)
+
+
 @pytest.mark.parametrize('target', TARGETS)
 def test_poisson_calibration_reports_the_target_by_pld(target):
   z = preflight.resolve_noise_multiplier(_config(target, 'poisson'), K)
@@ -58,6 +67,10 @@ def test_poisson_calibration_reports_the_target_by_pld(target):
   reported = accounting.report_epsilon(event, DELTA)
   assert reported.accountant == 'pld'
   assert 0.995 * target <= reported.epsilon <= target
+  # The aggregator carries z in float32 (TFF's adaptive one splits it in
+  # float32): eight float32 ulps lower, the run still meets the target.
+  assert accounting.report_epsilon(accounting.training_event(
+      _ulps_below(z, 8), N, K, T, 'poisson'), DELTA).epsilon <= target
   oracle = pld.PLDAccountant(
       dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
       value_discretization_interval=2e-5 * target).compose(
@@ -94,6 +107,8 @@ def test_fixed_size_calibration_reports_the_target_by_rdp(target):
   reported = accounting.report_epsilon(event, DELTA)
   assert reported.accountant == 'rdp'
   assert 0.995 * target <= reported.epsilon <= target
+  assert accounting.report_epsilon(accounting.training_event(
+      _ulps_below(z, 8), N, K, T, 'fixed_size'), DELTA).epsilon <= target
   # Replacing a client moves the sum by 2C: a Gaussian of z / 2.
   oracle = rdp.RdpAccountant(
       neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE

@@ -11,11 +11,14 @@ read-only, since every such session shares them.
 drawn weights (the same at every seed).
 """
 
+import random
+
 import numpy as np
 import pytest
 
 import tensorflow as tf
 import tensorflow_federated as tff
+from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
 from tff_clip.program import task_values
 
@@ -72,26 +75,66 @@ def test_keras_initializers_are_drawn_without_clearing_the_caches(
   task_values.initial_model_weights(_Task(), 8)
 
 
-def test_a_model_that_reads_the_global_seed_is_drawn_under_it():
-  # A stateful random op in the model's construction reads TensorFlow's
-  # global seed: the draw is then made under it, as the oracle's.
-  task = _Task()
+def _stateful_model_fn():
+  """A model whose initializer is a stateful random op (reads the global
+  seed)."""
 
   def stateful_init(shape, dtype=None):
     return tf.random.uniform(shape, dtype=dtype)
 
   spec = (tf.TensorSpec([None, 4], tf.float32),
           tf.TensorSpec([None, 1], tf.int32))
-  task.model_fn = lambda: tff.learning.models.from_keras_model(
+  return tff.learning.models.from_keras_model(
       tf.keras.Sequential([tf.keras.layers.Dense(
           3, input_shape=(4,), kernel_initializer=stateful_init)]),
       loss=tf.keras.losses.SparseCategoricalCrossentropy(), input_spec=spec)
+
+
+def test_a_model_that_reads_the_global_seed_is_drawn_under_it():
+  # A stateful random op in the model's construction reads TensorFlow's
+  # global seed: the draw is then made under it, as the oracle's.
+  task = _Task()
+  task.model_fn = _stateful_model_fn
   expected = _drawn_fresh(task, 4)
   tf.random.set_seed(77)  # Another global seed, left by something else.
   drawn = task_values.initial_model_weights(task, 4).trainable
   for a, b in zip(drawn, expected):
     np.testing.assert_array_equal(a, b)
   tf.random.set_seed(None)
+
+
+def _unseeded_model_weights(task):
+  """What TFF's tracing draws: a model built from whatever state is left."""
+  return [v.numpy() for v in tff.learning.models.ModelWeights.from_model(
+      task.model_fn()).trainable]
+
+
+@pytest.mark.parametrize('stateful', [False, True])
+def test_a_draw_leaves_what_follows_as_it_would_have_been(stateful):
+  # TFF traces a process after the session drew its initial weights, and
+  # the trace's models draw from Python's, NumPy's and Keras's generators
+  # (and TensorFlow's global seed): a draw at seed 1 or 2 must leave them as
+  # it found them, so that the traced graphs do not depend on the seed.
+  task = _Task()
+  if stateful:
+    task.model_fn = _stateful_model_fn
+  after = {}
+  for seed in (1, 2):
+    tf.keras.utils.set_random_seed(0)
+    tf.random.set_seed(None)
+    task_values.initial_model_weights(_Task() if not stateful else task, seed)
+    after[seed] = (random.random(), np.random.random(),
+                   _unseeded_model_weights(_Task()),
+                   context.global_seed())
+  tf.keras.utils.set_random_seed(0)
+  tf.random.set_seed(None)
+  oracle = (random.random(), np.random.random(),
+            _unseeded_model_weights(_Task()), context.global_seed())
+  for seed in (1, 2):
+    assert after[seed][:2] == oracle[:2], seed
+    for a, b in zip(after[seed][2], oracle[2]):
+      np.testing.assert_array_equal(a, b)
+    assert after[seed][3] is None, seed
 
 
 def test_a_later_session_of_the_task_and_seed_draws_nothing(monkeypatch):

@@ -56,15 +56,23 @@ def _keras_seeded(seed: int):
   initializers seed their stateless ops). Yields a list that holds True once
   anything asked TensorFlow for an op seed (`random_seed.get_seed`, which
   every stateful random op calls and which reads the global seed): then the
-  draw depended on the global seed, and must be made under it."""
+  draw depended on the global seed, and must be made under it.
+
+  On exit the three generators are as they were: a draw leaves no trace in
+  what follows (TFF's tracing of the process draws its variables' throwaway
+  initial values from Keras's generator, so a seeded state left behind would
+  make the traced graphs depend on the run's seed)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorflow.python.framework import random_seed  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
-  random.seed(seed)
-  np.random.seed(seed)
   # What `set_random_seed` sets in Keras's backend (where its initializers
   # take their seeds), found by a function the backend defines.
   keras_backend = sys.modules[tf.keras.backend.clear_session.__module__]
-  keras_backend._SEED_GENERATOR.generator = random.Random(seed)  # pylint: disable=protected-access
+  generator = keras_backend._SEED_GENERATOR  # pylint: disable=protected-access
+  saved = (random.getstate(), np.random.get_state(),
+           getattr(generator, 'generator', None))
+  random.seed(seed)
+  np.random.seed(seed)
+  generator.generator = random.Random(seed)
   stateful = [False]
   get_seed = random_seed.get_seed
 
@@ -77,6 +85,9 @@ def _keras_seeded(seed: int):
     yield stateful
   finally:
     random_seed.get_seed = get_seed
+    random.setstate(saved[0])
+    np.random.set_state(saved[1])
+    generator.generator = saved[2]
 
 
 def initial_model_weights(task, seed: int):
@@ -95,11 +106,15 @@ def initial_model_weights(task, seed: int):
   def draw():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
     with _keras_seeded(seed) as stateful:
       weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
     if stateful[0]:
-      tf.keras.utils.set_random_seed(seed)
-      weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
+      global_seed = context.global_seed()
+      with _keras_seeded(seed):  # Python's, NumPy's, Keras's: restored.
+        tf.keras.utils.set_random_seed(seed)
+        weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
+      tf.random.set_seed(global_seed)  # TensorFlow's as it was.
     return tf.nest.map_structure(_read_only, weights)
   return _of_task(task, ('initial weights', seed), draw)
 
