@@ -584,7 +584,7 @@ def test_rounds_of_float32_neighbouring_noise_are_accounted_at_the_least():
   z_values = [1.2398609] * 5 + [1.2398608] + [1.2398610] * 3
   assert len({float(np.float32(z)) for z in z_values}) == 3
   rounds = [_tff_round(z) for z in z_values]
-  for t in range(6, len(rounds) + 1):  # From the first neighbour on.
+  for t in (6, len(rounds)):  # The first neighbour; the last round.
     ours = accounting.compute_epsilon(
         dp_accounting.ComposedDpEvent(rounds[:t]), 1e-4, 'pld')
     least = min(float(np.float32(z)) for z in z_values[:t])

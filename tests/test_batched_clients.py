@@ -375,9 +375,19 @@ def test_dense_classifier_without_dp_equals_cpp_runtime():
                                     None, _BY_EXAMPLES, cpp=True)
 
 
-@pytest.mark.parametrize('model', sorted(_LAYER_MODELS))
-@pytest.mark.parametrize('method', ['clip', 'normalize', 'per_layer_clip',
-                                    'per_layer_normalize'])
+# Each layer model under a global and a per-layer bounding, the four
+# boundings across the two (the dense model has all four above); the rest of
+# the grid in the slow suite (9 s each).
+_LAYER_BOUNDINGS = [
+    ('conv', 'clip'), ('conv', 'per_layer_normalize'),
+    ('embedding', 'normalize'), ('embedding', 'per_layer_clip')] + [
+        pytest.param(model, method, marks=pytest.mark.slow)
+        for model, method in (('conv', 'normalize'), ('conv', 'per_layer_clip'),
+                              ('embedding', 'clip'),
+                              ('embedding', 'per_layer_normalize'))]
+
+
+@pytest.mark.parametrize('model,method', _LAYER_BOUNDINGS)
 def test_conv_and_embedding_models_equal_per_client_path(model, method):
   # Convolutions, pooling, embeddings and Dense on every token, under each
   # bounding (a norm the updates exceed).
