@@ -283,7 +283,7 @@ def test_every_readme_command_runs_at_smoke_size(command, tmp_path):
   overrides = list(SMOKE_OVERRIDES.get(module, []))
   if module in ('scripts.train', 'scripts.sweep', 'scripts.audit_table',
                 'scripts.benchmark_utility', 'scripts.benchmark_correlated',
-                'scripts.benchmark_frontier'):
+                'scripts.benchmark_frontier', 'scripts.benchmark_calibration'):
     overrides.append(f'--root_output_dir={tmp_path}')
   if module in ('scripts.reproduce', 'scripts.diagnose_per_layer',
                 'scripts.diagnose_bounding'):
