@@ -22,8 +22,8 @@ from tff_clip.program.config import ConfigError, TrainConfig
 
 __all__ = [
     'FLOAT32_MARGIN', 'STATE_COPIES_AT_PEAK', 'available_memory',
-    'check_noise_memory',
-    'calibrate_with', 'resolve_noise_multiplier', 'with_population',
+    'calibrate_with', 'check_noise_memory', 'resolve_noise_multiplier',
+    'with_population',
 ]
 
 # Peak memory of a DP round in bytes per byte of the noise mechanism's state:

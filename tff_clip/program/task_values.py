@@ -111,10 +111,13 @@ def initial_model_weights(task, seed: int):
       weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
     if stateful[0]:
       global_seed = context.global_seed()
-      with _keras_seeded(seed):  # Python's, NumPy's, Keras's: restored.
-        tf.keras.utils.set_random_seed(seed)
-        weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
-      tf.random.set_seed(global_seed)  # TensorFlow's as it was.
+      try:
+        with _keras_seeded(seed):  # Python's, NumPy's, Keras's: restored.
+          tf.keras.utils.set_random_seed(seed)
+          weights = tff.learning.models.ModelWeights.from_model(
+              task.model_fn())
+      finally:
+        tf.random.set_seed(global_seed)  # TensorFlow's as it was.
     return tf.nest.map_structure(_read_only, weights)
   return _of_task(task, ('initial weights', seed), draw)
 
