@@ -8,6 +8,7 @@ benchmarks and reproductions call. The library (`tff_clip`) never imports
 `tasks` or `scripts`.
 """
 
+import atexit
 import collections
 import contextlib
 import glob
@@ -200,6 +201,9 @@ def preflight(config: TrainConfig) -> None:
 # share one.
 _TASKS = collections.OrderedDict()
 _TASKS_KEPT = 2
+# Dropped while the interpreter is whole: a task's data sets hold traced
+# functions, whose finalizers print a TypeError once TensorFlow is torn down.
+atexit.register(_TASKS.clear)
 
 
 def build_task(config: TrainConfig):

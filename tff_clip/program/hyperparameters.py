@@ -41,6 +41,7 @@ is built for every run, as before.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import enum
 import json
@@ -191,6 +192,7 @@ def _structure(value, depth: int = 0):
 # norm or quantile) build it once in a process.
 _BUILT = {}
 _BUILT_KEPT = 64
+atexit.register(_BUILT.clear)  # Before TensorFlow is torn down.
 
 
 def _component(name, model_weights_type, parts, build):

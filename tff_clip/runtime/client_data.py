@@ -46,6 +46,7 @@ References:
 
 from __future__ import annotations
 
+import atexit
 import collections
 import collections.abc
 import weakref
@@ -77,6 +78,7 @@ _WHOLE_POPULATIONS = weakref.WeakKeyDictionary()
 # takes the first session's trace. The least recently used go first.
 _STACKED_MAPS = collections.OrderedDict()
 _STACKED_MAPS_KEPT = 8
+atexit.register(_STACKED_MAPS.clear)  # Before TensorFlow is torn down.
 
 
 def round_seed(seed: int, round_num: int, client_id) -> int:
