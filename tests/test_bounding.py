@@ -395,3 +395,60 @@ def test_a_batch_of_clients_is_bounded_as_each_client_alone(cohort, clip_norm,
 def test_a_batch_needs_a_client_axis():
   with pytest.raises(ValueError, match='leading client axis'):
     bounding.bound_batch([tf.constant(1.0)], 'clip', clip_norm=1.0)
+
+
+# ----------------------------------------------------------------------------
+# Rounding among the subnormals: float16 stores entries below 2^-14 as
+# multiples of 2^-24, so an entry scaled to 0.51 2^-24 is stored as 2^-24,
+# twice its value; a relative margin alone cannot absorb that.
+
+
+def _exact_squared_norm_of_many(leaves) -> fractions.Fraction:
+  """`_exact_squared_norm` of large leaves: each distinct value once."""
+  total = fractions.Fraction(0)
+  for x in leaves:
+    values, counts = np.unique(np.asarray(x, np.float64), return_counts=True)
+    total += sum((fractions.Fraction(float(v))**2 * int(c)
+                  for v, c in zip(values, counts)), fractions.Fraction(0))
+  return total
+
+
+# 2^20 float16 ones bounded to a norm C whose every entry, C / 2^10 less the
+# margin, is 0.51 2^-24: stored as 2^-24, the norm 1.96 C without the slack.
+_ONES = 2**20
+_SUBNORMAL_C = float(np.float32(
+    0.51 * 2.0**-24 * 2**10 / (1 - 8 * 2.0**-24 - 2 * 2.0**-11)))
+
+
+@pytest.mark.parametrize('method', ['clip', 'normalize', 'per_layer_clip',
+                                    'per_layer_normalize'])
+def test_float16_entries_rounded_among_the_subnormals_stay_within_c(method):
+  structure = [tf.ones([_ONES], tf.float16)]
+  budgets = bounding.layer_budgets(structure, _SUBNORMAL_C, 'dim')
+  bound = fractions.Fraction(_SUBNORMAL_C)**2
+  alone = bounding.bound(structure, method, clip_norm=_SUBNORMAL_C,
+                         budgets=budgets)
+  assert _exact_squared_norm_of_many(alone.value) <= bound
+  batch = bounding.bound_batch([tf.ones([2, _ONES], tf.float16)], method,
+                               clip_norm=_SUBNORMAL_C, budgets=budgets)
+  for k in range(2):
+    assert _exact_squared_norm_of_many([batch.value[0][k]]) <= bound
+
+
+def test_a_crafted_float16_tail_cannot_push_a_usable_norm_over_c():
+  # C = 1e-3: one entry carries the norm; a million entries land just above
+  # 2^-25 once scaled and would each be stored as 2^-24 (1.00027 C).
+  clip_norm = 1e-3
+  update = np.full(10**6 + 1, 0.52 * 2.0**-24 / clip_norm, np.float16)
+  update[0] = 1.0
+  for method in ('clip', 'normalize'):
+    value = bounding.bound([tf.constant(update)], method,
+                           clip_norm=clip_norm).value
+    assert _exact_squared_norm_of_many(value) <= fractions.Fraction(
+        clip_norm)**2
+  # Far from the subnormals the slack changes nothing a float32 bound stores.
+  wide = tf.constant(update.astype(np.float32))
+  np.testing.assert_array_equal(
+      bounding.clip([wide], 0.5)[0],
+      wide * tf.cast(0.5 * bounding.rounding_margins([wide], tf.float32)[0]
+                     / np.linalg.norm(update.astype(np.float64)), tf.float32))

@@ -111,6 +111,10 @@ CHANGES_THE_RUN = [
     (['--noise_multiplier=1e-45'], r'--noise_multiplier = 1e-45 is '
      r'subnormal in float32'),
     (['--clip_norm=1e-40'], r'--clip_norm = 1e-40 is subnormal'),
+    # Client noise is n shares of the noise: a Poisson cohort of m < n
+    # clients adds less than the ledger accounts.
+    (['--noise_placement=client'],
+     r'--noise_placement=client under Poisson sampling.*fixed_size'),
     # Each value alone is fine; z C overflows float32 (every output NaN).
     (['--clip_norm=3e38', '--noise_multiplier=10'],
      r'--clip_norm = 3e\+38, --noise_multiplier = 10 .*beyond float32'),
@@ -335,7 +339,7 @@ PRIVACY = dict(noise_multiplier=1.0, clients_per_round=10.0, clip_norm=1.0)
      r'`initial_clip_norm` = 1e-40 is subnormal'),
     (dict(noise_multiplier=1e-45), r'`noise_multiplier` = 1e-45 is subnormal'),
     (dict(clip_norm=1e-30, noise_multiplier=1e-10),
-     r'noise std 1e-40 is subnormal'),
+     r'noise std 1e-40 is below 1.97e-31'),
 ])
 def test_a_product_the_mechanism_cannot_hold_is_refused_naming_its_terms(
     changes, message):
@@ -366,7 +370,8 @@ def test_a_subnormal_per_layer_budget_is_refused():
   value_type = tff.types.to_type(collections.OrderedDict(
       b=tff.TensorType(np.float32, [1]),
       w=tff.TensorType(np.float32, [10**6])))
-  factory = dp.dp_factory('per_layer_clip', noise_multiplier=1.0,
+  # (z = 10^6 keeps the noise std, 1e-30, above the least one drawn.)
+  factory = dp.dp_factory('per_layer_clip', noise_multiplier=1e6,
                           clients_per_round=10.0, clip_norm=1e-36)
   with pytest.raises(ValueError, match=r'`split`: layer 0 gets the budget'):
     factory.create(value_type)

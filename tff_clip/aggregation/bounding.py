@@ -47,6 +47,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clip import checks
+from tff_clip.aggregation.rounding import absolute_slack, round_down_to_float32, rounding_margins  # pylint: disable=unused-import
 
 __all__ = [
     'BoundedUpdate',
@@ -333,18 +334,6 @@ def check_sum_rule(budgets: ExplicitBudgets, clip_norm: float) -> float:
   return total
 
 
-def round_down_to_float32(values: tf.Tensor) -> tf.Tensor:
-  """float64 -> float32, rounding toward zero, never up.
-
-  Budgets rounded up would let sqrt(sum C_h^2) exceed C by a float32 ulp: the
-  sensitivity must not depend on rounding luck.
-  """
-  nearest = tf.cast(values, tf.float32)
-  too_big = tf.abs(tf.cast(nearest, tf.float64)) > tf.abs(values)
-  return tf.where(too_big, tf.math.nextafter(nearest, tf.zeros_like(nearest)),
-                  nearest)
-
-
 # ----------------------------------------------------------------------------
 # Bounding.
 
@@ -357,28 +346,6 @@ def _sanitize_norm(norm, dtype):
       norm, dtype)
   return tf.where(tf.math.is_finite(norm) & (norm >= 0), norm,
                   tf.zeros_like(norm))
-
-
-def _unit_roundoff(dtype) -> float:
-  return float(np.finfo(tf.as_dtype(dtype).as_numpy_dtype).eps) / 2.0 if (
-      tf.as_dtype(dtype) != tf.bfloat16) else 2.0**-8
-
-
-def rounding_margins(leaves, compute_dtype) -> np.ndarray:
-  """Per-leaf factors 1 - m_h < 1 that make every bound exact after rounding.
-
-  A bound computed in exact arithmetic lands on C, but the norm it divides by
-  is a float64 sum of squares (relative error far below 1e-9), the factor and
-  the product are rounded in the compute dtype (u_c each), and the result is
-  rounded to the leaf's dtype (u_h per entry: 2^-11 for float16, 2^-8 for
-  bfloat16). Aiming at C (1 - m_h), m_h = 8 u_c + 2 u_h + 1e-9, keeps the
-  exact norm of the stored tensor <= C: the sensitivity the accounting
-  assumes. The shrink is 6e-7 relative for float32, 1e-3 for float16 and
-  8e-3 for bfloat16.
-  """
-  u_c = _unit_roundoff(compute_dtype)
-  return np.asarray([1.0 - 8.0 * u_c - 2.0 * _unit_roundoff(x.dtype) - 1e-9
-                     for x in leaves], np.float64)
 
 
 def _scale_leaves(leaves, factors, compute_dtype):
@@ -408,19 +375,24 @@ def _bounder(method, clip_norm, budgets):
   return bounder
 
 
-def _factors(bounder, leaves, dtype, layer, total, clip_norm, budgets):
+def _factors(bounder, leaves, dtype, layer, total, clip_norm, budgets,
+             clients: int = 0):
   """(factors [..., H] in float64, was_bounded [...]) for updates of layer
   norms `layer` [..., H] and global norms `total` [...]: the leading axes
-  are one update's (none) or one per client's (`bound_batch`)."""
+  are one update's (none) or one per client's (`bound_batch`, `clients`
+  1). Each aims at C (1 - m_h) (`rounding_margins`) less the absolute
+  slack A (`absolute_slack`), never below 0."""
   wide = tf.float64
   margins = rounding_margins(leaves, dtype)
+  slack = absolute_slack(leaves, dtype, clients)
   if bounder.per_layer:
     budgets = tf.reshape(_sanitize_norm(budgets, wide), [-1])
     if budgets.shape[0] is not None and budgets.shape[0] != len(leaves):
       raise ValueError(
           f'`budgets` has {budgets.shape[0]} entries but the structure has '
           f'{len(leaves)} leaves.')
-    targets = budgets * tf.constant(margins, wide) if leaves else budgets
+    targets = tf.maximum(budgets * tf.constant(margins, wide) - slack,
+                         0.0) if leaves else budgets
     factors = bounder.factor(layer, targets)
     # A layer whose norm overflowed even float64 gets factor 0.
     factors = tf.where(tf.math.is_finite(factors), factors,
@@ -429,7 +401,8 @@ def _factors(bounder, leaves, dtype, layer, total, clip_norm, budgets):
                    else tf.constant(False))
     return factors, was_bounded
   norm = _sanitize_norm(clip_norm, wide)
-  target = norm * (float(margins.min()) if leaves else 1.0)
+  target = (tf.maximum(norm * float(margins.min()) -
+                       tf.norm(slack), 0.0) if leaves else norm)
   factor = bounder.factor(total, target)
   factor = tf.where(tf.math.is_finite(factor), factor, tf.zeros_like(factor))
   factors = (tf.stack([factor] * len(leaves), axis=-1) if leaves
@@ -554,7 +527,7 @@ def bound_batch(structure, method, clip_norm=None,
   layer, total, finite = tf.cond(
       all_fast, lambda: (fast_layer, fast_total, tf.ones_like(fast)), robust)
   factors, was_bounded = _factors(bounder, leaves, dtype, layer, total,
-                                  clip_norm, budgets)
+                                  clip_norm, budgets, clients=1)
 
   def scale_in(compute):
     return [by_client(tf.cast(factors[:, i], compute), x) * (

@@ -206,10 +206,24 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
     return bounding.budgets_from_fractions(clip_norm, self._fractions)
 
   def sensitivity(self, clip_norm):
-    """L2 sensitivity S of the sum: C, or sqrt(sum C_h^2) for budget vectors."""
+    """L2 sensitivity S of the sum: C, or sqrt(sum C_h^2) for budget vectors
+    (summed in float64: float32 squares of budgets below 1e-19 flush to 0,
+    which would make S, and the noise, 0 while the budgets pass records)."""
     if self._vector:
-      return tf.sqrt(tf.reduce_sum(tf.square(clip_norm)))
+      return tf.cast(tf.norm(tf.cast(clip_norm, tf.float64)), tf.float32)
     return clip_norm
+
+  def least_clip_norm(self) -> float:
+    """The float32 C (or C_h) below which the noise std z C (client noise:
+    z C / sqrt(n)) would fall under `spec.MIN_NOISE_STDDEV`: an adaptive
+    norm is kept at or above it (0 without noise). Post-processing of the
+    released estimate: it costs no privacy."""
+    if self._noise_multiplier <= 0:
+      return 0.0
+    least = spec_lib.MIN_NOISE_STDDEV / self._noise_multiplier * (
+        math.sqrt(self._expected_clients) if self._placement == 'client'
+        else 1.0)
+    return float(np.nextafter(np.float32(least), np.float32(np.inf)))
 
   def derive_sample_params(self, global_state):
     client_key = tf.zeros([2], tf.int64)
@@ -417,7 +431,10 @@ class AdaptiveBoundedSumQuery(tfp.SumAggregationDPQuery):
     new_norm, estimator_state, estimator_event = (
         self._estimator.get_noised_result(sample_state.estimator_state,
                                           global_state.estimator_state))
-    sum_state = sum_state._replace(clip_norm=tf.maximum(new_norm, 0.0))
+    # Never below the least norm whose noise TensorFlow still draws (a norm
+    # driven toward 0 would otherwise release its rounds without noise).
+    sum_state = sum_state._replace(clip_norm=tf.maximum(
+        new_norm, self._sum_query.least_clip_norm()))
     event = dp_accounting.ComposedDpEvent([sum_event, estimator_event])
     return noised, self.GlobalState(sum_state, estimator_state), event
 

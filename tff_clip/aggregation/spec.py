@@ -40,7 +40,8 @@ from tff_clip.aggregation import mechanisms
 from tff_clip.aggregation import noise_following
 from tff_clip.names import DENOMINATORS, NOISE_PLACEMENTS, SPLITS
 
-__all__ = ['DPSpec', 'ExplicitBudgets', 'NOISE_TAIL_STDDEVS', 'PARAMETERS',
+__all__ = ['DPSpec', 'ExplicitBudgets', 'MIN_NOISE_STDDEV',
+           'NOISE_TAIL_STDDEVS', 'PARAMETERS',
            'Split', 'Sparsity', 'check_client_arguments', 'check_sparsity',
            'check_split', 'parameter', 'parameters_doc']
 
@@ -106,6 +107,11 @@ def check_split(split: Split, num_layers: int | None = None,
 # The noise of a coordinate is taken to stay within this many standard
 # deviations: P(|N(0, 1)| > 10) = 1.5e-23 (`DPSpec.check_noise_scale`).
 NOISE_TAIL_STDDEVS = 10.0
+# The least noise std z S a round may draw with: 2^24 times float32's least
+# normal number, so z S u stays a normal float32 (not flushed to 0) unless
+# |u| < 2^-24 (`DPSpec.check_noise_scale`; an adaptive C is kept at or
+# above it, `dp_queries.BoundedGaussianSumQuery.least_clip_norm`).
+MIN_NOISE_STDDEV = 2.0**24 * float(np.finfo(np.float32).tiny)
 
 # numpy cannot describe bfloat16 (an `ml_dtypes` type): its largest value.
 _BFLOAT16_MAX = 3.3895313892515355e38
@@ -310,7 +316,8 @@ class DPSpec:
     is not, so these are checked where they are computed: the noise std
     z S, drawn in float32 (S the L2 sensitivity: C, or the initial C of
     adaptive clipping; with client noise, each client's z S / sqrt(n)) must
-    be a normal float32 (TensorFlow flushes subnormals to 0: no noise); the
+    be at least `MIN_NOISE_STDDEV` (TensorFlow flushes subnormals to 0: no
+    noise); the
     noisy sum of n records bounded by S, (n + 10 z) S, must fit the dtype it
     is summed in (float32, float64 for float64 leaves), and the noisy mean,
     S (1 + 10 z / n), each leaf's dtype it is cast back to (float16: 65504),
@@ -319,7 +326,8 @@ class DPSpec:
     `budgets` must be a normal float32 (or 0). Called when the spec is made
     (float32) and by `create` with the update's leaf dtypes, the adaptive
     value noise z_v (`value_noise_multiplier`, default z) and the budgets.
-    An adaptive C is checked at its start only.
+    An adaptive C is checked at its start; the query keeps it from falling
+    below that least noise later (`BoundedGaussianSumQuery.least_clip_norm`).
     """
     z = (self.noise_multiplier if value_noise_multiplier is None else
          float(value_noise_multiplier))
@@ -340,11 +348,12 @@ class DPSpec:
     if z > 0:
       stddev = z * norm / (math.sqrt(n) if self.noise_placement == 'client'
                            else 1.0)
-      if stddev < f32.tiny:
+      if stddev < MIN_NOISE_STDDEV:
         raise ValueError(
-            f'{given}: the noise std {stddev:.3g} is subnormal in float32 '
-            f'(below {f32.tiny:.3g}), where TensorFlow flushes it to 0: no '
-            f'noise would be added. Raise `noise_multiplier` or `{norm_name}`.')
+            f'{given}: the noise std {stddev:.3g} is below '
+            f'{MIN_NOISE_STDDEV:.3g} (2^24 times float32\'s least normal '
+            'number), where TensorFlow flushes its products to 0: no noise '
+            f'would be added. Raise `noise_multiplier` or `{norm_name}`.')
     for dtype in map(np.dtype, dtypes):
       sum_dtype = np.dtype(np.float64 if dtype == np.float64 else np.float32)
       noisy_sum = (n + tail * z) * norm

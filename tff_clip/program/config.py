@@ -385,11 +385,7 @@ def fields() -> list[tuple[dataclasses.Field, Any]]:
   return [(f, hints[f.name]) for f in dataclasses.fields(TrainConfig)]
 
 
-# ----------------------------------------------------------------------------
-# Validation.
-
-
-# The largest value of an int flag: counts enter TensorFlow as int32.
+# Validation. The largest value of an int flag: counts enter TensorFlow as int32.
 _INT32_MAX = 2**31 - 1
 
 
@@ -476,6 +472,11 @@ def _check_privacy(config):
     raise ConfigError('--denominator=actual releases the cohort size: it is '
                       'private under --sampling=poisson; use '
                       '--sampling=fixed_size or --denominator=expected.')
+  if config.private and config.noise_placement == 'client' and (
+      config.sampling == names.POISSON):  # n shares of the noise, m < n come.
+    raise ConfigError('--noise_placement=client under Poisson sampling: a '
+                      'cohort below n carries less noise than the ledger '
+                      'accounts; use --sampling=fixed_size.')
   _check(checks.delta, config.delta, 'delta')
 
 

@@ -5,8 +5,9 @@ Whoever can write a run directory (or a directory above it) can replace its
 records and checkpoints, and with them the DP noise key. As ssh's
 StrictModes treats `~/.ssh`, `check_location` refuses a run directory that
 another user owns or may write in (others, or a group that is not the
-user's alone), or one under such a directory (a sticky directory such as
-/tmp above it excepted), and `open_file` opens a run file
+user's alone, by mode or by a POSIX ACL), or one under such a directory (a
+sticky directory such as /tmp above it excepted), or a path through another
+user's symbolic link (which its owner may repoint), and `open_file` opens a run file
 only as a regular file owned by the user (or root) that no one else may
 write, never through a symbolic link (`O_NOFOLLOW`, then `fstat`).
 `check_tree` does the same for a directory a third-party writer fills
@@ -87,24 +88,90 @@ def _private_group(gid: int) -> bool:
   return members <= names and not others
 
 
-def _others_control(st: os.stat_result, sticky_ok: bool = False
-                    ) -> Optional[str]:
+# POSIX ACLs (acl(5)) as Linux stores them in extended attributes: a
+# version, then (tag, permissions, id) entries. A named user's or group's
+# write permission counts as far as the mask lets it.
+_ACLS = ('system.posix_acl_access', 'system.posix_acl_default')
+_ACL_USER, _ACL_GROUP, _ACL_MASK, _ACL_WRITE = 0x02, 0x08, 0x10, 0x02
+
+
+def _acl_writer(target, directory: bool) -> Optional[str]:
+  """Who other than this user (or root, or this user's own group) an ACL
+  of `target` lets write, or None: a path (links not followed) or an open
+  file descriptor; a directory's default ACL (what its new entries get)
+  counts too. The mode bits show only the ACL's mask: `chmod` alone cannot
+  tell."""
+  for name in _ACLS[:2 if directory else 1]:
+    try:
+      data = (os.getxattr(target, name) if isinstance(target, int) else
+              os.getxattr(target, name, follow_symlinks=False))
+    except OSError:  # No ACL (ENODATA), or none possible here (ENOTSUP).
+      continue
+    entries = [struct.unpack_from('<HHI', data, at)
+               for at in range(4, len(data) - 7, 8)]
+    mask = next((perm for tag, perm, _ in entries if tag == _ACL_MASK), 7)
+    for tag, perm, ident in entries:
+      if not perm & mask & _ACL_WRITE:
+        continue
+      if tag == _ACL_USER and not _trusted_owner(ident):
+        return f'user {_owner(ident)} ({name})'
+      if tag == _ACL_GROUP and not _private_group(ident):
+        return f'group {_group(ident)} ({name})'
+  return None
+
+
+def _others_control(st: os.stat_result, sticky_ok: bool = False,
+                    acl_of=None) -> Optional[str]:
   """Why another user could change what has this `stat`, or None.
 
   Owned by someone other than this user or root; or writable by others, or
-  by a group that is not this user's alone (a sticky directory excepted
-  where `sticky_ok`: there no one renames or removes another user's
-  entries).
+  by a group that is not this user's alone, by its mode or by an ACL of
+  `acl_of` (its path or file descriptor; `_acl_writer`); a sticky directory
+  excepted where `sticky_ok`: there no one renames or removes another
+  user's entries.
   """
   if not _trusted_owner(st.st_uid):
     you = 'root' if os.geteuid() == 0 else f'{_owner(os.geteuid())} or root'
     return f'belongs to {_owner(st.st_uid)}, not to you ({you})'
+  if sticky_ok and st.st_mode & stat.S_ISVTX:
+    return None
   writable = st.st_mode & stat.S_IWOTH or (
       st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid))
-  if writable and not (sticky_ok and st.st_mode & stat.S_ISVTX):
+  if writable:
     return (f'is writable by others (mode {stat.S_IMODE(st.st_mode):04o}, '
             f'owner {_owner(st.st_uid)}, group {_group(st.st_gid)})')
+  acl = None if acl_of is None else _acl_writer(acl_of,
+                                                stat.S_ISDIR(st.st_mode))
+  if acl is not None:
+    return f'is writable by others (its ACL lets {acl} write)'
   return None
+
+
+def _links(path: str) -> list[tuple[str, os.stat_result]]:
+  """Each symbolic link that resolving the absolute `path` goes through
+  (as the kernel resolves it, component by component), with its `lstat`."""
+  found, resolved, pending = [], '/', path.split('/')
+  while pending and len(found) <= 40:  # The kernel's limit: ELOOP.
+    part = pending.pop(0)
+    if part in ('', '.'):
+      continue
+    if part == '..':
+      resolved = os.path.dirname(resolved)
+      continue
+    candidate = os.path.join(resolved, part)
+    try:
+      st = os.lstat(candidate)
+    except OSError:  # Missing: made later, where `ensure_dir` checks it.
+      resolved = candidate
+      continue
+    if not stat.S_ISLNK(st.st_mode):
+      resolved = candidate
+      continue
+    found.append((candidate, st))
+    target = os.readlink(candidate)
+    resolved = '/' if target.startswith('/') else resolved
+    pending = target.split('/') + pending
+  return found
 
 
 def _chain(path: str) -> list[str]:
@@ -121,13 +188,23 @@ def check_location(directory: str, argument: str = '--root_output_dir'
 
   Like ssh's StrictModes: `directory` (where it exists) and every existing
   directory above it, as written and as its symbolic links resolve, must be
-  owned by this user or root and writable by no one else; above the run
+  owned by this user or root and writable by no one else (by mode or ACL),
+  and every symbolic link on the way owned by this user or root; above the run
   directory a sticky directory (/tmp) may be writable by all, since no one
   may rename or remove the entries of another user there. Reads and writes
   nothing; `LocationError` (one line naming the directory and its owner or
   mode) where another user could change it.
   """
   path = os.path.abspath(directory)
+  for link, st in _links(path):
+    # Its owner may point it elsewhere at any time (even in a sticky /tmp):
+    # which directory is the run's would be theirs to choose.
+    if not _trusted_owner(st.st_uid):
+      raise LocationError(
+          f'{argument}: {link!r} is a symbolic link of {_owner(st.st_uid)}, '
+          'who could point it at another directory at any time, so nothing '
+          'was read or written. Give a path through directories and links '
+          'of your own (or root\'s).')
   existing = path
   while not os.path.lexists(existing):
     existing = os.path.dirname(existing)
@@ -140,7 +217,8 @@ def check_location(directory: str, argument: str = '--root_output_dir'
       continue  # Missing, or not a directory: refused where it is created.
     if not stat.S_ISDIR(st.st_mode):
       continue
-    reason = _others_control(st, sticky_ok=candidate not in strict)
+    reason = _others_control(st, sticky_ok=candidate not in strict,
+                             acl_of=os.path.realpath(candidate))
     if reason is not None:
       what = ('the run directory' if candidate in strict else
               'a directory above the run directory')
@@ -214,7 +292,7 @@ def open_file(path: str, mode: str = 'rb', *, create_mode: int = FILE_MODE,
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
       raise _refused(path, 'is not a regular file')
-    reason = _others_control(st)
+    reason = _others_control(st, acl_of=fd)
     if reason is not None:
       raise _refused(path, reason)
     os.set_blocking(fd, True)
@@ -238,7 +316,7 @@ def _check_entry(path: str, directory: bool) -> None:
   if stat.S_ISLNK(st.st_mode):
     raise _symlink(path)
   if stat.S_ISDIR(st.st_mode):
-    reason = _others_control(st)
+    reason = _others_control(st, acl_of=path)
   elif stat.S_ISREG(st.st_mode) and not directory:
     # Its modes are the third-party writer's (the umask's): its owner counts.
     reason = None if _trusted_owner(st.st_uid) else _others_control(st)

@@ -1,0 +1,106 @@
+"""Noise that TensorFlow would flush to 0 is never what a DP round draws.
+
+TensorFlow flushes float32 subnormals to 0. A noise std z S below the least
+normal float32 (or products z S u of it) then adds nothing, while records
+bounded by a still-normal C pass: a round released without noise whose
+DpEvent says z. Three ways there, each closed: a given norm so small (the
+spec refuses it), an adaptive norm driven toward 0 by the clients' norms
+(kept at or above `least_clip_norm`), per-layer budgets whose float32
+squares underflow in S (summed in float64). Oracles: the closed-form floor
+2^24 x float32's least normal number, and NumPy's float64 norm.
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clip.aggregation import bounding
+from tff_clip.aggregation import dp
+from tff_clip.aggregation import spec
+
+FLOOR = 2.0**24 * float(np.finfo(np.float32).tiny)  # 1.97e-31
+N = 10
+
+
+def _round(query, template):
+  @tf.function
+  def one_round(state, records):
+    params = query.derive_sample_params(state)
+    sample = query.initial_sample_state(template)
+    for i in range(N):
+      sample = query.accumulate_record(params, sample, records[i])
+    result, new_state, _ = query.get_noised_result(sample, state)
+    return result, new_state
+  return one_round
+
+
+def test_the_floor_is_2_to_the_24_least_normal_float32s():
+  assert spec.MIN_NOISE_STDDEV == FLOOR
+
+
+def test_an_adaptive_norm_driven_toward_zero_still_draws_its_noise():
+  # Clients whose updates are all 0 are below any C: it shrinks by
+  # exp(-eta gamma) a round, toward 0. It stops where z_v C is the floor, and
+  # one client's update is then released with noise, not as it is.
+  factory = dp.dp_factory('normalize', noise_multiplier=0.5,
+                          clients_per_round=float(N), clip_norm='adaptive',
+                          initial_clip_norm=1e-29, target_quantile=0.5,
+                          clip_learning_rate=0.2)
+  value_type = tff.TensorType(np.float64, [4])
+  z_v = factory.resolve(value_type).value_noise_multiplier
+  query = factory.build_query(value_type)
+  one_round = _round(query, tf.TensorSpec([4], tf.float64))
+  state = query.initial_global_state()
+  zeros = tf.zeros([N, 4], tf.float64)
+  for _ in range(60):  # ln(1e-29 z_v / FLOOR) / 0.1 ~ 32 rounds.
+    _, state = one_round(state, zeros)
+  metrics = query.derive_metrics(state)
+  assert float(metrics['clip_norm']) == pytest.approx(FLOOR / z_v, rel=1e-6)
+  assert float(metrics['noise_stddev']) >= FLOOR
+  records = np.zeros([N, 4])
+  records[0] = [1.0, 2.0, 3.0, 4.0]
+  released, _ = one_round(state, tf.constant(records))
+  noiseless = np.asarray(bounding.normalize(
+      tf.constant(records[0]), metrics['clip_norm']), np.float64) / N
+  assert np.all(noiseless != 0)
+  assert not np.any(np.asarray(released) == noiseless)
+
+
+def test_tiny_per_layer_budgets_keep_their_noise():
+  # Budgets C_h of 1e-19 square to 1e-38 (flushed in float32): S must
+  # still be sqrt(sum C_h^2), not 0.
+  factory = dp.dp_factory('per_layer_clip', noise_multiplier=1.0,
+                          clients_per_round=float(N), clip_norm='adaptive',
+                          initial_clip_norm=1e-19, target_quantile=0.5)
+  template = collections.OrderedDict(a=tf.TensorSpec([3]),
+                                     b=tf.TensorSpec([3]))
+  query = factory.build_query(tff.types.tensorflow_to_type(template))
+  state = query.initial_global_state()
+  metrics = query.derive_metrics(state)
+  budgets = np.asarray(metrics['layer_budgets'], np.float64)
+  assert np.all(budgets > 0)
+  assert float(metrics['noise_stddev']) == pytest.approx(
+      np.linalg.norm(budgets), rel=1e-6)
+  update = collections.OrderedDict(a=tf.constant([1.0, 2.0, 3.0]),
+                                   b=tf.constant([0.0, 5.0, 0.0]))
+  params = query.derive_sample_params(state)
+  sample = query.accumulate_record(
+      params, query.initial_sample_state(template), update)
+  released, _, _ = query.get_noised_result(sample, state)
+  noiseless = tf.nest.flatten(bounding.clip_per_layer(
+      update, metrics['layer_budgets']))
+  for got, bounded in zip(tf.nest.flatten(released), noiseless):
+    assert not np.any(np.asarray(got) * N == np.asarray(bounded))
+
+
+@pytest.mark.parametrize('placement, n, clip_norm', [
+    ('central', 10.0, 1e-31), ('client', 100.0, 1e-30)])
+def test_a_noise_std_below_the_floor_is_refused(placement, n, clip_norm):
+  # Above float32's least normal (1.2e-38), below the floor: refused, naming
+  # the std.
+  with pytest.raises(ValueError, match='noise std .* is below 1.97e-31'):
+    dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=n,
+                  clip_norm=clip_norm, noise_placement=placement)

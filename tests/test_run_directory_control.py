@@ -1,0 +1,173 @@
+"""No one but its owner chooses or changes a run directory: through a POSIX
+ACL or through a symbolic link.
+
+docs/privacy.md: a run directory that another user owns or may write (or
+one under such a directory, a sticky one such as /tmp excepted) is refused
+before anything is read or written. The mode bits do not tell all: an ACL
+entry lets a named user write while the mode shows only the ACL's mask, and
+another user's symbolic link on the way (even in a sticky /tmp, where its
+owner may replace it at any time) decides which directory is the run's.
+
+Another uid (65534, nobody) plays the other user: these need root, as the
+ownership tests of tests/test_run_records.py do. Oracle: what that user can
+really do (setpriv), checked first.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import struct
+import subprocess
+import tempfile
+
+import pytest
+
+from tff_clip.program import ownership
+from tff_clip.program import run_directory
+from tff_clip.program import run_records
+from tff_clip.program import training
+
+NOBODY = 65534
+_UNDEFINED = 0xFFFFFFFF
+USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = 1, 2, 4, 8, 0x10, 0x20
+
+
+def _as_nobody(*argv):
+  return subprocess.run(['setpriv', f'--reuid={NOBODY}', f'--regid={NOBODY}',
+                         '--clear-groups', *argv], capture_output=True,
+                        text=True, check=False)
+
+
+@pytest.fixture
+def shared():
+  """A directory other users can traverse (pytest's tmp_path is 0700)."""
+  if os.geteuid() != 0 or not shutil.which('setpriv'):
+    pytest.skip('needs root and setpriv (another uid plays the other user)')
+  path = pathlib.Path(tempfile.mkdtemp())
+  os.chmod(path, 0o755)
+  yield path
+  shutil.rmtree(path)
+
+
+def _set_acl(path, entries, name='system.posix_acl_access'):
+  value = struct.pack('<I', 2) + b''.join(
+      struct.pack('<HHI', tag, perm, ident) for tag, perm, ident in entries)
+  try:
+    os.setxattr(path, name, value)
+  except OSError as e:
+    pytest.skip(f'no POSIX ACLs here ({e.strerror})')
+
+
+def _acl_for(tag, ident, perm=7):
+  return sorted([(USER_OBJ, 7, _UNDEFINED), (tag, perm, ident),
+                 (GROUP_OBJ, 5, _UNDEFINED), (MASK, 7, _UNDEFINED),
+                 (OTHER, 5, _UNDEFINED)])  # In tag order, as acl(5) wants.
+
+
+def _config(root, **fields):
+  return training.TrainConfig(root_output_dir=str(root), experiment_name='x',
+                              rounds=1, progress=False, **fields)
+
+
+@pytest.mark.parametrize('where', ['root', 'run'])
+def test_a_directory_an_acl_lets_another_user_write_is_refused(shared, where):
+  root = shared / 'runs'
+  (root / 'x').mkdir(parents=True, mode=0o755)
+  target = root if where == 'root' else root / 'x'
+  _set_acl(target, _acl_for(USER, NOBODY))
+  # What the mode shows (0775: the mask), and what nobody really can do.
+  assert oct(os.stat(target).st_mode & 0o777) == '0o775'
+  assert _as_nobody('mkdir', str(target / 'planted')).returncode == 0
+  os.rmdir(target / 'planted')
+  with pytest.raises(training.ConfigError,
+                     match=r'writable by others \(its ACL lets user'):
+    run_directory.check_location(_config(root))
+
+
+def test_a_default_acl_that_would_let_another_group_write_new_files_is_refused(
+    shared):
+  root = shared / 'runs'
+  root.mkdir(mode=0o755)
+  _set_acl(root, _acl_for(GROUP, NOBODY), 'system.posix_acl_default')
+  with pytest.raises(training.ConfigError, match='posix_acl_default'):
+    run_directory.check_location(_config(root))
+
+
+def test_an_acl_that_lets_no_one_else_write_is_allowed(shared):
+  root = shared / 'runs'
+  root.mkdir(mode=0o755)
+  _set_acl(root, _acl_for(USER, NOBODY, perm=5))  # Read and enter only.
+  run_directory.check_location(_config(root))
+  _set_acl(root, [(USER_OBJ, 7, _UNDEFINED), (USER, 7, NOBODY),
+                  (GROUP_OBJ, 5, _UNDEFINED), (MASK, 5, _UNDEFINED),
+                  (OTHER, 5, _UNDEFINED)])  # Write masked off.
+  run_directory.check_location(_config(root))
+
+
+def test_a_run_file_an_acl_lets_another_user_write_is_never_opened(shared):
+  path = shared / 'config.json'
+  path.write_text('{}')
+  os.chmod(path, 0o644)
+  _set_acl(path, _acl_for(USER, NOBODY, perm=6))
+  with pytest.raises(ownership.UnsafeFileError, match='its ACL lets user'):
+    ownership.read_bytes(str(path))
+
+
+@pytest.mark.parametrize('link', ['root', 'run'])
+def test_a_path_through_another_users_link_in_a_sticky_directory_is_refused(
+    shared, link):
+  # /tmp-like: everyone may add an entry; only its owner may replace it.
+  sticky = shared / 'tmp'
+  sticky.mkdir()
+  os.chmod(sticky, 0o1777)
+  ours = shared / 'ours'
+  ours.mkdir(mode=0o755)
+  name = sticky / ('runs' if link == 'root' else 'x')
+  assert _as_nobody('ln', '-s', str(ours), str(name)).returncode == 0
+  assert os.lstat(name).st_uid == NOBODY
+  with pytest.raises(run_records.LocationError,
+                     match=r"'.*/tmp/(runs|x)' is a symbolic link of .*65534"):
+    run_records.check_location(str(sticky / 'runs' / 'x') if link == 'root'
+                               else str(name))
+  # What its owner can do at any time: point it at another directory.
+  other = shared / 'ours_too'
+  other.mkdir(mode=0o755)
+  assert _as_nobody('sh', '-c', f'rm {name} && ln -s {other} {name}'
+                    ).returncode == 0
+  assert os.path.realpath(name) == str(other)
+
+
+def test_a_path_through_ones_own_links_is_allowed(shared):
+  ours = shared / 'ours'
+  ours.mkdir(mode=0o755)
+  (shared / 'runs').symlink_to(ours)
+  (ours / 'nested').symlink_to('../ours')  # Relative, resolved in turn.
+  run_records.check_location(str(shared / 'runs' / 'nested' / 'x'))
+  os.chown(ours, NOBODY, NOBODY)  # Where the links lead still counts.
+  with pytest.raises(run_records.LocationError, match='belongs to'):
+    run_records.check_location(str(shared / 'runs' / 'nested' / 'x'))
+
+
+@pytest.mark.slow  # Two DP trainings, ~30 s.
+def test_another_users_link_cannot_make_a_dp_run_train_from_round_1_again(
+    shared):
+  from scripts import program  # pylint: disable=g-import-not-at-top
+  sticky = shared / 'tmp'
+  sticky.mkdir()
+  os.chmod(sticky, 0o1777)
+  first, second = shared / 'a', shared / 'b'
+  first.mkdir(mode=0o755)
+  second.mkdir(mode=0o755)
+  assert _as_nobody('ln', '-s', str(first), str(sticky / 'runs')
+                    ).returncode == 0
+  config = training.TrainConfig(rounds=2, clients_per_round=6, eval_every=2,
+                                seed=3, progress=False, experiment_name='x',
+                                root_output_dir=str(sticky / 'runs'))
+  with pytest.raises(training.ConfigError, match='symbolic link of'):
+    program.run(config)
+  assert not any(first.iterdir()) and not any(second.iterdir())
+  os.lchown(sticky / 'runs', 0, 0)  # Made ours: it runs.
+  program.run(config)
+  released = (first / 'x' / 'releases.jsonl').read_text().splitlines()
+  assert [json.loads(line)['round'] for line in released] == [1, 2]
