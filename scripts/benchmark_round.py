@@ -399,7 +399,8 @@ def _generated_quadratic_task(config):
       datasets, small.model_fn, name=small.name,
       data_source=small.data_source,
       model_description=small.model_description,
-      data_description=f'{config.num_clients:,} generated clients')
+      data_description=f'{config.num_clients:,} generated clients',
+      evaluates_on_training_data=small.evaluates_on_training_data)
 
 
 def _cohort_rows(sizes, population, rounds):

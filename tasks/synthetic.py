@@ -237,7 +237,8 @@ def _least_squares_task(args: task_lib.BuildArgs, problem: LeastSquaresProblem,
   return task_lib.Task(
       datasets, model_fn, name=name, data_source=args.data_source,
       model_description=f'linear, w in R^{problem.dimension}',
-      data_description=description, problem=problem)
+      data_description=description, problem=problem,
+      evaluates_on_training_data=True)  # f(w) on every client's examples.
 
 
 def _check_num_clients(args: task_lib.BuildArgs, default: int,
@@ -443,7 +444,9 @@ def build_fat_tailed_quadratic(args: task_lib.BuildArgs, *,
       model_description=f'1/2||x||^2 + <xi, x>, x in R^{dimension}',
       data_description=(f'{num_clients} clients x {examples_per_client} '
                         f'fresh {law} noise vectors per round'),
-      problem=problem, round_train_data=round_train_data)
+      problem=problem, round_train_data=round_train_data,
+      # Its test data are the clients' draws at the task's seed.
+      evaluates_on_training_data=True)
 
 
 class GeneratedQuadraticClients(tff.simulation.datasets.ClientData):

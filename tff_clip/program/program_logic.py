@@ -41,8 +41,8 @@ import numpy as np
 
 from tff_clip import names
 
-__all__ = ['Accounting', 'NOT_COVERED', 'RELEASED', 'Schedule',
-           'flatten_metrics', 'released_metric', 'train_model']
+__all__ = ['Accounting', 'EVALUATION', 'NOT_COVERED', 'RELEASED', 'Schedule',
+           'flatten_metrics', 'not_covered', 'released_metric', 'train_model']
 
 # Per-round columns a DP run releases: covered by epsilon (or public).
 # The damped server step's learning-rate scale (`server_step`) and the
@@ -57,6 +57,15 @@ RELEASED = ('round', names.EPSILON, 'clip_norm', 'target_quantile',
 # cohort). Released under DP only with `release_uncovered_metrics`.
 NOT_COVERED = ('clients', 'train_loss', 'train_accuracy', 'objective',
                'seconds')
+# And the evaluation of a task whose test data are its clients' training
+# data (`tasks.Task.evaluates_on_training_data`: the synthetic problems).
+EVALUATION = ('eval_loss', 'eval_accuracy')
+
+
+def not_covered(task) -> tuple:
+  """The columns epsilon does not cover in a DP run of `task`."""
+  return NOT_COVERED + (
+      EVALUATION if getattr(task, 'evaluates_on_training_data', False) else ())
 
 # Where the learning process reports the round's clip norm: tff_clip's DP
 # query, TFF's DP query, tff_clip's bounding without noise.
@@ -67,16 +76,17 @@ _CLIP_NORM_METRICS = ('aggregator/dp_query_metrics/clip_norm',
 _TARGET_QUANTILE_METRIC = 'aggregator/dp_query_metrics/target_quantile'
 
 
-def released_metric(private: bool, release_uncovered_metrics: bool = False):
+def released_metric(private: bool, release_uncovered_metrics: bool = False,
+                    uncovered: tuple = NOT_COVERED):
   """The release filter: under DP, only what epsilon covers (by default).
 
   A `filter_fn` of `tff.program.FilteringReleaseManager` (True: release the
   metric at `path`); the record and every release manager of a run are
-  filtered by it.
+  filtered by it. `uncovered`: the columns withheld (`not_covered`).
   """
   if not private or release_uncovered_metrics:
     return lambda path: True
-  return lambda path: path[-1] not in NOT_COVERED
+  return lambda path: path[-1] not in uncovered
 
 
 @dataclasses.dataclass(frozen=True)

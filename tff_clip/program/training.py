@@ -26,8 +26,8 @@ the run reproducible and NOT private).
 What a DP run releases (`program_logic.RELEASED` / `NOT_COVERED`): the
 model, epsilon, the clip norm (from the noised DP state) and evaluation on
 server-held test data are covered by the ledger. The realised cohort size,
-client training metrics, a synthetic task's objective (computed on the
-clients' data) and round timings are not: they are withheld unless
+client training metrics, a synthetic task's objective and evaluation
+(computed on the clients' data) and round timings are not: withheld unless
 `release_uncovered_metrics`, and then listed in `summary.json` under
 `not_covered_by_epsilon`. Rounds with an empty Poisson cohort run (noise
 only), so the ledger counts what happened.
@@ -174,8 +174,9 @@ def _train(config, session, log, resuming, extra_release_managers):
                os.path.join(out, 'tensorboard'), log, resuming,
                # Under DP no clock: the round number as wall time.
                clock=None if session.private else lambda step: time.time())]
-  released = program_logic.released_metric(session.private,
-                                            config.release_uncovered_metrics)
+  released = program_logic.released_metric(
+      session.private, config.release_uncovered_metrics,
+      program_logic.not_covered(session.task))
   accounting_ = (program_logic.Accounting(
       session.round_event, ledger, config.delta,
       private=config.noise_seed is None) if session.private else None)
@@ -230,7 +231,8 @@ class _Progress:
                        ('clip_norm', 'clip')):
       if key in row and self._released((key,)):
         shown[label] = row[key]
-    shown['acc'] = last_eval.get('eval_accuracy', math.nan)
+    if self._released(('eval_accuracy',)):
+      shown['acc'] = last_eval.get('eval_accuracy', math.nan)
     # The row's epsilon, its accountant and delta named (NOT private with
     # seeded noise), as metrics.csv, TensorBoard and the summary show it.
     epsilon = ('' if guarantee is None or self._accounting is None else
@@ -340,7 +342,8 @@ def _summary(config, session, ledger, last_eval, last_row):
     if config.noise_seed is not None:
       summary['private'] = False
       summary['not_private'] = _NOT_PRIVATE
-    released = [k for k in program_logic.NOT_COVERED if k in last_row]
+    released = [k for k in program_logic.not_covered(session.task)
+                if k in last_row]
     if released:
       summary['not_covered_by_epsilon'] = released
     if z > 0 and config.sampling != MIN_SEPARATION:
