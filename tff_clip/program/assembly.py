@@ -179,6 +179,12 @@ def _plain_server_optimizer(config):
 TFF_TARGET_QUANTILE = 0.5
 
 
+# TFF's tree baseline holds its value and count noise in float32, rounded to
+# nearest: up to half a float32 ulp (2^-24 relative) below the z it was
+# given. Its rounds are accounted at z (1 - 2^-22): never noisier than it ran.
+TFF_FLOAT32_SLACK = 1.0 - 2.0**-22
+
+
 def baseline_quantile(config: TrainConfig) -> float:
   """The target quantile a TFF baseline (--bounding=tff_*) tracks."""
   return (TFF_TARGET_QUANTILE if config.target_quantile is None else
@@ -474,8 +480,9 @@ class Session:
     baseline = config_lib.baseline(self.config)
     if baseline is not None and not baseline.reports_events:
       # E.g. TFF's restarted tree (--noise_mechanism=tree): accounted as
-      # tff_clip's same mechanism.
-      event = self.config.noise.participation_event(self.noise_multiplier)
+      # tff_clip's same mechanism, at the least z its float32 state runs.
+      event = self.config.noise.participation_event(
+          self.noise_multiplier * TFF_FLOAT32_SLACK)
     else:
       event = dp.extract_dp_event(state.aggregator)
     if self.config.sampling == MIN_SEPARATION:
