@@ -27,8 +27,14 @@ Two schemes, named as in `tff_clip.privacy.accounting`, which accounts each:
     once. The separation b must be at least the number of bands of the noise.
 
 The cohort of round r depends only on (seed, r) and the set of client ids
-(not their order: they are sorted first): no sampler state needs a
-checkpoint, and resuming at round r reproduces the uninterrupted run.
+(not their order: they are sorted first), or, for a private run, on
+(key, r): amplification by sampling holds only while no one knows who was
+sampled, and --seed (0 by default, in config.json) is public, so a DP run
+of Poisson or fixed-size sampling draws its cohorts from a secret
+`sampling_key` (`new_sampling_key`: OS entropy), kept, like the noise key,
+only in its checkpoints, so that resuming at round r reproduces the
+uninterrupted run. (Minimum separation claims no amplification: its
+groups and cohorts stay seeded.)
 (Runs before `GROUP_SCHEME` grouped clients by a hash of (seed, id), in
 groups of unequal sizes; a run records its scheme, and one recorded with
 the other is not resumed: `tff_clip.program.run_directory`.)
@@ -36,7 +42,10 @@ the other is not resumed: `tff_clip.program.run_directory`.)
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
+import secrets
+from typing import Optional
 
 import numpy as np
 
@@ -45,7 +54,7 @@ from tff_clip.names import FIXED_SIZE, MIN_SEPARATION, POISSON, SAMPLINGS
 
 __all__ = ['FIXED_SIZE', 'GROUP_SCHEME', 'MIN_SEPARATION', 'POISSON',
            'SAMPLINGS', 'ClientSampler', 'group_scheme', 'group_sizes',
-           'separation_groups']
+           'new_sampling_key', 'separation_groups']
 
 # The name a run records for how `separation_groups` assigns clients to
 # groups (`run_directory.RESOLVED_KEY`): a resumed run must find its groups
@@ -55,6 +64,13 @@ GROUP_SCHEME = 'equal_permuted'
 # Domain separation of the group permutation's stream from the per-round
 # streams (`np.random.default_rng([seed, round])`).
 _GROUPS_STREAM = 0x67726f757073  # b'groups'
+# And the secret cohorts' streams (`np.random.default_rng([_KEYED, key, r])`).
+_KEYED_STREAM = 0x6b65796564  # b'keyed'
+
+
+def new_sampling_key() -> str:
+  """A fresh secret sampling key: 128 bits of OS entropy, as hex."""
+  return secrets.token_hex(16)
 
 
 def group_scheme(sampling: str):
@@ -107,7 +123,9 @@ class ClientSampler:
 
   def __init__(self, client_ids: Sequence[str], clients_per_round: int,
                sampling: str = FIXED_SIZE, seed: int = 0,
-               separation: int = 1):
+               separation: int = 1, key: Optional[str] = None):
+    """`key`: a secret sampling key (`new_sampling_key`) the Poisson and
+    fixed-size cohorts are drawn from instead of `seed`."""
     # Sorted: the cohort must not depend on the order the task lists them.
     self._client_ids = sorted(client_ids)
     if not self._client_ids:
@@ -123,6 +141,7 @@ class ClientSampler:
     self.sampling = sampling
     self.seed = int(seed)
     self.separation = int(separation)
+    self._key = None if key is None else int(key, 16)
     self._groups = None
     if sampling == MIN_SEPARATION and self.separation > len(self._client_ids):
       # Said before the groups are made (2^31 of them would take minutes).
@@ -157,9 +176,19 @@ class ClientSampler:
   def sampling_probability(self) -> float:
     return self.clients_per_round / self.population_size
 
+  def keyed(self, key: Optional[str]) -> 'ClientSampler':
+    """This sampler with its cohorts drawn from the secret `key` (None: from
+    the seed), the groups of minimum separation unchanged."""
+    keyed = copy.copy(self)
+    keyed._key = None if key is None else int(key, 16)  # pylint: disable=protected-access
+    return keyed
+
   def sample(self, round_num: int) -> list[str]:
-    """The cohort of round `round_num` (a pure function of seed and round)."""
-    rng = np.random.default_rng([self.seed, int(round_num)])
+    """The cohort of round `round_num`: a pure function of the seed (or,
+    for Poisson and fixed-size sampling, the secret key) and the round."""
+    secret = self._key is not None and self.sampling != MIN_SEPARATION
+    rng = np.random.default_rng([_KEYED_STREAM, self._key, int(round_num)]
+                                if secret else [self.seed, int(round_num)])
     if self.sampling == MIN_SEPARATION:
       group = self._groups[int(round_num) % self.separation]
       chosen = np.asarray(group, np.int64)

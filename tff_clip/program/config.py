@@ -229,8 +229,8 @@ class TrainConfig:
       'task_bounding[_dp]_seedN, then _ and 8 hex digits of a hash of the '
       'other flags that differ from their defaults, so that different '
       'commands never share a directory and the same command resumes).')
-  seed: int = _field(0, 'Seed of sampling, data order and initialization '
-                     '(not of the DP noise: see --noise_seed).')
+  seed: int = _field(0, 'Seed of data order, initialization and sampling (a '
+                     "private run's cohorts and noise: secret keys instead).")
   executor: str = _field(
       'inprocess', "inprocess: TFF's MapReduceForm run in this process "
       "(tff_clip.runtime.simulation; fastest on one machine); local: TFF's C++ "

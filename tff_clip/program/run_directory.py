@@ -32,6 +32,7 @@ import tempfile
 from typing import Any, Optional
 
 from tff_clip.names import MIN_SEPARATION
+from tff_clip.privacy import sampling as sampling_lib
 from tff_clip.program import release_evidence
 from tff_clip.program import checkpoints
 from tff_clip.program import run_records
@@ -445,6 +446,13 @@ class RunState:
     self._model = model_layout
     self._checkpoints = checkpoints.Checkpoints(
         os.path.join(config.output_dir, 'checkpoints'))
+    # The secret key a private run of Poisson or fixed-size sampling draws
+    # its cohorts from (`sampling.ClientSampler.keyed`), set by `restore`:
+    # fresh, or the one its checkpoints keep (None: cohorts from --seed).
+    self._secret_sampling = (
+        private and config.noise_seed is None and
+        config.sampling in (sampling_lib.POISSON, sampling_lib.FIXED_SIZE))
+    self.sampling_key = None
 
   def restore(self, initial_state):
     """(state, first round to train, pending [(round, row, event), ...]).
@@ -461,6 +469,8 @@ class RunState:
     if found is None:
       if released == 0:
         self._checkpoints.tidy()
+        if self._secret_sampling:
+          self.sampling_key = sampling_lib.new_sampling_key()
         return initial_state(), 1, []
       if self._private:
         raise refusal(config, log, f'rounds 1-{released} were released '
@@ -472,6 +482,9 @@ class RunState:
       log.truncate(0)
       return initial_state(), 1, []
     version, leaves, header = found
+    # Kept with the state: the resumed rounds draw the cohorts they would
+    # have (a checkpoint of a run that drew them from --seed has none).
+    self.sampling_key = header.get('sampling_key')
     pending = checkpoints.pending_rounds(header, version)
     base = pending[0][0] - 1 if pending else version
     if released > version:
@@ -521,6 +534,8 @@ class RunState:
                              for r, row, event in pending],
                     log_hash=self._log.hash_at(pending[0][0] - 1),
                     model=self._model)
+    if self.sampling_key is not None:  # Server-private, as the noise key.
+      header['sampling_key'] = self.sampling_key
     self._checkpoints.save(round_num, self._to_leaves(state), header)
 
   def record(self, round_num: int, row, event) -> None:

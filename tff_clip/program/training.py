@@ -185,7 +185,8 @@ def _train(config, session, log, resuming, extra_release_managers):
     from tff_clip.program import plotting  # pylint: disable=g-import-not-at-top
     plotting.import_in_background()  # Ready for the plot when the rounds end.
   state = program_logic.train_model(
-      process=session.process, sampler=session.sampler,
+      process=session.process,
+      sampler=session.sampler.keyed(state_manager.sampling_key),
       client_data=session.client_datasets, evaluate=session.evaluate,
       state_manager=state_manager,
       release_managers=views + list(extra_release_managers),
