@@ -190,6 +190,12 @@ def build_fedavg(
   Per-step clipping composes with every other option; BLUR and LUS combine;
   model clipping combines with neither.
 
+  Under DP only the model update goes through `model_aggregator`: the
+  process's `client_work` metrics (the clients' summed training loss and
+  example counts, TFF's usual output) are aggregated without noise and are
+  not covered by epsilon; release them only as `scripts.train` does (it
+  withholds them under DP, docs/privacy.md).
+
   Args:
     model_fn: a no-arg callable returning a new
       `tff.learning.models.VariableModel` (e.g. from
