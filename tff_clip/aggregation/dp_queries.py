@@ -213,17 +213,18 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
       return tf.cast(tf.norm(tf.cast(clip_norm, tf.float64)), tf.float32)
     return clip_norm
 
-  def least_clip_norm(self) -> float:
-    """The float32 C (or C_h) below which the noise std z C (client noise:
-    z C / sqrt(n)) would fall under `spec.MIN_NOISE_STDDEV`: an adaptive
-    norm is kept at or above it (0 without noise). Post-processing of the
-    released estimate: it costs no privacy."""
-    if self._noise_multiplier <= 0:
-      return 0.0
-    least = spec_lib.MIN_NOISE_STDDEV / self._noise_multiplier * (
+  def least_clip_norm(self, noise_multiplier) -> tf.Tensor:
+    """The C (or C_h) below which the noise std z C (client noise:
+    z C / sqrt(n)) would fall under `spec.MIN_NOISE_STDDEV`, for the state's
+    float32 z (read from the state, not traced in: cells of other z share
+    the graph): an adaptive norm is kept at or above it (0 without noise).
+    Post-processing of the released estimate: it costs no privacy."""
+    floor = spec_lib.MIN_NOISE_STDDEV * (
         math.sqrt(self._expected_clients) if self._placement == 'client'
         else 1.0)
-    return float(np.nextafter(np.float32(least), np.float32(np.inf)))
+    z = tf.cast(noise_multiplier, tf.float32)
+    return tf.where(z > 0, floor / tf.maximum(z, np.finfo(np.float32).tiny),
+                    0.0)
 
   def derive_sample_params(self, global_state):
     client_key = tf.zeros([2], tf.int64)
@@ -434,7 +435,7 @@ class AdaptiveBoundedSumQuery(tfp.SumAggregationDPQuery):
     # Never below the least norm whose noise TensorFlow still draws (a norm
     # driven toward 0 would otherwise release its rounds without noise).
     sum_state = sum_state._replace(clip_norm=tf.maximum(
-        new_norm, self._sum_query.least_clip_norm()))
+        new_norm, self._sum_query.least_clip_norm(sum_state.noise_multiplier)))
     event = dp_accounting.ComposedDpEvent([sum_event, estimator_event])
     return noised, self.GlobalState(sum_state, estimator_state), event
 
