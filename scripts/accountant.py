@@ -293,6 +293,18 @@ def main(argv):
   delta = _DELTA.value
   # Everything is computed before anything is printed, so a bad argument
   # gives only its error (which names it).
+  ignored = [f'--{name}' for name in (
+      'noise_mechanism', 'bands', 'blt_buffers', 'min_separation')
+             if flags.FLAGS[name].present]
+  if sampling != accounting.MIN_SEPARATION and ignored:
+    # Correlated noise is accounted under minimum separation only: a figure
+    # for independent noise would not be the mechanism asked about.
+    return cli.fail(f'{", ".join(ignored)} apply to --sampling='
+                    f'min_separation only; got --sampling={sampling}.')
+  if flags.FLAGS['extrapolate_cohort_scales'].present and (
+      not _EXTRAPOLATE.value):
+    return cli.fail('--extrapolate_cohort_scales applies with --extrapolate '
+                    'only.')
   if sampling == accounting.MIN_SEPARATION:
     try:
       lines = _correlated_lines(rounds, delta, _accountants())

@@ -108,6 +108,8 @@ def configs(setting, variants, seeds, rounds, z, alpha, root, extra):
       if rounds:
         fields['rounds'] = rounds
       fields.update(VARIANTS[name])
+      if fields.get('clip_norm') != 'adaptive':  # The setting's quantile
+        fields.pop('target_quantile', None)      # is an adaptive norm's.
       fields.update(extra)
       config = config_lib.TrainConfig(**fields)
       program.validate(config)

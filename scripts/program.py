@@ -11,6 +11,7 @@ benchmarks and reproductions call. The library (`tff_clip`) never imports
 import atexit
 import collections
 import contextlib
+import dataclasses
 import glob
 import math
 import os
@@ -70,9 +71,32 @@ def _check_task(config):
                       f'{", ".join(sources)}; got {config.data_source!r}.')
 
 
+# Flags that apply only where another says so, and where they apply: given
+# elsewhere they would change nothing without a word (a fixed --clip_norm
+# with --target_quantile is not the adaptive norm it suggests).
+_APPLIES = (
+    ('target_quantile', lambda c: c.target_quantile is None or
+     c.clip_norm == 'adaptive', '--clip_norm=adaptive'),
+    ('bands', lambda c: c.bands == _DEFAULT['bands'] or c.noise.correlated,
+     'correlated noise (--noise_mechanism)'),
+    ('min_separation', lambda c: c.min_separation is None or
+     c.sampling == 'min_separation', '--sampling=min_separation'),
+    ('blt_buffers', lambda c: c.blt_buffers == _DEFAULT['blt_buffers'] or
+     'blt_buffers' in c.noise.options, '--noise_mechanism=blt'),
+    ('split', lambda c: c.split == _DEFAULT['split'] or
+     c.bounding.startswith('per_layer'), 'a per_layer_ --bounding'),
+)
+_DEFAULT = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+
+
 def validate(config: TrainConfig) -> None:
   """`tff_clip.program.config.validate` and the task flags; `ConfigError` names one."""
   config_lib.validate(config)
+  for flag, applies, where in _APPLIES:
+    if not applies(config):
+      raise ConfigError(f'--{flag}={getattr(config, flag)} applies only with '
+                        f'{where}; it would change nothing here. Leave it '
+                        'out.')
   _check_task(config)
 
 
@@ -227,7 +251,9 @@ def build_task(config: TrainConfig):
       return _TASKS[key]
     task = tasks.get_task(config.task, **arguments)
   except (TypeError, ValueError) as e:
-    if not config.task_options:
+    # Blamed on --task_option only where it names one of the options given
+    # (a partition's error is the partition flags').
+    if not any(key in str(e) for key, _ in config.task_options):
       raise
     raise ConfigError(f'--task_option (task {config.task!r}): {e}') from e
   _TASKS[key] = task

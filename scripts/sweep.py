@@ -202,7 +202,12 @@ def main(argv):
   grid = parse_grid(_GRID.value)
   if _SEEDS.value <= 0:
     raise app.UsageError('--seeds must be positive.')
-  sweep_dir = os.path.join(_ROOT.value, _NAME.value)
+  name = _NAME.value
+  if not name or os.sep in name or name in ('.', '..') or not (
+      name.isprintable()):
+    raise app.UsageError('--sweep_name must be a non-empty name without '
+                         f'{os.sep!r}; got {name!r}.')
+  sweep_dir = os.path.join(_ROOT.value, name)
   plan = []
   for label, setting in cells(grid):
     for seed in range(_SEEDS.value):
@@ -212,6 +217,15 @@ def main(argv):
                           f'--seed={seed}', f'--experiment_name={name}',
                           f'--root_output_dir={sweep_dir}',
                           '--progress=false']))
+  if os.path.isdir(sweep_dir):
+    # Another grid's runs: its summary would be overwritten without a word.
+    theirs = sorted({d for d in os.listdir(sweep_dir) if os.path.isdir(
+        os.path.join(sweep_dir, d))} - {n for n, _ in plan})
+    if theirs:
+      raise app.UsageError(
+          f'--sweep_name={name}: {sweep_dir} holds runs of another sweep '
+          f'({theirs[0]}{", ..." if len(theirs) > 1 else ""}), whose '
+          'summary this one would overwrite; name a new sweep.')
   finished = lambda name: os.path.exists(
       os.path.join(sweep_dir, name, 'summary.json'))
   # Finished cells are skipped below, never run again: only the rest is

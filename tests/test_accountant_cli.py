@@ -156,6 +156,12 @@ def test_cli_bad_input_fails_naming_the_argument():
     ([*EXAMPLE[:-1], '--delta=1.5'], 'delta'),
     ([*EXAMPLE, '--accountant=rdp'], 'accountant'),
     ([*EXAMPLE, '--rounds=many'], 'rounds'),
+    # Correlated noise is accounted under minimum separation only: under
+    # Poisson the figure would be independent noise's, not banded noise's.
+    ([*EXAMPLE, '--noise_mechanism=banded', '--bands=4'], 'noise_mechanism'),
+    ([*EXAMPLE, '--min_separation=4'], 'min_separation'),
+    ([*EXAMPLE, '--extrapolate_cohort_scales=1,2'],
+     'extrapolate_cohort_scales'),
 ])
 def test_cli_bad_flag_is_one_line_with_exit_code_2(args, name):
   result = _run(*args)

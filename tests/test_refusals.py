@@ -111,6 +111,16 @@ CHANGES_THE_RUN = [
     (['--noise_multiplier=1e-45'], r'--noise_multiplier = 1e-45 is '
      r'subnormal in float32'),
     (['--clip_norm=1e-40'], r'--clip_norm = 1e-40 is subnormal'),
+    # A flag where it changes nothing: the user would believe it did.
+    (['--clip_norm=1', '--target_quantile=0.5'],
+     r'--target_quantile=0.5 applies only with --clip_norm=adaptive'),
+    (['--bands=4'], r'--bands=4 applies only with correlated noise'),
+    (['--min_separation=3'],
+     r'--min_separation=3 applies only with --sampling=min_separation'),
+    (['--blt_buffers=2'], r'--blt_buffers=2 applies only with '
+     r'--noise_mechanism=blt'),
+    (['--bounding=clip', '--split=uniform'],
+     r'--split=uniform applies only with a per_layer_ --bounding'),
     # Client noise is n shares of the noise: a Poisson cohort of m < n
     # clients adds less than the ledger accounts.
     (['--noise_placement=client'],

@@ -1356,3 +1356,17 @@ def test_a_save_hashes_each_leaf_at_most_twice_whatever_its_rows(
     calls[0] = 0
     store.save(round_num, state, {'model': None})
     assert calls[0] <= 2, (round_num, calls[0])
+
+
+@pytest.mark.parametrize('inside', ['checkpoints/x', 'sub', 'tensorboard/x'])
+def test_share_run_never_writes_into_the_run_it_shares(copy, inside):
+  """An --output_dir inside the run directory (even in checkpoints/) would
+  change the DP run's own record: refused in one line, nothing written."""
+  before = _files(copy)
+  result = as_a_user.run(['-m', 'scripts.share_run', f'--run_dir={copy}',
+                          f'--output_dir={copy / inside}'], timeout=120)
+  assert result.returncode == 2, result.stdout + result.stderr
+  assert 'inside the run directory' in result.stderr
+  assert result.stderr.count('\n') == 1, result.stderr
+  assert _files(copy) == before
+  assert not (copy / inside).exists()

@@ -164,3 +164,27 @@ def test_a_cell_train_would_refuse_is_refused_before_any_runs(
   assert result.stdout == ''
   assert re.fullmatch(message + r'.*\n', result.stderr), result.stderr
   assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize('name', ['', '..', 'a/b', '../x'])
+def test_a_sweep_name_that_is_not_one_directory_is_refused(tmp_path, name):
+  result = _sweep(tmp_path, f'--sweep_name={name}', '--grid=rounds=1',
+                  '--dry_run', '--', '--noise_multiplier=none')
+  assert result.returncode != 0
+  assert '--sweep_name must be a non-empty name' in result.stderr
+  assert list(tmp_path.iterdir()) == []
+
+
+def test_another_grid_under_the_same_name_is_refused_not_overwritten(
+    tmp_path):
+  # Another sweep's runs under the name: this one's summary would replace
+  # theirs without a word.
+  theirs = tmp_path / 's' / 'rounds=1_seed0_0123abcd'
+  theirs.mkdir(parents=True)
+  (theirs.parent / 'summary.md').write_text('theirs')
+  result = _sweep(tmp_path, '--grid=local_epochs=2', '--dry_run', '--',
+                  '--noise_multiplier=none', '--rounds=1')
+  assert result.returncode != 0
+  assert 'holds runs of another sweep (rounds=1_seed0_0123abcd)' in (
+      result.stderr)
+  assert (theirs.parent / 'summary.md').read_text() == 'theirs'

@@ -430,6 +430,13 @@ def share(run_dir: str, destination: str) -> tuple[list[str], list[str]]:
     raise run_records.RunRecordError(f'{destination!r} exists; nothing was copied or '
                          'overwritten. Name a new directory.')
   parent = os.path.dirname(os.path.abspath(destination))
+  inside = os.path.realpath(parent)
+  if os.path.commonpath([inside, os.path.realpath(run_dir)]) == (
+      os.path.realpath(run_dir)):
+    raise run_records.RunRecordError(
+        f'{destination!r} is inside the run directory {run_dir!r}, whose '
+        'records it would change; nothing was copied. Name a directory '
+        'outside it.')
   tmp = os.path.join(parent, f'.{os.path.basename(destination)}.tmp')
   try:
     if os.path.lexists(tmp):
