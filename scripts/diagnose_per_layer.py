@@ -87,7 +87,7 @@ def diagnose(base, bounding):
   config = dataclasses.replace(base, bounding=bounding, clip_norm='adaptive')
   probe_config = dataclasses.replace(
       base, bounding='per_layer_clip', clip_norm=1e9, noise_multiplier=None,
-      target_quantile=0.5)
+      target_quantile=None)  # A fixed norm: no quantile to track.
   program.validate(config)
   program.validate(probe_config)
   session = assembly.Session(config, program.build_task)
