@@ -80,7 +80,7 @@ _APPLIES = (
     ('bands', lambda c: c.bands == _DEFAULT['bands'] or c.noise.correlated,
      'correlated noise (--noise_mechanism)'),
     ('min_separation', lambda c: c.min_separation is None or
-     c.sampling == 'min_separation', '--sampling=min_separation'),
+     c.participation_separation is not None, '--sampling=min_separation'),
     ('blt_buffers', lambda c: c.blt_buffers == _DEFAULT['blt_buffers'] or
      'blt_buffers' in c.noise.options, '--noise_mechanism=blt'),
     ('split', lambda c: c.split == _DEFAULT['split'] or
