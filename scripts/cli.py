@@ -175,6 +175,8 @@ def run(main, argv=None, interrupted=None, fast_exit=False) -> None:
       try:
         _ascii_numbers(flags.FLAGS)
         rest = flags.FLAGS(argv)
+      except flags.CantOpenFlagFileError as e:  # absl: 'ERROR:: Unable...'.
+        code = fail(f'--flagfile: {str(e).replace("ERROR::", "").strip()}')
       except flags.Error as e:
         code = fail(f'{e} (see --help)')
       else:

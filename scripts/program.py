@@ -11,7 +11,6 @@ benchmarks and reproductions call. The library (`tff_clip`) never imports
 import atexit
 import collections
 import contextlib
-import dataclasses
 import glob
 import math
 import os
@@ -74,19 +73,10 @@ def _check_task(config):
 # Flags that apply only where another says so, and where they apply: given
 # elsewhere they would change nothing without a word (a fixed --clip_norm
 # with --target_quantile is not the adaptive norm it suggests).
-_APPLIES = (
-    ('target_quantile', lambda c: c.target_quantile is None or
-     c.clip_norm == 'adaptive', '--clip_norm=adaptive'),
-    ('bands', lambda c: c.bands == _DEFAULT['bands'] or c.noise.correlated,
-     'correlated noise (--noise_mechanism)'),
+_APPLIES = (  # The DP parameters' own: `spec.unread`, in `config.validate`.
     ('min_separation', lambda c: c.min_separation is None or
      c.participation_separation is not None, '--sampling=min_separation'),
-    ('blt_buffers', lambda c: c.blt_buffers == _DEFAULT['blt_buffers'] or
-     'blt_buffers' in c.noise.options, '--noise_mechanism=blt'),
-    ('split', lambda c: c.split == _DEFAULT['split'] or
-     c.bounding.startswith('per_layer'), 'a per_layer_ --bounding'),
 )
-_DEFAULT = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 
 
 def validate(config: TrainConfig) -> None:

@@ -60,7 +60,13 @@ def parse_grid(entries):
       raise app.UsageError(f'--grid cannot set --{name}: the sweep sets it.')
     if name in grid:
       raise app.UsageError(f'--grid names {name!r} twice.')
-    grid[name] = [v.strip() for v in values.split(',') if v.strip()]
+    grid[name] = [v.strip() for v in values.split(',')]
+    if '' in grid[name]:  # An unset shell variable: a cell would vanish.
+      raise app.UsageError(f'--grid {name}: an empty value in {values!r}.')
+    repeated = next((v for i, v in enumerate(grid[name])
+                     if v in grid[name][:i]), None)
+    if repeated is not None:  # The same runs twice, seeds counted twice.
+      raise app.UsageError(f'--grid {name}: {repeated!r} is given twice.')
   return grid
 
 
@@ -202,12 +208,12 @@ def main(argv):
   grid = parse_grid(_GRID.value)
   if _SEEDS.value <= 0:
     raise app.UsageError('--seeds must be positive.')
-  name = _NAME.value
-  if not name or os.sep in name or name in ('.', '..') or not (
-      name.isprintable()):
+  sweep_name = _NAME.value
+  if not sweep_name or os.sep in sweep_name or sweep_name in ('.', '..') or (
+      not sweep_name.isprintable()):
     raise app.UsageError('--sweep_name must be a non-empty name without '
-                         f'{os.sep!r}; got {name!r}.')
-  sweep_dir = os.path.join(_ROOT.value, name)
+                         f'{os.sep!r}; got {sweep_name!r}.')
+  sweep_dir = os.path.join(_ROOT.value, sweep_name)
   plan = []
   for label, setting in cells(grid):
     for seed in range(_SEEDS.value):
@@ -223,7 +229,7 @@ def main(argv):
         os.path.join(sweep_dir, d))} - {n for n, _ in plan})
     if theirs:
       raise app.UsageError(
-          f'--sweep_name={name}: {sweep_dir} holds runs of another sweep '
+          f'--sweep_name={sweep_name}: {sweep_dir} holds runs of another sweep '
           f'({theirs[0]}{", ..." if len(theirs) > 1 else ""}), whose '
           'summary this one would overwrite; name a new sweep.')
   finished = lambda name: os.path.exists(

@@ -98,11 +98,40 @@ ACCEPTED = dict(noise_multiplier=1.0, clients_per_round=10, clip_norm=1.0)
 def test_split_given_to_a_global_bounding_is_refused(method, split):
   """One norm over the whole update has no layer budgets: the split would
   be ignored without a word."""
-  with pytest.raises(ValueError, match=r'^`split` applies to per-layer '
-                     f'boundings; {method!r} bounds the whole update'):
+  with pytest.raises(ValueError, match=r'^`split` applies only with a '
+                     'per_layer_ bounding'):
     dp.dp_factory(method, split=split, **ACCEPTED)
   dp.dp_factory(method, **ACCEPTED)
   dp.dp_factory(f'per_layer_{method}', split=split, **ACCEPTED)
+
+
+SEPARATED = dict(min_separation=4, rounds=8)
+
+
+@pytest.mark.parametrize('name,value,where,reads', [
+    # The quantile and its count noise move an adaptive norm only.
+    ('target_quantile', 0.5, 'an adaptive clip_norm',
+     dict(clip_norm='adaptive')),
+    ('clipped_count_stddev', 2.0, 'an adaptive clip_norm',
+     dict(clip_norm='adaptive')),
+    # Independent noise has no memory; only BLT has buffers.
+    ('bands', 4, r'correlated noise \(noise_mechanism\)',
+     dict(noise_mechanism='banded', **SEPARATED)),
+    ('blt_buffers', 2, 'noise_mechanism blt',
+     dict(noise_mechanism='blt', **SEPARATED)),
+])
+def test_a_parameter_the_aggregation_would_not_read_is_refused(
+    name, value, where, reads):
+  with pytest.raises(ValueError, match=f'^`{name}` applies only with {where}'):
+    dp.dp_factory('clip', **{name: value}, **ACCEPTED)
+  dp.dp_factory('clip', **{name: value, **ACCEPTED, **reads})
+
+
+@pytest.mark.parametrize('missing', ['noise_multiplier', 'clients_per_round'])
+def test_a_missing_parameter_is_named_as_dp_factorys(missing):
+  given = {k: v for k, v in ACCEPTED.items() if k != missing}
+  with pytest.raises(TypeError, match=f'^dp_factory\\(\\) needs `{missing}`.$'):
+    dp.dp_factory('clip', **given)
 
 
 @pytest.mark.parametrize('mechanism', ['banded', 'tree', 'blt'])

@@ -113,14 +113,16 @@ CHANGES_THE_RUN = [
     (['--clip_norm=1e-40'], r'--clip_norm = 1e-40 is subnormal'),
     # A flag where it changes nothing: the user would believe it did.
     (['--clip_norm=1', '--target_quantile=0.5'],
-     r'--target_quantile=0.5 applies only with --clip_norm=adaptive'),
+     r'--target_quantile=0.5 applies only with an adaptive clip_norm'),
+    (['--clip_norm=1', '--clipped_count_stddev=2'],
+     r'--clipped_count_stddev=2.0 applies only with an adaptive clip_norm'),
     (['--bands=4'], r'--bands=4 applies only with correlated noise'),
     (['--min_separation=3'],
      r'--min_separation=3 applies only with --sampling=min_separation'),
     (['--blt_buffers=2'], r'--blt_buffers=2 applies only with '
-     r'--noise_mechanism=blt'),
+     r'noise_mechanism blt'),
     (['--bounding=clip', '--split=uniform'],
-     r'--split=uniform applies only with a per_layer_ --bounding'),
+     r'--split=uniform applies only with a per_layer_ bounding'),
     # Client noise is n shares of the noise: a Poisson cohort of m < n
     # clients adds less than the ledger accounts.
     (['--noise_placement=client'],
@@ -247,6 +249,10 @@ BAD_FLAGS = [
      '--experiment_name is too long for a file system'),
     (['--task_option=depth=3'],
      "--task_option 'depth' is not an option of task 'digits'"),
+    # absl's own words begin 'ERROR::'; the line names the flag instead.
+    (['--flagfile=no_such_flags.cfg'],
+     "error: --flagfile: Unable to open flagfile: [Errno 2] No such file or "
+     "directory: 'no_such_flags.cfg'"),
 ]
 
 

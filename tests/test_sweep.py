@@ -20,9 +20,18 @@ def test_grid_expands_to_every_combination():
                     'bounding=normalize_noise_multiplier=1']
 
 
-@pytest.mark.parametrize('entry', ['bounding', 'seed=1,2', '=1'])
-def test_malformed_or_reserved_grid_is_a_usage_error(entry):
-  with pytest.raises(app.UsageError):
+@pytest.mark.parametrize('entry,message', [
+    ('bounding', 'must be name=v1,v2'), ('seed=1,2', 'cannot set --seed'),
+    ('=1', 'must be name=v1,v2'),
+    # An unset shell variable would drop a cell without a word ...
+    ('noise_multiplier=0.5,,1', "--grid noise_multiplier: an empty value in "
+     "'0.5,,1'"),
+    ('noise_multiplier=,', 'an empty value'),
+    # ... and a value given twice would run its cells twice.
+    ('bounding=clip,normalize,clip', "--grid bounding: 'clip' is given twice"),
+])
+def test_malformed_or_reserved_grid_is_a_usage_error(entry, message):
+  with pytest.raises(app.UsageError, match=re.escape(message)):
     sweep.parse_grid([entry])
 
 
@@ -185,6 +194,7 @@ def test_another_grid_under_the_same_name_is_refused_not_overwritten(
   result = _sweep(tmp_path, '--grid=local_epochs=2', '--dry_run', '--',
                   '--noise_multiplier=none', '--rounds=1')
   assert result.returncode != 0
+  assert '--sweep_name=s: ' in result.stderr  # The name given, not a cell's.
   assert 'holds runs of another sweep (rounds=1_seed0_0123abcd)' in (
       result.stderr)
   assert (theirs.parent / 'summary.md').read_text() == 'theirs'

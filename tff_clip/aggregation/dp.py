@@ -325,9 +325,10 @@ def dp_factory(
   ...) are refused with the name to use (`TFF_NAMES`).
 
   Refused here, each naming its argument, because they would run without a
-  word and not be what was asked: `split` given to a global bounding (clip,
-  normalize: one norm over the whole update, no layer budgets to split);
-  correlated noise (`noise_mechanism` banded, tree, blt) without
+  word and not be what was asked: a parameter this aggregation would not
+  read (`spec.unread`: `split` given to a global bounding, `target_quantile`
+  or `clipped_count_stddev` to a fixed `clip_norm`, `bands` to independent
+  noise, `blt_buffers` to noise other than BLT); correlated noise (`noise_mechanism` banded, tree, blt) without
   `min_separation` (it is private only when each client takes part at most
   once every `min_separation` >= `bands` rounds, which the caller's sampler
   must enforce); BLT without `rounds` (its factorization is optimized for
@@ -349,12 +350,17 @@ def dp_factory(
   if unknown:
     raise TypeError(f'`{unknown[0]}` is not a parameter of dp_factory; its DP '
                     f'parameters are {spec_lib.PARAMETERS[1:]}.')
+  missing = [name for name in spec_lib.PARAMETERS[1:] if name not in
+             parameters and spec_lib.parameter(name).default is
+             dataclasses.MISSING]
+  if missing:
+    raise TypeError(f'dp_factory() needs `{missing[0]}`.')
   spec = spec_lib.DPSpec(bounding_method=bounding_method, **parameters)
-  if 'split' in parameters and not spec.per_layer:
+  unread = spec_lib.unread(spec, parameters)
+  if unread is not None:
     raise ValueError(
-        f'`split` applies to per-layer boundings; {bounding_method!r} bounds '
-        'the whole update by one norm, with no layer budgets to split. Leave '
-        'it out, or use a per_layer_ bounding.')
+        f'`{unread[0]}` applies only with {unread[1]}; this aggregation '
+        'would not read it. Leave it out.')
   if spec.noise.correlated and spec.min_separation is None:
     raise ValueError(
         f'`min_separation`: noise_mechanism={spec.noise.name!r} correlates '

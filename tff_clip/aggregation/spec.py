@@ -412,6 +412,29 @@ class DPSpec:
 
 PARAMETERS = tuple(field.name for field in dataclasses.fields(DPSpec))
 
+# Parameters a DPSpec reads only in some configurations: (name, whether
+# `spec` reads it, where it applies). Given where it is not read, it would
+# change nothing while its caller believes it did (`unread`).
+_APPLIES = (
+    ('target_quantile', lambda s: s.adaptive, 'an adaptive clip_norm'),
+    ('clipped_count_stddev', lambda s: s.adaptive, 'an adaptive clip_norm'),
+    ('bands', lambda s: s.noise.correlated,
+     'correlated noise (noise_mechanism)'),
+    ('blt_buffers', lambda s: 'blt_buffers' in s.noise.options,
+     'noise_mechanism blt'),
+    ('split', lambda s: s.per_layer, 'a per_layer_ bounding'),
+)
+
+
+def unread(dp_spec: DPSpec, given) -> Optional[tuple[str, str]]:
+  """(name, where it applies) of the first parameter of `given` (names)
+  that `dp_spec` does not read, else None. `dp_factory` and `scripts.train`
+  refuse it."""
+  for name, reads, where in _APPLIES:
+    if name in given and not reads(dp_spec):
+      return name, where
+  return None
+
 
 def parameter(name: str) -> dataclasses.Field:
   """The declaration of DP parameter `name`: `default` (MISSING when the

@@ -147,11 +147,9 @@ class TrainConfig:
       'test', 'What centralized evaluation measures: test, or validation '
       "(the task's validation data; see --validation_fraction).",
       EVAL_SPLITS)
-  # Bounding (tff_clip.aggregation.bounding / aggregators / dp).
-  # tff_clip's default: clipping or normalization, and the adaptive norm's
-  # target quantile, chosen from the run's noise (public numbers only:
-  # `tff_clip.aggregation.noise_following`; docs/frontier_history_2.md, "A
-  # default that follows the noise").
+  # Bounding. tff_clip's default: clipping or normalization, and the adaptive
+  # norm's target quantile, chosen from the run's public noise numbers
+  # (`tff_clip.aggregation.noise_following`; docs/frontier_history_2.md).
   bounding: str = _field(
       'noise_following', 'How each client update is bounded before '
       'aggregation. noise_following: clip, or normalize where the noise on '
@@ -338,8 +336,7 @@ class TrainConfig:
     return out
 
 
-# What the default run name spells out (`default_experiment_name`); `_dp`
-# says whether `noise_multiplier` is None.
+# What the default run name spells out (`default_experiment_name`).
 _NAMED = ('task', 'bounding', 'seed', 'experiment_name')
 
 
@@ -450,10 +447,16 @@ def _check_mechanism(config):
               mechanisms.BOUNDINGS.names[0])
   try:
     # Calibrated later from --target_epsilon; 0 stands in until then.
-    config.dp_spec(0.0 if config.noise_multiplier is None else
-                   config.noise_multiplier, stand_in)
+    dp_spec = config.dp_spec(0.0 if config.noise_multiplier is None else
+                             config.noise_multiplier, stand_in)
   except (TypeError, ValueError) as e:
     raise flag_error(e) from None
+  unread = spec.unread(dp_spec, {f.name for f in dataclasses.fields(config)
+                                 if getattr(config, f.name) != f.default})
+  if unread is not None:  # A flag given that would change nothing.
+    raise ConfigError(f'--{unread[0]}={getattr(config, unread[0])} applies '
+                      f'only with {unread[1]}; it would change nothing here. '
+                      'Leave it out.')
 
 
 def check_noise(config: TrainConfig, noise_multiplier: float) -> None:
@@ -510,10 +513,8 @@ def _check_training(config):
   _count(config.checkpoint_every, 'checkpoint_every')
   _check(checks.nonnegative_float, config.checkpoint_interval_s,
          'checkpoint_interval_s', np.float64)
-  # A DP run releases a round once a checkpoint covers it (a round computed
-  # again after its release would be released twice under the same noise),
-  # checkpointing by round count, not the clock: the release times would
-  # show how long the rounds took.
+  # A DP run releases a round once a checkpoint covers it, checkpointing by
+  # round count: by the clock, the release times would show the round times.
   if config.private and config.checkpoint_interval_s != 0:
     raise ConfigError('--checkpoint_interval_s must be 0 for a DP run (its '
                       'rounds are released when a checkpoint covers them, '
@@ -560,8 +561,7 @@ def _check_audit(config):
 
 def _check_correlated(config):
   _count(config.min_separation, 'min_separation', optional=True)
-  # The mechanism's own checks (placement and `bands` against the
-  # separation were checked with the spec, `_check_mechanism`).
+  # The mechanism's own checks (placement, bands: `_check_mechanism`).
   noise = config.noise
   if not config.private:
     if noise.correlated:
