@@ -221,7 +221,9 @@ def test_a_round_from_the_state_it_returned_equals_one_from_a_copy():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize('clip_norm', [0.3, 'adaptive'])
+# The adaptive norm (its state moves too); the fixed one in the slow suite.
+@pytest.mark.parametrize('clip_norm', [
+    pytest.param(0.3, marks=pytest.mark.slow), 'adaptive'])
 def test_the_later_rounds_one_call_equals_the_calls_one_by_one(
     monkeypatch, clip_norm):
   """Rounds after the first run prepare, the cohort call and update as one
@@ -274,13 +276,22 @@ def test_the_later_rounds_one_call_equals_the_calls_one_by_one(
 
 # Each bounding on the default records (tensor ops over the cohort); the
 # loop and `vectorized_map` (which run any query's `preprocess_record` client
-# by client, as for TFF's queries below) for one of them.
+# by client, as for TFF's queries below) for one of them. The default suite
+# runs a global and a per-layer bounding and each way of computing records,
+# fixed and adaptive; the rest of the grid runs in the slow suite.
 _BOUNDING_RECORDS = [(method, 'batched') for method in (
     'clip', 'normalize', 'per_layer_clip', 'per_layer_normalize')] + [
         ('clip', 'looped'), ('clip', 'vectorized')]
 
 
-@pytest.mark.parametrize('method,records', _BOUNDING_RECORDS)
+def _some_in_the_slow_suite(grid, default):
+  return [params if params in default else
+          pytest.param(*params, marks=pytest.mark.slow) for params in grid]
+
+
+@pytest.mark.parametrize('method,records', _some_in_the_slow_suite(
+    _BOUNDING_RECORDS, [('clip', 'batched'), ('per_layer_normalize', 'batched'),
+                        ('clip', 'vectorized')]))
 def test_dp_bounding_equals_per_client_path(method, records):
   # A clip norm the updates exceed (clipping acts) on the regression model;
   # the records bounded as tensor ops over the cohort, client by client, or
@@ -289,7 +300,8 @@ def test_dp_bounding_equals_per_client_path(method, records):
                                     _dp(method, 0.3), None, records=records)
 
 
-@pytest.mark.parametrize('method,records', _BOUNDING_RECORDS)
+@pytest.mark.parametrize('method,records', _some_in_the_slow_suite(
+    _BOUNDING_RECORDS, [('per_layer_clip', 'batched'), ('clip', 'looped')]))
 def test_dp_adaptive_bounding_equals_per_client_path(method, records):
   # The clipped counts (the quantile's record) go through the same sums.
   _assert_batched_equals_per_client(tiny_model.model_fn, _regression_task(),
@@ -308,10 +320,12 @@ def _tff_dp(kind):
       0.5, 3.0, 0.3, 0.5, 0.2, 1.0, restart_every=2, noise_seed=7)
 
 
-@pytest.mark.parametrize('kind,records', [
+@pytest.mark.parametrize('kind,records', _some_in_the_slow_suite([
     ('gaussian_fixed', 'looped'), ('gaussian_adaptive', 'looped'),
     ('tree_adaptive', 'looped'), ('gaussian_adaptive', 'vectorized'),
-    ('tree_adaptive', 'vectorized'), ('gaussian_adaptive', 'batched')])
+    ('tree_adaptive', 'vectorized'), ('gaussian_adaptive', 'batched')], [
+        ('gaussian_fixed', 'looped'), ('tree_adaptive', 'looped'),
+        ('gaussian_adaptive', 'vectorized')]))
 def test_tffs_dp_factories_equal_per_client_path(kind, records):
   # TFF's own DP aggregators (the frontier's baselines): their queries'
   # clipping of each client's record, the sums, and (tree) the noise drawn
@@ -375,16 +389,13 @@ def test_dense_classifier_without_dp_equals_cpp_runtime():
                                     None, _BY_EXAMPLES, cpp=True)
 
 
-# Each layer model under a global and a per-layer bounding, the four
-# boundings across the two (the dense model has all four above); the rest of
-# the grid in the slow suite (9 s each).
-_LAYER_BOUNDINGS = [
-    ('conv', 'clip'), ('conv', 'per_layer_normalize'),
-    ('embedding', 'normalize'), ('embedding', 'per_layer_clip')] + [
-        pytest.param(model, method, marks=pytest.mark.slow)
-        for model, method in (('conv', 'normalize'), ('conv', 'per_layer_clip'),
-                              ('embedding', 'clip'),
-                              ('embedding', 'per_layer_normalize'))]
+# Each layer model under one bounding (a per-layer one for the convolutions,
+# a global one for the embedding); the rest of the grid in the slow suite
+# (7-9 s each).
+_LAYER_BOUNDINGS = _some_in_the_slow_suite(
+    [(model, method) for model in ('conv', 'embedding') for method in (
+        'clip', 'normalize', 'per_layer_clip', 'per_layer_normalize')],
+    [('conv', 'per_layer_normalize'), ('embedding', 'normalize')])
 
 
 @pytest.mark.parametrize('model,method', _LAYER_BOUNDINGS)
