@@ -103,6 +103,20 @@ def test_bad_configuration_is_rejected_naming_the_flag(changes, flag):
     program.validate(config)
 
 
+def test_a_partition_the_data_cannot_give_is_refused_naming_the_flag(
+    tmp_path):
+  """Known once the task's examples are read (1,438 digits for training):
+  1,500 clients would leave some empty. The line names the flag, as every
+  refusal does, and nothing is written."""
+  config = training.TrainConfig(
+      root_output_dir=str(tmp_path / 'runs'), partition='shards',
+      num_clients=1500, rounds=1, noise_multiplier=None, progress=False)
+  with pytest.raises(training.ConfigError, match=re.escape(
+      '--num_clients (1500) is larger than the number of examples (1438)')):
+    program.run(config)
+  assert not (tmp_path / 'runs').exists()
+
+
 BAD_FLAGS = [
     (['--bounding=none', '--noise_multiplier=1.0'], '--bounding'),
     (['--bounding=squash'], '--bounding'),

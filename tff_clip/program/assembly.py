@@ -383,8 +383,8 @@ class Session:
     self.config = config
     try:
       self.task = task_builder(config)
-    except ValueError as e:
-      raise ConfigError(str(e).splitlines()[0]) from e
+    except ValueError as e:  # E.g. a partition that leaves a client empty.
+      raise config_lib.flag_error(e) from e
     if (config.eval_split == 'validation' and
         self.task.datasets.validation_data is None):
       raise ConfigError(

@@ -417,16 +417,16 @@ def _check_choices(config):
       one_of(getattr(config, field.name), field.name, choices)
 
 
-# The library's argument names whose flags are named otherwise.
-_FLAG_NAMES = {'separation': 'min_separation'}
+_FLAG_NAMES = {'separation': 'min_separation'}  # Library name: flag name.
 
 
 def flag_error(error: Exception) -> ConfigError:
-  """The library's error, with `name` (an argument) written as --name."""
-  return ConfigError(re.sub(
-      r'`(\w+)`', lambda match: '--' + _FLAG_NAMES.get(match.group(1),
-                                                       match.group(1)),
-      str(error)))
+  """The library's error, each `name` of a flag (or the library's name of
+  one, `_FLAG_NAMES`) written as --name; other names stay as they are."""
+  names = {**{name: name for name in TrainConfig.__dataclass_fields__},
+           **_FLAG_NAMES}
+  return ConfigError(re.sub(r'`(\w+)`', lambda m: f'--{names[m[1]]}' if m[1]
+                            in names else m[0], str(error)))
 
 
 def _check_mechanism(config):
