@@ -400,7 +400,7 @@ def _generated_quadratic_task(config):
       data_source=small.data_source,
       model_description=small.model_description,
       data_description=f'{config.num_clients:,} generated clients',
-      evaluates_on_training_data=small.evaluates_on_training_data)
+      evaluates_on_clients_data=small.evaluates_on_clients_data)
 
 
 def _cohort_rows(sizes, population, rounds):

@@ -297,6 +297,10 @@ def format_summary(summary) -> str:
   if summary.get('final_eval_accuracy') is not None:
     lines.append(
         f'final eval accuracy: {summary["final_eval_accuracy"]:.4f}')
+  elif summary.get('evaluation_withheld'):
+    lines.append('final eval accuracy: withheld (the test data is the '
+                 "clients' own, which epsilon does not cover; "
+                 '--release_uncovered_metrics releases it)')
   epsilon = summary['epsilon']
   private = summary.get('private', True)
   if summary['noise_multiplier'] is None:

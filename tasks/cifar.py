@@ -150,4 +150,6 @@ def build_cifar100(args: task_lib.BuildArgs, *,
       baseline.datasets, baseline.model_fn, name='cifar100_resnet18',
       data_source=args.data_source,
       model_description='ResNet-18 with GroupNorm',
-      data_description=f'{source}, {partition}')
+      data_description=f'{source}, {partition}',
+      # TFF's synthetic CIFAR-100 is both the training and the test data.
+      evaluates_on_clients_data=args.data_source != 'online')

@@ -143,6 +143,12 @@ def _load(args: task_lib.BuildArgs, only_digits: bool,
   return train, test, None, f'{name}, {partition}'
 
 
+# Whether the test data is the training clients' data (`_load`): EMNIST's
+# test split holds the same writers' other examples, TFF's synthetic EMNIST
+# is both; the offline digits are held out of every client.
+_TESTS_ON_CLIENTS_DATA = {'online': True, 'offline': False, 'synthetic': True}
+
+
 def build(args: task_lib.BuildArgs, *, model: str,
           only_digits: Optional[bool] = None,
           offline_data: Optional[str] = None,
@@ -200,7 +206,8 @@ def build(args: task_lib.BuildArgs, *, model: str,
     return task_lib.Task(
         datasets, baseline.model_fn, name=name,
         data_source=args.data_source, model_description=model_description,
-        data_description=description)
+        data_description=description,
+        evaluates_on_clients_data=_TESTS_ON_CLIENTS_DATA[args.data_source])
   if model == 'mlp':
     keras_model_fn = lambda: models.create_mlp((28, 28, 1), 200, num_classes)
   else:
@@ -211,4 +218,5 @@ def build(args: task_lib.BuildArgs, *, model: str,
       task_lib.classification_model_fn(keras_model_fn,
                                        datasets.element_type_structure),
       name=name, data_source=args.data_source,
-      model_description=model_description, data_description=description)
+      model_description=model_description, data_description=description,
+      evaluates_on_clients_data=_TESTS_ON_CLIENTS_DATA[args.data_source])

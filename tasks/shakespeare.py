@@ -154,4 +154,7 @@ def build(args: task_lib.BuildArgs, *,
       baseline.datasets, baseline.model_fn, name='shakespeare',
       data_source=args.data_source,
       model_description='char-LSTM: embedding 8, 2 x LSTM 256 (Reddi et al.)',
-      data_description=f'{source}, {clients}')
+      data_description=f'{source}, {clients}',
+      # Every source tests on the training roles' speeches: held out (online,
+      # offline) or the training data itself (TFF's synthetic set).
+      evaluates_on_clients_data=True)

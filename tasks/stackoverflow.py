@@ -70,13 +70,15 @@ def _load(args: task_lib.BuildArgs, word_vocab_size: int):
         f'Stack Overflow is partitioned by user; partition={args.partition!r} '
         'does not apply (leave it None).')
   datasets = tff.simulation.datasets.stackoverflow
+  # The test split: the training users' posts from 2018 on (TFF's split);
+  # the validation split: held-out users.
   if args.data_source == 'online':
     train, validation, test = sources.load_tff_dataset(
         'stackoverflow', args.cache_dir, args.download)
     word_counts, tag_counts = sources.load_stackoverflow_vocabularies(
         args.cache_dir, args.download, word_vocab_size)
     source = 'Stack Overflow (TFF, users)'
-  else:
+  else:  # The clients' data is the test data too: evaluates on it.
     train = validation = test = datasets.get_synthetic()
     word_counts = datasets.get_synthetic_word_counts()
     tag_counts = datasets.get_synthetic_tag_counts()
@@ -106,7 +108,8 @@ def build_word_prediction(
       data_source=args.data_source,
       model_description=(f'LSTM 670, embedding 96, vocabulary {len(vocab)} + '
                          f'{num_special} special tokens'),
-      data_description=description)
+      data_description=description,
+      evaluates_on_clients_data=True)  # `_load`.
 
 
 def build_tag_prediction(
@@ -128,7 +131,8 @@ def build_tag_prediction(
       data_source=args.data_source,
       model_description=(f'logistic regression {len(word_vocab)} words -> '
                          f'{len(tag_vocab)} tags'),
-      data_description=description)
+      data_description=description,
+      evaluates_on_clients_data=True)  # `_load`.
 
 
 # ----------------------------------------------------------------------------

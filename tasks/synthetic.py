@@ -238,7 +238,7 @@ def _least_squares_task(args: task_lib.BuildArgs, problem: LeastSquaresProblem,
       datasets, model_fn, name=name, data_source=args.data_source,
       model_description=f'linear, w in R^{problem.dimension}',
       data_description=description, problem=problem,
-      evaluates_on_training_data=True)  # f(w) on every client's examples.
+      evaluates_on_clients_data=True)  # f(w) on every client's examples.
 
 
 def _check_num_clients(args: task_lib.BuildArgs, default: int,
@@ -446,7 +446,7 @@ def build_fat_tailed_quadratic(args: task_lib.BuildArgs, *,
                         f'fresh {law} noise vectors per round'),
       problem=problem, round_train_data=round_train_data,
       # Its test data are the clients' draws at the task's seed.
-      evaluates_on_training_data=True)
+      evaluates_on_clients_data=True)
 
 
 class GeneratedQuadraticClients(tff.simulation.datasets.ClientData):

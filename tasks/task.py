@@ -74,10 +74,14 @@ class Task(tff.simulation.baselines.BaselineTask):
       alone; the training loop calls it with its (seed, round, client) seed
       instead of `datasets.train_data.create_tf_dataset_for_client`. `None`:
       the data is fixed.
-    evaluates_on_training_data: True where `datasets.test_data` holds the
-      clients' own training data (the synthetic least-squares problems
-      evaluate f(w) on every client's examples): a DP run's evaluation then
-      depends on private data, and is not covered by epsilon.
+    evaluates_on_clients_data: True where `datasets.test_data` (or
+      `validation_data`) holds data of the training clients: their training
+      examples (the synthetic least-squares problems evaluate f(w) on every
+      client's examples; TFF's synthetic data sets train and test on one
+      set) or their held-out examples (EMNIST's, Shakespeare's and Stack
+      Overflow's test splits: the same writers, roles and users). Under
+      user-level DP a run's evaluation then depends on private data, and is
+      not covered by epsilon.
   """
   name: str = attrs.field(kw_only=True)
   data_source: str = attrs.field(kw_only=True)
@@ -85,7 +89,7 @@ class Task(tff.simulation.baselines.BaselineTask):
   data_description: str = attrs.field(kw_only=True)
   problem: Optional[Any] = attrs.field(default=None, kw_only=True)
   round_train_data: Optional[Any] = attrs.field(default=None, kw_only=True)
-  evaluates_on_training_data: bool = attrs.field(default=False, kw_only=True)
+  evaluates_on_clients_data: bool = attrs.field(default=False, kw_only=True)
 
   def __attrs_post_init__(self):
     """TFF's check that the model's input spec is the data's element spec.

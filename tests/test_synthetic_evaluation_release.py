@@ -1,10 +1,11 @@
 """A DP run releases no evaluation computed on its clients' training data.
 
 The synthetic least-squares problems evaluate f(w) on every client's own
-examples (their test data is the clients' data), and the fat-tailed
-quadratic on the clients' draws: under DP that evaluation depends on
+examples (their test data is the clients' data), the fat-tailed quadratic
+on the clients' draws, and the tasks on TFF's synthetic data sets (EMNIST,
+Shakespeare, CIFAR-100, Stack Overflow) on the very data their clients hold: under DP that evaluation depends on
 private data, as the withheld objective does. Such a task says so
-(`Task.evaluates_on_training_data`) and a DP run withholds its evaluation
+(`Task.evaluates_on_clients_data`) and a DP run withholds its evaluation
 unless --release_uncovered_metrics. Oracle: the examples themselves (the
 test data shares examples with the clients' data exactly where the task
 says so).
@@ -22,26 +23,43 @@ from tff_clip.program import training
 
 
 def _examples(dataset):
+  if hasattr(dataset, 'create_tf_dataset_from_all_clients'):  # ClientData.
+    dataset = dataset.create_tf_dataset_from_all_clients()
   return {tuple(tuple(np.asarray(leaf).ravel().tolist())
                 for leaf in (tuple(example.values())
                              if isinstance(example, dict) else example))
           for example in dataset}
 
 
-@pytest.mark.parametrize('task, num_clients', [
-    ('claim21_quadratic', None), ('eq24_quadratic', None),
-    ('heterogeneous_quadratic', 4), ('fat_tailed_quadratic', 3),
-    ('digits', 5)])
-def test_a_task_says_whether_its_test_data_is_its_clients_data(task,
-                                                               num_clients):
-  built = program.build_task(training.TrainConfig(task=task,
-                                                  num_clients=num_clients))
-  evaluated = _examples(built.datasets.test_data)
-  trained = set()
-  for client in built.datasets.train_data.client_ids:
-    trained |= _examples(
-        built.datasets.train_data.create_tf_dataset_for_client(client))
-  assert bool(evaluated & trained) == built.evaluates_on_training_data
+@pytest.mark.parametrize('task, num_clients, data_source', [
+    ('claim21_quadratic', None, 'offline'), ('eq24_quadratic', None, 'offline'),
+    ('heterogeneous_quadratic', 4, 'offline'),
+    ('fat_tailed_quadratic', 3, 'offline'), ('digits', 5, 'offline'),
+    ('shakespeare', None, 'offline'),
+    # TFF's synthetic data sets: the same clients train and test.
+    ('emnist_logreg', None, 'synthetic'), ('shakespeare', None, 'synthetic'),
+    ('cifar100_resnet18', None, 'offline'),
+    ('stackoverflow_tag', None, 'offline'),
+    ('stackoverflow_next_word', None, 'offline')])
+def test_a_task_says_whether_its_test_data_is_its_clients_data(
+    task, num_clients, data_source):
+  built = program.build_task(training.TrainConfig(
+      task=task, num_clients=num_clients, data_source=data_source))
+  datasets = built.datasets
+  evaluation = [data for data in (datasets.test_data, datasets.validation_data)
+                if data is not None]
+  # The training clients' held-out data (Shakespeare's test speeches are
+  # other speeches of the training roles) ...
+  shared = any(set(getattr(data, 'client_ids', ())) &
+               set(datasets.train_data.client_ids) for data in evaluation)
+  if not shared:  # ... or their very examples.
+    evaluated = set().union(*map(_examples, evaluation))
+    trained = set()
+    for client in datasets.train_data.client_ids:
+      trained |= _examples(datasets.train_data.create_tf_dataset_for_client(
+          client))
+    shared = bool(evaluated & trained)
+  assert shared == built.evaluates_on_clients_data
 
 
 def test_a_dp_run_withholds_an_evaluation_of_its_clients_data(tmp_path):
@@ -58,6 +76,8 @@ def test_a_dp_run_withholds_an_evaluation_of_its_clients_data(tmp_path):
   assert 'eval_loss' not in released and 'eval_accuracy' not in released
   summary = json.loads((tmp_path / 'dp' / 'summary.json').read_text())
   assert summary['final_eval_loss'] is None  # JSON's NaN.
+  assert summary['evaluation_withheld'] is True
+  assert 'final eval accuracy: withheld' in program.format_summary(summary)
   # Released on request, and then named as not covered.
   task = program.build_task(config)
   released_metric = program_logic.released_metric(

@@ -57,15 +57,16 @@ RELEASED = ('round', names.EPSILON, 'clip_norm', 'target_quantile',
 # cohort). Released under DP only with `release_uncovered_metrics`.
 NOT_COVERED = ('clients', 'train_loss', 'train_accuracy', 'objective',
                'seconds')
-# And the evaluation of a task whose test data are its clients' training
-# data (`tasks.Task.evaluates_on_training_data`: the synthetic problems).
+# And the evaluation of a task whose test data are its training clients' data
+# (`tasks.Task.evaluates_on_clients_data`: the synthetic problems, TFF's
+# synthetic data sets, EMNIST, Shakespeare and Stack Overflow).
 EVALUATION = ('eval_loss', 'eval_accuracy')
 
 
 def not_covered(task) -> tuple:
   """The columns epsilon does not cover in a DP run of `task`."""
   return NOT_COVERED + (
-      EVALUATION if getattr(task, 'evaluates_on_training_data', False) else ())
+      EVALUATION if getattr(task, 'evaluates_on_clients_data', False) else ())
 
 # Where the learning process reports the round's clip norm: tff_clip's DP
 # query, TFF's DP query, tff_clip's bounding without noise.

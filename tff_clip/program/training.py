@@ -347,6 +347,9 @@ def _summary(config, session, ledger, last_eval, last_row):
                 if k in last_row]
     if released:
       summary['not_covered_by_epsilon'] = released
+    # Evaluated on the clients' own data, and not released: say so.
+    summary['evaluation_withheld'] = not config.release_uncovered_metrics and (
+        program_logic.EVALUATION[0] in program_logic.not_covered(session.task))
     if z > 0 and config.sampling != MIN_SEPARATION:
       # Same noise on the average (z / n fixed) at production scale.
       scaled_z = (z / config.clients_per_round *
