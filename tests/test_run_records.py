@@ -122,6 +122,34 @@ def test_checkpoint_of_another_log_is_refused(copy, finished):
     program.run(_config(copy.parent))
 
 
+def test_a_checkpoint_of_another_run_is_refused_before_any_release(tmp_path):
+  """A checkpoint saved before its run's first release follows the empty
+  log, as every run's does: only the run's name (config.json's random
+  `run_id`, kept in each checkpoint) tells whose it is. Run B, killed before
+  its first checkpoint, given run A's: B would take A's noise key, release
+  A's round 1 as its own and train on under noise A already used."""
+  a = _config(tmp_path / 'a', rounds=1)
+  program.run(a)
+  a_dir = tmp_path / 'a' / 'run'
+  a_first = sorted((a_dir / 'checkpoints').iterdir())[0]
+  recorded = json.loads((a_dir / 'config.json').read_text())
+  assert _header(a_first)['run_id'] == recorded['run_id']
+  b = _config(tmp_path / 'b', rounds=1, seed=4)
+  run_directory.prepare_output_dir(b, recorded['resolved'])
+  b_dir = tmp_path / 'b' / 'run'
+  assert json.loads((b_dir / 'config.json').read_text())['run_id'] != (
+      recorded['run_id'])
+  (b_dir / 'checkpoints').mkdir(mode=0o700)
+  shutil.copy2(a_first, b_dir / 'checkpoints' / a_first.name)
+  before = _files(b_dir)
+  with pytest.raises(run_records.RunRecordError,
+                     match="checkpoint of round 1 is another run's"):
+    program.run(b)
+  after = _files(b_dir)
+  after.pop(pathlib.Path('.lock'))  # The run's lock, as any start leaves.
+  assert after == before  # Nothing released, nothing trained.
+
+
 def test_edited_release_log_is_refused_naming_the_line(copy):
   lines = (copy / 'releases.jsonl').read_text().splitlines()
   lines[1] = lines[1].replace('"sampling_probability": 0.12',

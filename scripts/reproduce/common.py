@@ -205,8 +205,8 @@ def train(output_dir: str, name: str, **config_fields) -> dict:
   if os.path.exists(summary_path) and os.path.exists(config_path):
     with open(config_path) as f:
       stored = {k: v for k, v in json.load(f).items()
-                if k not in config_lib.EXECUTION_KEYS and
-                k != run_directory.RESOLVED_KEY}
+                if k not in config_lib.EXECUTION_KEYS +
+                run_directory.RECORD_KEYS}
     done = stored == config.identity()
   if done:
     with open(summary_path) as f:

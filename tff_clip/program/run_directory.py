@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import math
 import os
+import secrets
 import sys
 import tempfile
 from typing import Any, Optional
@@ -41,7 +42,7 @@ from tff_clip.program.config import EXECUTION_KEYS, LEGACY_DEFAULTS
 from tff_clip.program.config import NO_BOUNDING, RENAMED_KEYS
 
 __all__ = [
-    'RESOLVED_KEY', 'RunState', 'check_location', 'check_no_dp_lost',
+    'RECORD_KEYS', 'RESOLVED_KEY', 'RUN_ID_KEY', 'RunState', 'check_location', 'check_no_dp_lost',
     'check_released', 'check_resolved', 'check_writable', 'epsilons',
     'existing_run', 'finished_summary', 'last_eval', 'ledger_of',
     'prepare_output_dir', 'recorded_resolution', 'refusal',
@@ -53,6 +54,11 @@ __all__ = [
 # and model size they were read from). Not part of the configuration: a
 # record of what this tff_clip made of it.
 RESOLVED_KEY = 'resolved'
+# config.json's random name of the run, drawn when it starts and kept in each
+# of its checkpoints: another run's checkpoint (copied in, or left behind) is
+# refused even before the run's first release, when the log cannot tell.
+RUN_ID_KEY = 'run_id'
+RECORD_KEYS = (RESOLVED_KEY, RUN_ID_KEY)  # Records, not configuration.
 _CHOICES = ('bounding', 'target_quantile', 'quantile_switch', 'server_step',
             'client_groups')
 
@@ -111,7 +117,7 @@ def existing_run(config: TrainConfig) -> str:
     raise run_records.RunRecordError(
         f'{config_path} is not a run configuration (damaged).')
   previous = {RENAMED_KEYS.get(k, k): v for k, v in recorded.items()
-              if k not in EXECUTION_KEYS and k != RESOLVED_KEY}
+              if k not in EXECUTION_KEYS + RECORD_KEYS}
   current = config.identity()
   # A run recorded before a knob existed ran with that knob's default.
   defaults = TrainConfig().identity()
@@ -176,21 +182,28 @@ def prepare_output_dir(config: TrainConfig,
     recorded = config.to_json()
     if resolved is not None:
       recorded[RESOLVED_KEY] = dict(resolved)
+    recorded[RUN_ID_KEY] = secrets.token_hex(16)
     run_records.write_json(os.path.join(config.output_dir, 'config.json'),
                            recorded)
   return status != 'new'
+
+
+def _recorded(config: TrainConfig, key: str, kind: type):
+  """config.json's `key` in `config.output_dir`, where it is a `kind`; None
+  for a run recorded before runs kept it, or no run."""
+  path = os.path.join(config.output_dir, 'config.json')
+  if not os.path.lexists(path):
+    return None
+  recorded = run_records.read_json(path, 'run configuration')
+  value = recorded.get(key) if isinstance(recorded, dict) else None
+  return value if isinstance(value, kind) else None
 
 
 def recorded_resolution(config: TrainConfig) -> Optional[dict]:
   """What the run in `config.output_dir` resolved its defaults to when it
   started (config.json's `RESOLVED_KEY`); None for a run recorded before
   runs kept it, or no run."""
-  path = os.path.join(config.output_dir, 'config.json')
-  if not os.path.lexists(path):
-    return None
-  recorded = run_records.read_json(path, 'run configuration')
-  resolved = recorded.get(RESOLVED_KEY) if isinstance(recorded, dict) else None
-  return resolved if isinstance(resolved, dict) else None
+  return _recorded(config, RESOLVED_KEY, dict)
 
 
 def check_resolved(config: TrainConfig, current: dict) -> None:
@@ -453,6 +466,7 @@ class RunState:
         private and config.noise_seed is None and
         config.sampling in (sampling_lib.POISSON, sampling_lib.FIXED_SIZE))
     self.sampling_key = None
+    self._run_id = _recorded(config, RUN_ID_KEY, str)  # None: an older run.
 
   def restore(self, initial_state):
     """(state, first round to train, pending [(round, row, event), ...]).
@@ -482,6 +496,10 @@ class RunState:
       log.truncate(0)
       return initial_state(), 1, []
     version, leaves, header = found
+    if header.get('run_id') != self._run_id:
+      raise refusal(config, log, f'the checkpoint of round {version} is '
+                    'another run\'s (its run_id is not config.json\'s): it '
+                    'holds that run\'s noise key')
     # Kept with the state: the resumed rounds draw the cohorts they would
     # have (a checkpoint of a run that drew them from --seed has none).
     self.sampling_key = header.get('sampling_key')
@@ -536,6 +554,8 @@ class RunState:
                     model=self._model)
     if self.sampling_key is not None:  # Server-private, as the noise key.
       header['sampling_key'] = self.sampling_key
+    if self._run_id is not None:
+      header['run_id'] = self._run_id
     self._checkpoints.save(round_num, self._to_leaves(state), header)
 
   def record(self, round_num: int, row, event) -> None:
