@@ -91,6 +91,38 @@ def test_a_resumed_run_draws_the_cohorts_its_key_gives(tmp_path, cohorts,
   assert drawn == [(int(key, 16), ROUNDS)]
 
 
+def test_a_checkpoint_without_a_key_resumes_with_secret_cohorts(
+    tmp_path, monkeypatch, capsys):
+  """A checkpoint saved by a tff_clip that drew a private run's cohorts from
+  --seed holds no key: the rounds after it draw theirs in secret (a fresh
+  key, kept from then on), and the run says which rounds did not."""
+  config = _config(tmp_path, 'old', checkpoint_every=1)
+  sample = sampling.ClientSampler.sample
+
+  def killed_at_last_round(self, round_num):
+    if round_num == ROUNDS:
+      raise KeyboardInterrupt
+    return sample(self, round_num)
+  monkeypatch.setattr(sampling.ClientSampler, 'sample', killed_at_last_round)
+  with pytest.raises(KeyboardInterrupt):
+    program.run(config)
+  monkeypatch.setattr(sampling.ClientSampler, 'sample', sample)
+  saved = checkpoints.Checkpoints(str(tmp_path / 'old' / 'checkpoints'))
+  version, leaves, header = saved.load_latest()
+  del header['sampling_key'], header['round']  # As an older version saved.
+  saved.save(version, leaves, header)
+  cohorts = []
+  monkeypatch.setattr(sampling.ClientSampler, 'sample',
+                      lambda self, r: cohorts.append((self._key, r)) or sample(  # pylint: disable=protected-access
+                          self, r))
+  program.run(config)
+  assert len(cohorts) == 1 and cohorts[0][0] is not None
+  assert (f'rounds 1-{version} drew their cohorts from --seed' in
+          capsys.readouterr().err)
+  _, _, header = saved.load_latest()
+  assert int(header['sampling_key'], 16) == cohorts[0][0]
+
+
 def test_seeded_noise_and_minimum_separation_keep_seeded_cohorts(tmp_path,
                                                                  cohorts):
   # --noise_seed: reproducible, NOT private; minimum separation: no

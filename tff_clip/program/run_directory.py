@@ -503,6 +503,14 @@ class RunState:
     # Kept with the state: the resumed rounds draw the cohorts they would
     # have (a checkpoint of a run that drew them from --seed has none).
     self.sampling_key = header.get('sampling_key')
+    if self._secret_sampling and self.sampling_key is None:
+      # Saved by a tff_clip that drew a private run's cohorts from --seed:
+      # from here on they are secret, as the accounting assumes.
+      self.sampling_key = sampling_lib.new_sampling_key()
+      print(f'WARNING: the checkpoint of round {version} holds no sampling '
+            f'key: rounds 1-{version} drew their cohorts from --seed, which '
+            'the epsilon of their sampling assumes secret; the rounds from '
+            'here on draw them in secret.', file=sys.stderr, flush=True)
     pending = checkpoints.pending_rounds(header, version)
     base = pending[0][0] - 1 if pending else version
     if released > version:
