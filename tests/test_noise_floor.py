@@ -6,8 +6,10 @@ bounded by a still-normal C pass: a round released without noise whose
 DpEvent says z. Three ways there, each closed: a given norm so small (the
 spec refuses it), an adaptive norm driven toward 0 by the clients' norms
 (kept at or above `least_clip_norm`), per-layer budgets whose float32
-squares underflow in S (summed in float64). Oracles: the closed-form floor
-2^24 x float32's least normal number, and NumPy's float64 norm.
+squares underflow in S (summed in float64). And an adaptive norm never
+grows past what the records' dtypes hold. Oracles: the closed-form floor
+2^24 x float32's least normal number, NumPy's float64 norm, float16's
+largest value, and the spec's own refusal at the ceiling.
 """
 
 import collections
@@ -104,3 +106,52 @@ def test_a_noise_std_below_the_floor_is_refused(placement, n, clip_norm):
   with pytest.raises(ValueError, match='noise std .* is below 1.97e-31'):
     dp.dp_factory('clip', noise_multiplier=1.0, clients_per_round=n,
                   clip_norm=clip_norm, noise_placement=placement)
+
+
+# ----------------------------------------------------------------------------
+# And a ceiling: an adaptive norm never grows past what the records' dtypes
+# hold. A float16 record bounded to a norm past 65504 is inf before the noise
+# (inf + -inf: NaN), and no noise hides an inf: whether such a client took
+# part would show.
+
+
+def _od(**leaves):
+  return collections.OrderedDict(**leaves)
+
+
+def test_an_adaptive_float16_norm_stops_where_float16_holds_its_records():
+  z, n = 0.01, 2
+  factory = dp.dp_factory(
+      'normalize', noise_multiplier=z, clients_per_round=n,
+      clip_norm='adaptive', initial_clip_norm=60000.0, target_quantile=1.0,
+      noise_seed=1)
+  process = factory.create(tff.types.to_type(_od(w=(np.float16, [2]))))
+  state = process.initialize()
+  big = _od(w=np.array([60000, 60000], np.float16))  # Norm 84,853 > C.
+  for _ in range(3):  # Every norm below C: C grows e^{0.2} a round.
+    output = process.next(state, [big, big])
+    state = output.state
+  clip_norm = float(output.measurements['dp_query_metrics']['clip_norm'])
+  # Oracle: float16's largest value, less the noise's ten-std tail on the
+  # mean (z_v >= z).
+  assert clip_norm <= 65504.0 / (1.0 + 10 * z / n)
+  assert clip_norm > 60000.0  # It grew, up to the ceiling.
+  # Opposite records normalized to C: their mean is 0 plus noise of std
+  # z_v C / n ~ 400; never NaN.
+  output = process.next(state, [_od(w=np.array([1, 0], np.float16)),
+                                _od(w=np.array([-1, 0], np.float16))])
+  result = np.asarray(output.result['w'], np.float64)
+  assert np.all(np.isfinite(result)) and np.all(np.abs(result) < 1e4)
+
+
+@pytest.mark.parametrize('dtype', [np.float16, np.float32])
+@pytest.mark.parametrize('z,n', [(0.01, 2), (1.0, 100)])
+def test_the_ceiling_is_the_greatest_norm_the_spec_accepts(dtype, z, n):
+  ceiling = spec.greatest_norm(z, n, [np.dtype(dtype)])
+  accepted = spec.DPSpec('clip', noise_multiplier=z, clients_per_round=n,
+                         clip_norm=ceiling * (1 - 1e-6))
+  accepted.check_noise_scale(dtypes=[dtype])
+  with pytest.raises(ValueError, match='beyond'):
+    spec.DPSpec('clip', noise_multiplier=z, clients_per_round=n,
+                clip_norm=ceiling * (1 + 1e-6)).check_noise_scale(
+                    dtypes=[dtype])

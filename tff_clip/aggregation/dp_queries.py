@@ -139,6 +139,21 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
     """The record's tensor specs (correlated noise keeps past noise)."""
     self._template = template
 
+  def greatest_clip_norm(self, noise_multiplier) -> tf.Tensor:
+    """The C (or C_h) above which the record's dtypes could not hold the
+    mechanism's numbers (`spec.greatest_norm`, for the state's z): an
+    adaptive norm is kept at or below it. Post-processing of the released
+    estimate: it costs no privacy."""
+    template = getattr(self, '_template', None)
+    dtypes = {np.float32} if template is None else {
+        np.dtype(leaf.dtype.as_numpy_dtype) for leaf in tf.nest.flatten(
+            template)}
+    z = tf.cast(noise_multiplier, tf.float64)
+    return tf.cast(spec_lib.greatest_norm(
+        z, self._expected_clients or 1.0, sorted(map(np.dtype, dtypes),
+                                                  key=str),
+        minimum=tf.minimum) * (1.0 - 2.0**-20), tf.float32)
+
   def __init__(self, bounding_method, clip_norm, noise_multiplier: float,
                layer_fractions: Optional[np.ndarray] = None,
                noise_seed: Optional[int] = None,
@@ -433,9 +448,13 @@ class AdaptiveBoundedSumQuery(tfp.SumAggregationDPQuery):
         self._estimator.get_noised_result(sample_state.estimator_state,
                                           global_state.estimator_state))
     # Never below the least norm whose noise TensorFlow still draws (a norm
-    # driven toward 0 would otherwise release its rounds without noise).
-    sum_state = sum_state._replace(clip_norm=tf.maximum(
-        new_norm, self._sum_query.least_clip_norm(sum_state.noise_multiplier)))
+    # driven toward 0 would otherwise release its rounds without noise),
+    # never above what the records' dtypes hold (a float16 record bounded
+    # to a norm past 65504 would be inf before the noise).
+    z = sum_state.noise_multiplier
+    sum_state = sum_state._replace(clip_norm=tf.minimum(tf.maximum(
+        new_norm, self._sum_query.least_clip_norm(z)),
+        self._sum_query.greatest_clip_norm(z)))
     event = dp_accounting.ComposedDpEvent([sum_event, estimator_event])
     return noised, self.GlobalState(sum_state, estimator_state), event
 

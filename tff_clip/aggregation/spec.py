@@ -124,6 +124,28 @@ def _largest(dtype) -> float:
   return float(np.finfo(dtype).max)
 
 
+def greatest_norm(noise_multiplier, clients_per_round: float, dtypes,
+                  minimum=min):
+  """The largest S whose noise 10 z S, noisy sum (n + 10 z) S and noisy
+  mean S (1 + 10 z / n) fit float32, the sum's dtype and each leaf dtype of
+  `dtypes`: what `DPSpec.check_noise_scale` accepts, for an adaptive norm
+  that moves after that check (`dp_queries.AdaptiveBoundedSumQuery` keeps
+  it at or below this; a bounded record's entry, at most S, then fits its
+  leaf's dtype: an inf before the noise would show through it). z a float
+  or a tensor (`minimum` then `tf.minimum`)."""
+  z, n, tail = noise_multiplier, clients_per_round, NOISE_TAIL_STDDEVS
+  f32 = np.finfo(np.float32)
+  bounds = [f32.max / (tail * z + f32.tiny)]
+  for dtype in map(np.dtype, dtypes):
+    sum_max = np.finfo(np.float64 if dtype == np.float64 else np.float32).max
+    bounds += [float(sum_max) / (n + tail * z),
+               _largest(dtype) / (1.0 + tail * z / n)]
+  result = bounds[0]
+  for bound in bounds[1:]:
+    result = minimum(result, bound)
+  return result
+
+
 # ----------------------------------------------------------------------------
 # The mechanism.
 
@@ -327,7 +349,8 @@ class DPSpec:
     (float32) and by `create` with the update's leaf dtypes, the adaptive
     value noise z_v (`value_noise_multiplier`, default z) and the budgets.
     An adaptive C is checked at its start; the query keeps it from falling
-    below that least noise later (`BoundedGaussianSumQuery.least_clip_norm`).
+    below that least noise later (`BoundedGaussianSumQuery.least_clip_norm`)
+    or rising past these ranges (`greatest_norm`).
     """
     z = (self.noise_multiplier if value_noise_multiplier is None else
          float(value_noise_multiplier))
