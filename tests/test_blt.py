@@ -485,6 +485,28 @@ def test_blt_noise_resumes_bit_exactly_from_a_checkpoint():
                             straight[3:4])
 
 
+def test_blt_noise_past_its_rounds_is_refused():
+  """The factorization is optimized, and each participation accounted, for
+  T = 10 rounds; its noise run longer would be worth less than the event
+  says: the same stream over 2T rounds has the greater sensitivity (brute
+  force over the participation patterns). Round T + 1 is refused."""
+  mechanism = mechanisms.noise_mechanism('blt', rounds=10, separation=3,
+                                         blt_buffers=3)
+  strategy = mechanism.factorization.strategy
+  longer = _brute_sensitivity(
+      _dense(strategy.buffer_decays, strategy.output_scales, 20), 3, 7)
+  assert longer > mechanism.factorization.sensitivity * 1.01
+  values, state = _releases(10)  # Every round it was built for.
+  assert values.shape[0] == 10
+  query = dp.BoundedGaussianSumQuery(
+      'clip', 1.0, 1.5, noise_seed=7, noise_mechanism='blt', rounds=10,
+      separation=3, blt_buffers=3)
+  query.set_template(SPECS)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match='BLT noise was optimized for rounds=10'):
+    query.get_noised_result(query.initial_sample_state(SPECS), state)
+
+
 @pytest.mark.parametrize('rounds,separation', [(12, 3), (10, 4)])
 def test_blt_epsilon_is_one_gaussian_with_z_over_the_brute_force_sensitivity(
     rounds, separation):

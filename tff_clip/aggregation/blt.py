@@ -325,8 +325,16 @@ class Blt(noise_mechanisms.NoiseMechanism):
   def unit_noise(self, structure, key, round_num, state):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     noise = self.factorization.noise
-    draws = noise_mechanisms.standard_normals(
-        structure, noise_mechanisms.fold(key, round_num))
+    # The factorization, and the event each participation records, hold for
+    # the `rounds` it was optimized for: past them its sensitivity grows.
+    within = tf.debugging.assert_less(
+        tf.cast(round_num, tf.int64), tf.constant(self.rounds, tf.int64),
+        message=f'BLT noise was optimized for rounds={self.rounds}: a later '
+        'round would be accounted below its sensitivity. Build the '
+        'aggregator for the rounds the run trains.')
+    with tf.control_dependencies([within]):
+      draws = noise_mechanisms.standard_normals(
+          structure, noise_mechanisms.fold(key, round_num))
     decays = tf.constant(noise.buffer_decays, tf.float32)
     scales = tf.constant(noise.output_scales, tf.float32)
 
