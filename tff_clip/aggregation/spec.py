@@ -231,8 +231,10 @@ class DPSpec:
       '2025).', 'central', NOISE_PLACEMENTS)
   noise_seed: Optional[int] = _parameter(
       'Seed of the DP noise, for tests and debugging ONLY: the noise is then '
-      'reproducible, predictable, and NOT private. None: a fresh key from '
-      'OS entropy, kept only in the aggregator state (checkpoints).',
+      'reproducible, predictable, and NOT private (client noise is then a '
+      'function of the seed, the round and the bounded record: clients of '
+      'identical records draw identical noise). None: a fresh key from OS '
+      'entropy, kept only in the aggregator state (checkpoints).',
       None)
   noise_mechanism: str = _parameter(
       'How the DP noise of successive rounds is correlated. '
