@@ -109,7 +109,12 @@ SEPARATED = dict(min_separation=4, rounds=8)
 
 
 @pytest.mark.parametrize('name,value,where,reads', [
-    # The quantile and its count noise move an adaptive norm only.
+    # The adaptive norm's start, rate, quantile and count noise move an
+    # adaptive norm only.
+    ('initial_clip_norm', 0.5, 'an adaptive clip_norm',
+     dict(clip_norm='adaptive')),
+    ('clip_learning_rate', 0.5, 'an adaptive clip_norm',
+     dict(clip_norm='adaptive')),
     ('target_quantile', 0.5, 'an adaptive clip_norm',
      dict(clip_norm='adaptive')),
     ('clipped_count_stddev', 2.0, 'an adaptive clip_norm',
@@ -457,16 +462,19 @@ def test_per_layer_adaptive_norms_reach_each_layers_quantile(z):
 
 @pytest.mark.parametrize('split', ['dim', 'uniform', (1.0, 100.0, 0.01)])
 def test_per_layer_quantile_estimates_all_start_at_c0_over_sqrt_h(split):
-  # Three layers of 1, 400 and 10,000 scalars. Whatever the split, every
-  # layer's estimate starts at C0 / sqrt(3), and the released noise std is
-  # z times sqrt(sum C_h^2) = C0.
+  # Three layers of 1, 400 and 10,000 scalars. Every layer's estimate starts
+  # at C0 / sqrt(3), and the released noise std is z times sqrt(sum C_h^2)
+  # = C0: a split would change nothing, and is refused.
   structure = collections.OrderedDict(
       a=np.zeros([1], np.float32), b=np.zeros([20, 20], np.float32),
       c=np.zeros([100, 100], np.float32))
-  factory = dp.dp_factory('per_layer_clip', noise_multiplier=1.0,
-                          clients_per_round=10.0, clip_norm='adaptive',
-                          split=split, initial_clip_norm=0.6,
-                          per_layer_quantiles=True)
+  given = dict(noise_multiplier=1.0, clients_per_round=10.0,
+               clip_norm='adaptive', initial_clip_norm=0.6,
+               per_layer_quantiles=True)
+  with pytest.raises(ValueError, match='^`split` applies only with a '
+                     'per_layer_ bounding of one norm'):
+    dp.dp_factory('per_layer_clip', split=split, **given)
+  factory = dp.dp_factory('per_layer_clip', **given)
   query = _adaptive_query(factory, structure)
   state = query.initial_global_state()
   np.testing.assert_allclose(

@@ -114,6 +114,10 @@ CHANGES_THE_RUN = [
     # A flag where it changes nothing: the user would believe it did.
     (['--clip_norm=1', '--target_quantile=0.5'],
      r'--target_quantile=0.5 applies only with an adaptive clip_norm'),
+    (['--clip_norm=1', '--initial_clip_norm=0.5'],
+     r'--initial_clip_norm=0.5 applies only with an adaptive clip_norm'),
+    (['--bounding=per_layer_clip', '--split=uniform'],
+     r'--split=uniform applies only with a per_layer_ bounding of one norm'),
     (['--clip_norm=1', '--clipped_count_stddev=2'],
      r'--clipped_count_stddev=2.0 applies only with an adaptive clip_norm'),
     (['--bands=4'], r'--bands=4 applies only with correlated noise'),

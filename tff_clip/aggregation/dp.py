@@ -326,9 +326,9 @@ def dp_factory(
 
   Refused here, each naming its argument, because they would run without a
   word and not be what was asked: a parameter this aggregation would not
-  read (`spec.unread`: `split` given to a global bounding, `target_quantile`
-  or `clipped_count_stddev` to a fixed `clip_norm`, `bands` to independent
-  noise, `blt_buffers` to noise other than BLT); correlated noise (`noise_mechanism` banded, tree, blt) without
+  read (`spec.unread`: `split` given to a global bounding or to per-layer
+  quantiles, an adaptive norm's parameters to a fixed `clip_norm`, `bands` to
+  independent noise, `blt_buffers` to noise other than BLT); correlated noise (`noise_mechanism` banded, tree, blt) without
   `min_separation` (it is private only when each client takes part at most
   once every `min_separation` >= `bands` rounds, which the caller's sampler
   must enforce); BLT without `rounds` (its factorization is optimized for

@@ -440,14 +440,21 @@ PARAMETERS = tuple(field.name for field in dataclasses.fields(DPSpec))
 # Parameters a DPSpec reads only in some configurations: (name, whether
 # `spec` reads it, where it applies). Given where it is not read, it would
 # change nothing while its caller believes it did (`unread`).
+_ADAPTIVE = 'an adaptive clip_norm'
 _APPLIES = (
-    ('target_quantile', lambda s: s.adaptive, 'an adaptive clip_norm'),
-    ('clipped_count_stddev', lambda s: s.adaptive, 'an adaptive clip_norm'),
+    ('initial_clip_norm', lambda s: s.adaptive, _ADAPTIVE),
+    ('target_quantile', lambda s: s.adaptive, _ADAPTIVE),
+    ('clip_learning_rate', lambda s: s.adaptive, _ADAPTIVE),
+    ('clipped_count_stddev', lambda s: s.adaptive, _ADAPTIVE),
     ('bands', lambda s: s.noise.correlated,
      'correlated noise (noise_mechanism)'),
     ('blt_buffers', lambda s: 'blt_buffers' in s.noise.options,
      'noise_mechanism blt'),
-    ('split', lambda s: s.per_layer, 'a per_layer_ bounding'),
+    # Per-layer quantiles give every layer its own norm: nothing to split.
+    ('split', lambda s: s.per_layer and not (s.adaptive and
+                                              s.per_layer_quantiles),
+     'a per_layer_ bounding of one norm (fixed, or per_layer_quantiles '
+     'False)'),
 )
 
 
