@@ -254,9 +254,12 @@ VALUE_TYPE = tff.types.to_type([(np.float32, [300]), (np.float32, [30])])
 @pytest.mark.parametrize('method', bounding.BOUNDINGS)
 @pytest.mark.parametrize('clip_norm', [0.7, 'adaptive'])
 def test_canary_arrives_exactly_at_the_sensitivity(method, clip_norm):
-  split = {'split': 'uniform'} if method.startswith('per_layer') else {}
-  factory = dp.dp_factory(method, noise_multiplier=0.1, clients_per_round=20.0, clip_norm=clip_norm,
-                          initial_clip_norm=0.7, **split)
+  # C = 0.7 split uniformly, or an adaptive norm starting at 0.7 (per-layer
+  # quantiles: every layer at 0.7 / sqrt(2) as well).
+  given = ({'initial_clip_norm': 0.7} if clip_norm == 'adaptive' else
+           {'split': 'uniform'} if method.startswith('per_layer') else {})
+  factory = dp.dp_factory(method, noise_multiplier=0.1, clients_per_round=20.0,
+                          clip_norm=clip_norm, **given)
   query = audit.CanaryQuery(
       factory.build_query(VALUE_TYPE),
       tff.types.type_to_tf_tensor_specs(VALUE_TYPE), 4, 0.5,

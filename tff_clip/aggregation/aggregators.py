@@ -91,8 +91,8 @@ def check_value_type(value_type, label: str = 'value_type'):
     raise TypeError(f'`{label}` must be an unplaced type; got {value_type}.')
   if not tff.types.is_structure_of_floats(value_type):
     raise TypeError(
-        f'`{label}` must be a structure of float tensors (float16, bfloat16, '
-        f'float32 or float64); got {value_type}.')
+        f'`{label}` must be a structure of float tensors (float16, float32 '
+        f'or float64: TFF has no bfloat16 type); got {value_type}.')
   leaves = tff.structure.flatten(value_type) if isinstance(
       value_type, tff.types.StructType) else [value_type]
   if not leaves:
