@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tasks import synthetic
@@ -60,6 +61,7 @@ def test_a_client_is_the_quadratic_tasks_client_shape_and_law():
   assert not np.array_equal(features, reseeded['features'].numpy())
 
 
+@pytest.mark.slow  # 20 s: a benchmark's own check, not the library's.
 def test_each_runner_times_its_own_path():
   # `inprocess` rounds run tff_clip's in-process runner client by client,
   # `batched` ones the batched cohort call, `local` TFF's C++ runtime (a
