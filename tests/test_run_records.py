@@ -1398,3 +1398,21 @@ def test_share_run_never_writes_into_the_run_it_shares(copy, inside):
   assert result.stderr.count('\n') == 1, result.stderr
   assert _files(copy) == before
   assert not (copy / inside).exists()
+
+
+def test_share_run_leaves_a_directory_of_its_temporary_name_alone(copy,
+                                                                   tmp_path):
+  """The copy is built under a temporary name of its own beside the
+  destination: a user's directory named as the old fixed one was
+  (`.NAME.tmp`) is neither deleted nor written."""
+  theirs = tmp_path / '.shared.tmp'
+  theirs.mkdir()
+  (theirs / 'notes.txt').write_text('theirs')
+  result = as_a_user.run(['-m', 'scripts.share_run', f'--run_dir={copy}',
+                          f'--output_dir={tmp_path / "shared"}'], timeout=120)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert [p.name for p in theirs.iterdir()] == ['notes.txt']
+  assert (theirs / 'notes.txt').read_text() == 'theirs'
+  assert (tmp_path / 'shared' / 'config.json').is_file()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['.shared.tmp', 'run',
+                                                        'shared']

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import stat
+import tempfile
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -437,11 +438,12 @@ def share(run_dir: str, destination: str) -> tuple[list[str], list[str]]:
         f'{destination!r} is inside the run directory {run_dir!r}, whose '
         'records it would change; nothing was copied. Name a directory '
         'outside it.')
-  tmp = os.path.join(parent, f'.{os.path.basename(destination)}.tmp')
+  tmp = None
   try:
-    if os.path.lexists(tmp):
-      shutil.rmtree(tmp)
-    os.makedirs(tmp)
+    # A name of its own (never another's directory, which it would delete).
+    tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(destination)}.',
+                           suffix='.tmp', dir=parent)
+    os.chmod(tmp, 0o755)  # As os.makedirs makes it; mkdtemp's is 0o700.
     copied, skipped, names = [], [], []
     for name in SHAREABLE:
       source = os.path.join(run_dir, name)
@@ -455,7 +457,8 @@ def share(run_dir: str, destination: str) -> tuple[list[str], list[str]]:
       names.append(MODEL)
     os.rename(tmp, destination)
   except OSError as e:
-    shutil.rmtree(tmp, ignore_errors=True)
+    if tmp is not None:
+      shutil.rmtree(tmp, ignore_errors=True)
     raise run_records.write_error(destination, e) from None
   run_records.fsync_dir(parent)
   return names, skipped
