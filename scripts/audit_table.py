@@ -12,10 +12,12 @@ reused (their summary.json is read), so an interrupted table resumes.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
 
+from absl import app
 from absl import flags
 
 from scripts import cli
@@ -44,18 +46,50 @@ def _estimate(row, inserted, candidates, delta):
   return f'{_fmt(row["estimate"])} ({_fmt(low)}-{_fmt(high)})'
 
 
-def main(argv):
-  passthrough = argv[1:]
-  rows = []
+# What the table sets on each run: a run given its own would not be the
+# row it is labelled.
+_RESERVED = ('noise_multiplier', 'target_epsilon', 'audit_canaries',
+             'root_output_dir', 'experiment_name', 'progress', 'flagfile')
+
+
+def _runs(passthrough):
+  """[(z, its run's name, the `scripts.train` argv)]; `UsageError` for a
+  list of z or a flag after -- that the table cannot run as labelled."""
+  for arg in passthrough:
+    name = arg.lstrip('-').split('=')[0]
+    if name in _RESERVED or name[2:] in _RESERVED:  # --noprogress.
+      raise app.UsageError(f'--{name} is set by audit_table for each row; '
+                           'remove it after --.')
+  if not _Z.value:
+    raise app.UsageError('--noise_multipliers is empty; list at least one z.')
+  runs = []
   for z in _Z.value:
-    name = f'z{z}'
+    try:
+      value = float(z)
+    except ValueError:
+      value = math.nan
+    if not value > 0 or math.isinf(value) or not z.isascii():
+      raise app.UsageError('--noise_multipliers must list positive numbers; '
+                           f'got {z!r}.')
+    runs.append((z, f'z{z}', [
+        f'--noise_multiplier={z}', f'--audit_canaries={_CANARIES.value}',
+        f'--root_output_dir={_ROOT.value}', f'--experiment_name=z{z}',
+        '--progress=false', *passthrough]))
+  return runs
+
+
+def main(argv):
+  runs = _runs(argv[1:])
+  pending = [args for _, name, args in runs if not os.path.exists(
+      os.path.join(_ROOT.value, name, 'summary.json'))]
+  refused = cli.first_refusal(pending)  # Before any run writes a file.
+  if refused is not None:
+    raise app.UsageError(f'{pending[refused[0]][0]}: {refused[1]}')
+  rows = []
+  for z, name, args in runs:
     summary_path = os.path.join(_ROOT.value, name, 'summary.json')
     if not os.path.exists(summary_path):
-      command = [sys.executable, '-m', 'scripts.train',
-                 f'--noise_multiplier={z}',
-                 f'--audit_canaries={_CANARIES.value}',
-                 f'--root_output_dir={_ROOT.value}', f'--experiment_name={name}',
-                 '--progress=false', *passthrough]
+      command = [sys.executable, '-m', 'scripts.train', *args]
       print(' '.join(command), file=sys.stderr, flush=True)
       code = cli.run_child(command, stdout=subprocess.DEVNULL)
       if code != 0:  # scripts.train said why, on stderr.

@@ -23,6 +23,7 @@ still ends the script.
 
 import atexit
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -189,6 +190,28 @@ def run(main, argv=None, interrupted=None, fast_exit=False) -> None:
   if fast_exit:
     _exit_now(code or 0)
   sys.exit(code or 0)
+
+
+_FIRST_REFUSAL = ('import json, sys\n'
+                  'from scripts import train\n'
+                  'print(train.first_refusal(json.load(sys.stdin)), end="")\n')
+
+
+def first_refusal(runs) -> tuple:
+  """(index, why) of the first of `runs` (each a `scripts.train` argv) that
+  it would refuse before training, else None; judged in a child process
+  (`train.first_refusal`), whose flags are not the caller's."""
+  if not runs:
+    return None
+  result = subprocess.run(
+      [sys.executable, '-c', _FIRST_REFUSAL], input=json.dumps(list(runs)),
+      capture_output=True, text=True, check=False)
+  if result.returncode != 0:
+    return 0, f'checking the runs failed: {result.stderr.strip()[-500:]}'
+  if not result.stdout:
+    return None
+  index, _, message = result.stdout.partition(' ')
+  return int(index), message
 
 
 def run_child(command, **popen_kwargs) -> int:

@@ -27,7 +27,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 
 from absl import app
@@ -79,10 +78,22 @@ def cells(grid):
     yield label.replace('/', '-'), setting
 
 
+def _flag_file_text(arg) -> list:
+  """What a --flagfile argument says: the file's text (a changed file
+  makes new cells), or nothing for another argument."""
+  name, _, path = arg.partition('=')
+  if name.lstrip('-') != 'flagfile' or not os.path.isfile(path):
+    return []  # A missing file: train refuses the cell, by name.
+  with open(path, encoding='utf-8', errors='replace') as f:
+    return [f.read()]
+
+
 def cell_name(label, seed, train_args, setting):
-  """`label_seedN_HASH`: HASH covers every train flag of the cell."""
+  """`label_seedN_HASH`: HASH covers every train flag of the cell, and
+  the text of the flag files it names."""
   flags_text = '\n'.join(sorted(train_args) + [
-      f'--{k}={v}' for k, v in setting.items()])
+      f'--{k}={v}' for k, v in setting.items()] + [
+          text for arg in train_args for text in _flag_file_text(arg)])
   digest = hashlib.sha256(flags_text.encode()).hexdigest()[:8]
   return f'{label}_seed{seed}_{digest}'
 
@@ -179,32 +190,24 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
 
 # Checks every cell as `scripts.train` would, in a process of its own (train's
 # flags and the sweep's share absl's registry); prints the first refusal.
-_CHECK = ('import json, sys\n'
-          'from scripts import train\n'
-          'print(train.first_refusal(json.load(sys.stdin)), end="")\n')
-
-
 def _first_refused(plan):
   """'cell NAME: why' for the first cell that train refuses, else ''."""
-  if not plan:
+  refused = cli.first_refusal([a for _, a in plan])
+  if refused is None:
     return ''
-  result = subprocess.run(
-      [sys.executable, '-c', _CHECK], input=json.dumps([a for _, a in plan]),
-      capture_output=True, text=True, check=False)
-  if result.returncode != 0:
-    return f'checking the cells failed: {result.stderr.strip()[-500:]}'
-  if not result.stdout:
-    return ''
-  index, _, message = result.stdout.partition(' ')
-  return f'cell {plan[int(index)][0]}: {message}'
+  return f'cell {plan[refused[0]][0]}: {refused[1]}'
 
 
 def main(argv):
   train_args = argv[1:]
+  given = set()
   for arg in train_args:
     name = arg.lstrip('-').split('=')[0]
     if name in _RESERVED:
       raise app.UsageError(f'--{name} is set by the sweep; remove it.')
+    if name in given and name != 'flagfile':  # Which one would count?
+      raise app.UsageError(f'--{name} is given twice after --; give it once.')
+    given.add(name)
   grid = parse_grid(_GRID.value)
   if _SEEDS.value <= 0:
     raise app.UsageError('--seeds must be positive.')

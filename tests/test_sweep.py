@@ -123,6 +123,27 @@ def test_a_changed_train_flag_makes_a_new_cell():
           sweep.cell_name('b', 0, ['--seed=1', '--rounds=2'], setting))
 
 
+def test_a_changed_flag_file_makes_a_new_cell(tmp_path):
+  """A cell is named by the text of the flag files it reads, not their
+  path: an edited file would otherwise find the old cells finished."""
+  flag_file = tmp_path / 'setting.cfg'
+  flag_file.write_text('--rounds=1\n')
+  args, setting = [f'--flagfile={flag_file}'], {'bounding': 'clip'}
+  before = sweep.cell_name('b', 0, args, setting)
+  assert sweep.cell_name('b', 0, args, setting) == before
+  flag_file.write_text('--rounds=2\n')
+  assert sweep.cell_name('b', 0, args, setting) != before
+
+
+def test_a_train_flag_given_twice_is_refused(tmp_path):
+  # absl takes the last: a cell named by both would not say which ran.
+  result = _sweep(tmp_path, '--grid=bounding=clip', '--dry_run', '--',
+                  '--rounds=5', '--rounds=10')
+  assert result.returncode != 0
+  assert '--rounds is given twice after --; give it once.' in result.stderr
+  assert list(tmp_path.iterdir()) == []
+
+
 def test_failed_cells_are_marked_in_the_table(tmp_path):
   grid = sweep.parse_grid(['bounding=clip'])
   name = sweep.cell_name('bounding=clip', 0, (), {'bounding': 'clip'})

@@ -1,0 +1,43 @@
+"""Specification: the scripts beside `scripts.train` refuse as it does.
+
+Bad input is one line on stderr naming the flag, exit code 2, before any
+run starts or any file is written (`scripts.audit_table`, whose flags after
+-- may not relabel a row). Oracles: the exit code, stderr and the files on
+disk, as a user sees them.
+"""
+
+import pytest
+
+import as_a_user  # pylint: disable=g-bad-import-order
+
+
+def _refused(result, flag):
+  """Exit 2 and one line naming `flag`, no traceback."""
+  lines = [line for line in result.stderr.splitlines() if line.strip()]
+  assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+  assert len(lines) == 1 and lines[0].startswith('error: '), result.stderr
+  assert flag in lines[0], lines[0]
+  return lines[0]
+
+
+@pytest.mark.parametrize('args,flag', [
+    (['--noise_multipliers='], '--noise_multipliers is empty'),
+    (['--noise_multipliers=0.5,abc'],
+     "--noise_multipliers must list positive numbers; got 'abc'"),
+    (['--noise_multipliers=0'], '--noise_multipliers must list positive'),
+    # A row labelled z = 1 must have run at z = 1, in the row's directory.
+    (['--noise_multipliers=1', '--', '--noise_multiplier=4'],
+     '--noise_multiplier is set by audit_table for each row'),
+    (['--noise_multipliers=1', '--', '--experiment_name=mine'],
+     '--experiment_name is set by audit_table'),
+    (['--noise_multipliers=1', '--', '--noprogress'],
+     '--noprogress is set by audit_table'),
+    # A flag train refuses: refused by the table first, naming the row.
+    (['--noise_multipliers=1,2', '--', '--rounds=0'], '--rounds'),
+])
+def test_audit_table_refuses_before_any_run(tmp_path, args, flag):
+  root = tmp_path / 'table'
+  result = as_a_user.run(['-m', 'scripts.audit_table',
+                          f'--root_output_dir={root}', *args], timeout=300)
+  _refused(result, flag)
+  assert not root.exists()
