@@ -51,6 +51,7 @@ from scripts import cli
 from tff_clip.aggregation import mechanisms
 from tff_clip.aggregation import spec
 from tff_clip.privacy import accounting
+from tff_clip.privacy import sampling as sampling_lib
 
 _NOISE_MULTIPLIER = flags.DEFINE_float(
     'noise_multiplier', None,
@@ -301,11 +302,30 @@ def main(argv):
     # for independent noise would not be the mechanism asked about.
     return cli.fail(f'{", ".join(ignored)} apply to --sampling='
                     f'min_separation only; got --sampling={sampling}.')
-  if flags.FLAGS['extrapolate_cohort_scales'].present and (
-      not _EXTRAPOLATE.value):
-    return cli.fail('--extrapolate_cohort_scales applies with --extrapolate '
-                    'only.')
+  for name in ('extrapolate_cohort_scales', 'extrapolate_population_scales'):
+    if flags.FLAGS[name].present and not _EXTRAPOLATE.value:
+      return cli.fail(f'--{name} applies with --extrapolate only.')
   if sampling == accounting.MIN_SEPARATION:
+    # No amplification to extrapolate, and correlated events are accounted
+    # on their own grid: these would change nothing.
+    unread = [f'--{name}' for name in (
+        'extrapolate', 'pld_value_discretization_interval')
+              if flags.FLAGS[name].present]
+    if unread:
+      return cli.fail(f'{", ".join(unread)} apply to --sampling=poisson or '
+                      'fixed_size only; got --sampling=min_separation.')
+    separation = _MIN_SEPARATION.value
+    if separation is not None and separation < 1:
+      return cli.fail(f'--min_separation must be a positive number of rounds; '
+                      f'got {separation}.')
+    smallest, largest = sampling_lib.group_sizes(
+        population_size, separation or _BANDS.value)
+    if not 0 < clients_per_round <= smallest:  # A schedule no sampler runs.
+      return cli.fail(
+          f'--clients_per_round ({clients_per_round:g}) exceeds the smallest '
+          f'minimum-separation group: the {population_size} clients fall '
+          f'into {separation or _BANDS.value} groups of {smallest} to '
+          f'{largest}; give at most {smallest}.')
     try:
       lines = _correlated_lines(rounds, delta, _accountants())
     except ValueError as error:

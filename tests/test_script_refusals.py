@@ -41,3 +41,33 @@ def test_audit_table_refuses_before_any_run(tmp_path, args, flag):
                           f'--root_output_dir={root}', *args], timeout=300)
   _refused(result, flag)
   assert not root.exists()
+
+
+_ACCOUNTANT = ['--noise_multiplier=1', '--rounds=20', '--delta=1e-5']
+_SEPARATED = _ACCOUNTANT + ['--sampling=min_separation',
+                            '--noise_mechanism=banded', '--bands=2']
+
+
+@pytest.mark.parametrize('args,flag', [
+    # 150 clients in 2 groups of 75 cannot give 100 a round.
+    (_SEPARATED + ['--clients_per_round=100', '--population_size=150',
+                   '--min_separation=2'],
+     '--clients_per_round (100) exceeds the smallest minimum-separation '
+     'group: the 150 clients fall into 2 groups of 75 to 75'),
+    (_SEPARATED + ['--clients_per_round=10', '--population_size=150',
+                   '--min_separation=0'], '--min_separation must be a positive number'),
+    # No amplification to extrapolate; correlated events on their own grid.
+    (_SEPARATED + ['--clients_per_round=10', '--population_size=150',
+                   '--extrapolate'], '--extrapolate apply to --sampling='),
+    (_SEPARATED + ['--clients_per_round=10', '--population_size=150',
+                   '--pld_value_discretization_interval=0.5'],
+     '--pld_value_discretization_interval apply to --sampling='),
+    (_ACCOUNTANT + ['--clients_per_round=10', '--population_size=150',
+                    '--extrapolate_population_scales=1,2'],
+     '--extrapolate_population_scales applies with --extrapolate only'),
+])
+def test_the_accountant_refuses_what_would_change_nothing_or_cannot_run(
+    args, flag):
+  result = as_a_user.run(['-m', 'scripts.accountant', *args], timeout=120)
+  _refused(result, flag)
+  assert result.stdout == ''
