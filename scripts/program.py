@@ -11,6 +11,7 @@ benchmarks and reproductions call. The library (`tff_clip`) never imports
 import atexit
 import collections
 import contextlib
+import dataclasses
 import glob
 import math
 import os
@@ -76,7 +77,15 @@ def _check_task(config):
 _APPLIES = (  # The DP parameters' own: `spec.unread`, in `config.validate`.
     ('min_separation', lambda c: c.min_separation is None or
      c.participation_separation is not None, '--sampling=min_separation'),
+    ('clipped_count_stddev', lambda c: c.clipped_count_stddev is None or
+     c.private, 'DP (--noise_multiplier or --target_epsilon)'),
+    ('server_momentum', lambda c: c.server_momentum == _DEFAULT[
+        'server_momentum'] or c.server_optimizer == 'sgdm',
+     '--server_optimizer=sgdm'),
+    ('audit_confidence', lambda c: c.audit_confidence == _DEFAULT[
+        'audit_confidence'] or c.audit_canaries, '--audit_canaries'),
 )
+_DEFAULT = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 
 
 def validate(config: TrainConfig) -> None:
