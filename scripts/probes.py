@@ -51,12 +51,29 @@ def compare(fields, rounds, names, diagnose, output_dir):
     fields = dict(fields, rounds=rounds)
   base = config_lib.TrainConfig(**fields)
   program.validate(base)
-  os.makedirs(output_dir, exist_ok=True)
+  _check_output_dir(output_dir)
   rows, accuracies = [], collections.OrderedDict()
   for name in names:
     mine, accuracies[name] = diagnose(base, name)
     rows += mine
+  # Made once every diagnosis ran: a refusal on the way writes nothing.
+  os.makedirs(output_dir, exist_ok=True)
   return base, rows, accuracies
+
+
+def _check_output_dir(output_dir):
+  """`ConfigError` naming --output_dir where it could not be made."""
+  path = os.path.abspath(output_dir)
+  if os.path.lexists(path) and not os.path.isdir(path):
+    raise config_lib.ConfigError(
+        f'--output_dir: {output_dir!r} exists and is not a directory.')
+  existing = path
+  while not os.path.lexists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing) or not os.access(existing, os.W_OK):
+    raise config_lib.ConfigError(
+        f'--output_dir: cannot create {output_dir!r} ({existing!r} is not a '
+        'writable directory).')
 
 
 class ClientUpdates:

@@ -18,6 +18,7 @@ import os
 import socket
 
 from tff_clip import checks
+from tff_clip.privacy import rdp_floor
 from tff_clip.program import config as config_lib
 from tff_clip.program.config import ConfigError, TrainConfig
 
@@ -96,6 +97,14 @@ def validate(config: TrainConfig) -> None:
       raise ConfigError(f'--{flag}={getattr(config, flag)} applies only with '
                         f'{where}; it would change nothing here. Leave it '
                         'out.')
+  if config.target_epsilon is not None:
+    # Below RDP's floor at --delta no noise reaches the target: said in
+    # microseconds, before dp_accounting (half a second) is imported; the
+    # calibration refuses the same with the same words.
+    try:
+      rdp_floor.check_reachable(config.target_epsilon, config.delta)
+    except ValueError as e:
+      raise ConfigError(f'--target_epsilon: {e}') from None
   _check_task(config)
 
 

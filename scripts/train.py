@@ -28,7 +28,6 @@ from absl import logging
 from scripts import cli
 from scripts import program
 from tff_clip import checks
-from tff_clip.privacy import rdp_floor
 from tff_clip.program import config as config_lib
 
 FLAGS = flags.FLAGS
@@ -177,15 +176,7 @@ def _describe(kind) -> str:
 
 def _check(config: config_lib.TrainConfig) -> None:
   """What `main` checks before training; `ConfigError` names a bad flag."""
-  program.validate(config)
-  if config.target_epsilon is not None:
-    # Below RDP's floor at --delta no noise reaches the target: said in
-    # microseconds, before dp_accounting (half a second) is imported; the
-    # calibration refuses the same with the same words.
-    try:
-      rdp_floor.check_reachable(config.target_epsilon, config.delta)
-    except ValueError as e:
-      raise config_lib.ConfigError(f'--target_epsilon: {e}') from None
+  program.validate(config)  # With --target_epsilon's floor.
   program.preflight(config)  # Run directory, population, target, workers.
 
 

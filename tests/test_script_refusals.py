@@ -71,3 +71,25 @@ def test_the_accountant_refuses_what_would_change_nothing_or_cannot_run(
   result = as_a_user.run(['-m', 'scripts.accountant', *args], timeout=120)
   _refused(result, flag)
   assert result.stdout == ''
+
+
+@pytest.mark.parametrize('script', ['scripts.diagnose_bounding',
+                                    'scripts.diagnose_per_layer'])
+def test_a_diagnosis_into_a_file_is_refused_and_the_file_kept(tmp_path,
+                                                              script):
+  taken = tmp_path / 'a_file'
+  taken.write_text('mine')
+  result = as_a_user.run(['-m', script, '--rounds=1', '--noise_multiplier=1',
+                          f'--output_dir={taken}'], timeout=300)
+  _refused(result, f"--output_dir: '{taken}' exists and is not a directory")
+  assert taken.read_text() == 'mine'
+
+
+def test_a_diagnosis_refuses_a_target_no_noise_reaches_before_writing(
+    tmp_path):
+  out = tmp_path / 'out'
+  result = as_a_user.run(['-m', 'scripts.diagnose_bounding', '--rounds=1',
+                          '--target_epsilon=0.001', f'--output_dir={out}'],
+                         timeout=300)
+  _refused(result, '--target_epsilon')
+  assert not out.exists()
