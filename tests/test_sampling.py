@@ -80,3 +80,16 @@ def test_separation_groups_are_the_same_in_a_new_process():
       make().sample(t) for t in range(25)]
 
 
+
+
+@pytest.mark.parametrize('scheme', ['poisson', 'fixed_size',
+                                    'min_separation'])
+def test_a_client_id_given_twice_is_refused(scheme):
+  """Counted twice, a client would be drawn twice into a cohort (its update
+  summed twice: sensitivity 2C) or more often than q; under minimum
+  separation it would sit in two groups, taking part twice a cycle."""
+  ids = ['a', 'b', 'c', 'd', 'a', 'e', 'f']
+  with pytest.raises(ValueError, match="`client_ids` holds 'a' more than "
+                     'once'):
+    sampling.ClientSampler(ids, 2, scheme, 0, 3)
+  sampling.ClientSampler(sorted(set(ids)), 2, scheme, 0, 3)

@@ -130,6 +130,12 @@ class ClientSampler:
     self._client_ids = sorted(client_ids)
     if not self._client_ids:
       raise ValueError('`client_ids` is empty: there is no client to sample.')
+    repeated = next((a for a, b in zip(self._client_ids, self._client_ids[1:])
+                     if a == b), None)
+    if repeated is not None:  # It would take part twice, or too often.
+      raise ValueError(f'`client_ids` holds {repeated!r} more than once: a '
+                       'client counted twice is sampled beyond what the '
+                       'accounting assumes.')
     checks.one_of(sampling, 'sampling', SAMPLINGS)
     checks.integer(clients_per_round, 'clients_per_round', minimum=1)
     if clients_per_round > len(self._client_ids):
