@@ -351,3 +351,19 @@ def test_a_run_recorded_before_the_knob_is_one_with_a_fixed_step(tmp_path):
   import dataclasses
   fixed = dataclasses.replace(config, server_step='fixed')
   assert run_directory.existing_run(fixed) == 'resume'
+
+
+@pytest.mark.parametrize('build', [server_step.oscillation_damped,
+                                   server_step.growth_held])
+def test_an_optimizer_without_a_learning_rate_to_scale_is_refused(build):
+  """TFF's scheduled optimizer keeps its rate in its own state (its
+  hyperparameters hold none): refused when the step is built, not in the
+  first round inside the server's computation."""
+  scheduled = tff.learning.optimizers.schedule_learning_rate(
+      tff.learning.optimizers.build_sgdm(1.0),
+      lambda k: 0.5**tf.cast(k, tf.float32))
+  assert 'learning_rate' not in scheduled.get_hparams(
+      scheduled.initialize([tf.TensorSpec([3], tf.float32)]))
+  with pytest.raises(ValueError, match='^`inner_optimizer` has no '
+                     '`learning_rate` hyperparameter'):
+    build(scheduled)

@@ -181,6 +181,15 @@ def _check_inner(inner_optimizer):
     raise TypeError('`inner_optimizer` must be a '
                     '`tff.learning.optimizers.Optimizer`; got '
                     f'{type(inner_optimizer).__name__}.')
+  # The step scales the learning rate among its hyperparameters: one held
+  # elsewhere (TFF's `schedule_learning_rate` keeps it in its own state)
+  # would fail the first round, inside the server's computation.
+  state = inner_optimizer.initialize([tf.TensorSpec([1], tf.float32)])
+  if _LEARNING_RATE_KEY not in inner_optimizer.get_hparams(state):
+    raise ValueError(
+        '`inner_optimizer` has no `learning_rate` hyperparameter to scale '
+        f'(e.g. a scheduled optimizer); got {type(inner_optimizer).__name__}. '
+        'Schedule the damped optimizer instead.')
 
 
 def oscillation_damped(inner_optimizer: _Optimizer,
