@@ -1140,3 +1140,81 @@ def test_a_noise_level_that_changes_the_default_bounding_gets_its_own_trace(
   assert clipping.bounding == 'clip'
   assert len(built['traced']) == before + 1
   assert not isinstance(_loaded_runner(clipping), hyperparameters.Rebased)
+
+
+# ----------------------------------------------------------------------------
+# The key covers the code beside the builder: an edited model is a new graph.
+
+_BUILDER = '''
+import types
+import edited_model
+import tiny_model
+
+
+def build(config):
+  return types.SimpleNamespace(
+      name='edited', model_fn=edited_model.model_fn,
+      datasets=types.SimpleNamespace(
+          element_type_structure=tiny_model.INPUT_SPEC))
+'''
+
+_MODEL = '''
+import tensorflow as tf
+import tensorflow_federated as tff
+import tiny_model
+
+
+def model_fn():
+  keras_model = tf.keras.Sequential([tf.keras.layers.Dense(
+      2, input_shape=(3,), activation={activation!r})])
+  return tff.learning.models.from_keras_model(
+      keras_model, loss=tf.keras.losses.MeanSquaredError(),
+      input_spec=tiny_model.INPUT_SPEC)
+'''
+
+
+def _builder_beside(directory, activation):
+  """`edited_builder.build` of `directory`, whose byte-identical builder
+  imports a model module with `activation`."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  directory.mkdir()
+  (directory / 'edited_builder.py').write_text(_BUILDER)
+  (directory / 'edited_model.py').write_text(_MODEL.format(
+      activation=activation))
+  for name in ('edited_builder', 'edited_model'):
+    sys.modules.pop(name, None)
+  sys.path.insert(0, str(directory))
+  try:
+    return importlib.import_module('edited_builder').build
+  finally:
+    sys.path.remove(str(directory))
+
+
+def test_a_model_edited_beside_the_builder_is_another_entry(tmp_path,
+                                                             monkeypatch):
+  """Two builder files alike byte for byte, importing model modules that
+  differ in one activation (an edited tasks/models.py): two keys. Oracle:
+  TFF's canonical digests of the two processes' `next` differ."""
+  import sys  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_clip.learning import algorithms  # pylint: disable=g-import-not-at-top
+  from tff_clip.program.config import TrainConfig  # pylint: disable=g-import-not-at-top
+  from tff_clip.runtime import graph_defs  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv(graph_cache.ENV, str(tmp_path / 'cache'))
+  config = TrainConfig(clients_per_round=3, num_clients=20)
+  sgd = tff.learning.optimizers.build_sgdm
+  keys, digests = [], []
+  try:
+    for version, activation in (('v1', 'linear'), ('v2', 'relu')):
+      build = _builder_beside(tmp_path / version, activation)
+      task = build(config)
+      keys.append(process_cache.graph_cache_key(config, build, 1.0, task))
+      digests.append(graph_defs.canonical_digest(algorithms.build_fedavg(
+          task.model_fn, client_optimizer=sgd(0.1),
+          server_optimizer=sgd(1.0)).next))
+  finally:
+    for name in ('edited_builder', 'edited_model'):
+      sys.modules.pop(name, None)
+  assert digests[0] != digests[1]  # The graphs differ ...
+  assert None not in keys and keys[0] != keys[1]  # ... so do the entries.

@@ -17,7 +17,8 @@ import atexit
 import collections
 import contextlib
 import dataclasses
-import hashlib
+import os
+import sys
 from typing import Optional
 
 from tff_clip.program import hyperparameters
@@ -74,6 +75,28 @@ DATA_ONLY = (
 
 
 
+def _project_packages(module: str, source: str) -> list:
+  """The imported top-level packages and modules beside the builder's own
+  (this project: scripts/, tasks/, tff_clip/): an edited model in any of
+  them is another graph."""
+  top = sys.modules.get(module.split('.')[0])
+  top_file = os.path.realpath(getattr(top, '__file__', None) or source)
+  package = os.path.basename(top_file) == '__init__.py'
+  root = os.path.dirname(os.path.dirname(top_file) if package else top_file)
+  found = {top_file if not package else os.path.dirname(top_file)}
+  for name, imported in list(sys.modules.items()):
+    path = getattr(imported, '__file__', None)
+    if '.' in name or not path:
+      continue
+    path = os.path.realpath(path)
+    if os.path.basename(path) == '__init__.py':
+      if os.path.dirname(os.path.dirname(path)) == root:
+        found.add(os.path.dirname(path))
+    elif os.path.dirname(path) == root and path.endswith('.py'):
+      found.add(path)
+  return sorted(found)
+
+
 def graph_cache_key(config: TrainConfig, task_builder, noise_multiplier,
                      task=None, exact: bool = False) -> Optional[str]:
   """The cache key of the session's graphs, or None where they are not
@@ -83,7 +106,9 @@ def graph_cache_key(config: TrainConfig, task_builder, noise_multiplier,
   clients' element spec the key also holds (the data-only fields choose
   data, never its shape).
 
-  The key leaves out the hyperparameters (`hyperparameters.shape`): runs
+  The key covers the builder's source and every imported top-level package
+  or module beside it (`_project_packages`: an edited model is another
+  graph). It leaves out the hyperparameters (`hyperparameters.shape`): runs
   that differ only in them share one entry, each with its own state
   (`hyperparameters.rebase`). `exact`: the key with them, for the runs whose
   hyperparameters turn out to be constants of a graph."""
@@ -95,9 +120,9 @@ def graph_cache_key(config: TrainConfig, task_builder, noise_multiplier,
       config.noise_seed is not None or '<' in name or
       graph_cache.directory() is None):
     return None
-  try:  # The builder's own source shapes the task, so the graphs.
-    with open(inspect.getsourcefile(task_builder), 'rb') as f:
-      builder_source = hashlib.sha256(f.read()).hexdigest()
+  try:  # The builder's code, and the models it imports, shape the graphs.
+    builder_source = graph_cache.sources_hash(_project_packages(
+        task_builder.__module__, inspect.getsourcefile(task_builder)))
   except (TypeError, OSError):
     return None
   # Every field but those that shape no graph (where and how long a run

@@ -66,10 +66,21 @@ def directory() -> Optional[pathlib.Path]:
 @functools.lru_cache(maxsize=1)
 def library_hash() -> str:
   """SHA-256 over the path and bytes of every tff_clip source file."""
+  return sources_hash([_LIBRARY])
+
+
+def sources_hash(packages) -> str:
+  """SHA-256 over the path and bytes of every source file of `packages`
+  (directories, or a module's file)."""
   digest = hashlib.sha256()
-  for path in sorted(_LIBRARY.rglob('*.py')):
-    digest.update(str(path.relative_to(_LIBRARY)).encode() + b'\0')
-    digest.update(path.read_bytes() + b'\0')
+  for package in packages:
+    package = pathlib.Path(package)
+    files = [package] if package.is_file() else sorted(package.rglob('*.py'))
+    for path in files:
+      name = (package.name if path == package else
+              f'{package.name}/{path.relative_to(package)}')
+      digest.update(name.encode() + b'\0')
+      digest.update(path.read_bytes() + b'\0')
   return digest.hexdigest()
 
 
