@@ -504,3 +504,35 @@ def test_a_process_that_cannot_be_split_runs_whole_only_without_secrets():
       collections.OrderedDict(noise_key=tff.TensorType(np.int64, [2])))
   with pytest.raises(split_execution.SecretLeakError, match='MapReduceForm'):
     split_execution.for_workers(keyed)
+
+
+def test_the_tree_baselines_noise_seeds_are_guarded_as_secret():
+  """TFF's tree baseline keeps its secretly drawn noise keys in fields named
+  `seeds` (`tff_tree.secret_tree_seed`): the split runner guards them as it
+  guards `noise_key`. Oracle: two initializations draw disjoint seeds."""
+  from tff_clip.program import tff_tree  # pylint: disable=g-import-not-at-top
+  sgd = tff.learning.optimizers.build_sgdm
+  process = algorithms.build_fedavg(
+      tiny_model.model_fn, client_optimizer=sgd(0.1),
+      server_optimizer=sgd(1.0), model_aggregator=tff_tree.TreeAdaptiveFactory(
+          0.5, 3.0, 0.3, 0.5, 0.2, 1.0, restart_every=2))
+  runner = split_execution.SplitRunner(process)
+
+  def seeds(value):
+    """The `seeds` fields in the state `value`, each a tuple."""
+    found = []
+    if hasattr(value, '_fields'):
+      for name in value._fields:
+        child = getattr(value, name)
+        found += ([tuple(np.asarray(child).ravel())] if name == 'seeds'
+                  else seeds(child))
+    elif isinstance(value, collections.abc.Mapping):
+      found = [s for child in value.values() for s in seeds(child)]
+    elif isinstance(value, (list, tuple)):
+      found = [s for child in value for s in seeds(child)]
+    return found
+
+  first = seeds(runner.initialize().aggregator)
+  second = seeds(runner.initialize().aggregator)
+  assert len(first) == 2 and set(first).isdisjoint(second)
+  assert len(runner._secret_ranges) == 2  # pylint: disable=protected-access

@@ -47,8 +47,9 @@ __all__ = ['SecretLeakError', 'SplitRunner', 'WorkerLostError',
            'secret_paths']
 
 # Fields of an aggregator state that must never leave this process
-# (`dp.DPQueryFactory`'s `GlobalState.noise_key`).
-SECRET_FIELD_NAMES = ('noise_key',)
+# (`dp.DPQueryFactory`'s `GlobalState.noise_key`; the tree baseline's noise
+# generators' `seeds`, keyed secretly by `tff_tree.secret_tree_seed`).
+SECRET_FIELD_NAMES = ('noise_key', 'seeds')
 
 
 class WorkerLostError(RuntimeError):
