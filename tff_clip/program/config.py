@@ -472,8 +472,8 @@ def _check_privacy(config):
   if baseline is not None:
     _check(baseline.check, config, config.bounding)
   if config.denominator == 'actual' and config.sampling != names.FIXED_SIZE:
-    raise ConfigError('--denominator=actual releases the cohort size: it is '
-                      'private under --sampling=poisson; use '
+    raise ConfigError('--denominator=actual releases the cohort size, which '
+                      'is secret under --sampling=poisson; use '
                       '--sampling=fixed_size or --denominator=expected.')
   if config.private and config.noise_placement == 'client' and (
       config.sampling == names.POISSON):  # n shares of the noise, m < n come.

@@ -316,14 +316,16 @@ def _same(a, b) -> bool:
   return a == b
 
 
-def _proven_spent(config, log, evidence) -> tuple[int, Optional[float]]:
-  """(rounds, epsilon): the most that `releases.jsonl` or any other
-  surviving file proves was released, and spent.
+def _proven_spent(config, log, evidence):
+  """(rounds, epsilon, its accountant): the most that `releases.jsonl` or
+  any other surviving file proves was released, and spent.
 
   Rounds beyond the log's are charged the round event a checkpoint, the log
   or `ledger.json` recorded (under minimum separation, one participation per
   cycle of b rounds, as `accounting.min_separation_round_event`); the
-  epsilon is the larger of that composition and any epsilon a file recorded.
+  epsilon is the larger of that composition, by the accountant the run
+  reports with (`PrivacyLedger.report`), and any epsilon a file recorded
+  (the run's own figure). The accountant is None where no event survives.
   """
   from tff_clip.privacy import accounting  # pylint: disable=g-import-not-at-top
   from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
@@ -341,18 +343,22 @@ def _proven_spent(config, log, evidence) -> tuple[int, Optional[float]]:
             template, round_num - 1, config.separation)
       ledger.record(round_num, event)
   spent = [e for e in (evidence.epsilon,) if e is not None]
+  accountant = None
   if len(ledger):
-    spent.append(ledger.guarantee(config.delta).epsilon)
-  return rounds, max(spent) if spent else None
+    report = ledger.report(config.delta)
+    spent.append(report.epsilon)
+    accountant = report.accountant
+  return rounds, max(spent) if spent else None, accountant
 
 
 def _spent(log, config, evidence=None) -> str:
   evidence = evidence or release_evidence.release_evidence(config.output_dir)
-  rounds, epsilon = _proven_spent(config, log, evidence)
+  rounds, epsilon, accountant = _proven_spent(config, log, evidence)
   if not rounds:
     return ''
+  by = '' if accountant is None else f' ({accountant.upper()})'
   spent = ('an epsilon no surviving file records' if epsilon is None else
-           f'epsilon = {epsilon:.4g} at delta = {config.delta:g}')
+           f'epsilon = {epsilon:.4g}{by} at delta = {config.delta:g}')
   return (f' The {rounds} rounds released so far spent {spent} (at least: '
           'the most that the surviving files prove).')
 
