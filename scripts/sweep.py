@@ -89,9 +89,14 @@ def _flag_file_text(arg) -> list:
 
 
 def cell_name(label, seed, train_args, setting):
-  """`label_seedN_HASH`: HASH covers every train flag of the cell, and
-  the text of the flag files it names."""
-  flags_text = '\n'.join(sorted(train_args) + [
+  """`label_seedN_HASH`: HASH covers every train flag of the cell as
+  absl reads them (a flag given twice: its last value), and the text of the
+  flag files it names."""
+  last = {}  # By flag name; every --flagfile counts.
+  for arg in train_args:
+    name = arg.lstrip('-').split('=')[0]
+    last[arg if name == 'flagfile' else name] = arg
+  flags_text = '\n'.join(sorted(last.values()) + [
       f'--{k}={v}' for k, v in setting.items()] + [
           text for arg in train_args for text in _flag_file_text(arg)])
   digest = hashlib.sha256(flags_text.encode()).hexdigest()[:8]
@@ -200,14 +205,10 @@ def _first_refused(plan):
 
 def main(argv):
   train_args = argv[1:]
-  given = set()
   for arg in train_args:
     name = arg.lstrip('-').split('=')[0]
     if name in _RESERVED:
       raise app.UsageError(f'--{name} is set by the sweep; remove it.')
-    if name in given and name != 'flagfile':  # Which one would count?
-      raise app.UsageError(f'--{name} is given twice after --; give it once.')
-    given.add(name)
   grid = parse_grid(_GRID.value)
   if _SEEDS.value <= 0:
     raise app.UsageError('--seeds must be positive.')

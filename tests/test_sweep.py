@@ -135,13 +135,14 @@ def test_a_changed_flag_file_makes_a_new_cell(tmp_path):
   assert sweep.cell_name('b', 0, args, setting) != before
 
 
-def test_a_train_flag_given_twice_is_refused(tmp_path):
-  # absl takes the last: a cell named by both would not say which ran.
-  result = _sweep(tmp_path, '--grid=bounding=clip', '--dry_run', '--',
-                  '--rounds=5', '--rounds=10')
-  assert result.returncode != 0
-  assert '--rounds is given twice after --; give it once.' in result.stderr
-  assert list(tmp_path.iterdir()) == []
+def test_a_train_flag_given_twice_is_named_by_the_value_that_counts():
+  # absl takes the last: --rounds=5 --rounds=10 is a run of 10 rounds, the
+  # cell of --rounds=10 alone, not that of --rounds=10 --rounds=5.
+  setting = {'bounding': 'clip'}
+  assert (sweep.cell_name('b', 0, ['--rounds=5', '--rounds=10'], setting) ==
+          sweep.cell_name('b', 0, ['--rounds=10'], setting))
+  assert (sweep.cell_name('b', 0, ['--rounds=5', '--rounds=10'], setting) !=
+          sweep.cell_name('b', 0, ['--rounds=10', '--rounds=5'], setting))
 
 
 def test_failed_cells_are_marked_in_the_table(tmp_path):
