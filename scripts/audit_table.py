@@ -16,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 
 from absl import app
 from absl import flags
@@ -27,8 +28,13 @@ _Z = flags.DEFINE_list('noise_multipliers', ['0.5', '1', '2', '4'],
 _CANARIES = flags.DEFINE_integer('audit_canaries', 50, 'Canary clients.')
 _ROOT = flags.DEFINE_string('root_output_dir', 'runs/audit_table',
                             'Where the runs go.')
-_OUT = flags.DEFINE_string('output', None,
-                           'Also write the table to this file.')
+_OUT = flags.DEFINE_string(
+    'output', None, 'Also write the table to this file (new, or a table '
+    'this script wrote before: any other file is refused, not replaced).')
+
+# The first cells of the table's header: how an --output file is recognised
+# as a table this script wrote (and may write again).
+_HEADER = '| z | ledger epsilon ('
 
 
 def _fmt(value):
@@ -78,8 +84,31 @@ def _runs(passthrough):
   return runs
 
 
+def _check_output(path):
+  """`UsageError` unless --output names a new file in an existing
+  directory, or a table this script wrote before (a rerun rewrites it):
+  nothing else already on disk is replaced."""
+  if path is None:
+    return
+  if os.path.isdir(path) or not os.path.isdir(
+      os.path.dirname(os.path.abspath(path))):
+    raise app.UsageError(f'--output={path}: not a file in an existing '
+                         'directory.')
+  if os.path.lexists(path):
+    try:
+      with open(path) as f:
+        ours = f.readline().startswith(_HEADER)
+    except (OSError, UnicodeDecodeError):
+      ours = False
+    if not ours or os.path.islink(path):
+      raise app.UsageError(
+          f'--output={path} exists and is not a table audit_table wrote; '
+          'name a new file.')
+
+
 def main(argv):
   runs = _runs(argv[1:])
+  _check_output(_OUT.value)
   pending = [args for _, name, args in runs if not os.path.exists(
       os.path.join(_ROOT.value, name, 'summary.json'))]
   refused = cli.first_refusal(pending)  # Before any run writes a file.
@@ -111,15 +140,22 @@ def main(argv):
   # The run's one epsilon, named by its accountant (`summary['accountant']`).
   accountant = summary.get('accountant', 'rdp').upper()
   table = '\n'.join([
-      f'| z | ledger epsilon ({accountant}) | final model: estimate (~95% '
+      f'{_HEADER}{accountant}) | final model: estimate (~95% '
       f'range) | final model: lower bound ({confidence}) | all iterates: '
       f'estimate (~95% range) | all iterates: lower bound ({confidence}) | '
       'canaries inserted / candidates | accuracy |',
       '|---:|---:|---:|---:|---:|---:|---:|---:|', *rows])
   print(table)
   if _OUT.value:
-    with open(_OUT.value, 'w') as f:
+    _check_output(_OUT.value)  # Still this script's, after the runs.
+    with tempfile.NamedTemporaryFile(
+        'w', dir=os.path.dirname(os.path.abspath(_OUT.value)),
+        prefix='.audit_table.', delete=False) as f:
       f.write(table + '\n')
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(f.name, 0o666 & ~umask)  # As `open(path, 'w')` would make it.
+    os.replace(f.name, _OUT.value)
 
 
 if __name__ == '__main__':

@@ -93,3 +93,26 @@ def test_a_diagnosis_refuses_a_target_no_noise_reaches_before_writing(
                          timeout=300)
   _refused(result, '--target_epsilon')
   assert not out.exists()
+
+
+@pytest.mark.parametrize('existing', ['# My notes\n', ''])
+def test_audit_table_refuses_an_output_it_did_not_write(tmp_path, existing):
+  """--output names a file already there that is not a table audit_table
+  wrote: refused before any run, the file left as it was."""
+  root, output = tmp_path / 'table', tmp_path / 'notes.md'
+  output.write_text(existing)
+  result = as_a_user.run(['-m', 'scripts.audit_table',
+                          f'--root_output_dir={root}', f'--output={output}',
+                          '--noise_multipliers=1'], timeout=300)
+  _refused(result, f'--output={output} exists and is not a table')
+  assert output.read_text() == existing and not root.exists()
+
+
+def test_audit_table_refuses_an_output_in_a_missing_directory(tmp_path):
+  root = tmp_path / 'table'
+  result = as_a_user.run(['-m', 'scripts.audit_table',
+                          f'--root_output_dir={root}',
+                          f'--output={tmp_path / "no" / "t.md"}',
+                          '--noise_multipliers=1'], timeout=300)
+  _refused(result, 'not a file in an existing directory')
+  assert not root.exists()
