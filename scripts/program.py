@@ -75,16 +75,30 @@ def _check_task(config):
 # Flags that apply only where another says so, and where they apply: given
 # elsewhere they would change nothing without a word (a fixed --clip_norm
 # with --target_quantile is not the adaptive norm it suggests).
+_BOUNDING = 'a bounding (--bounding other than none)'
+
+
+def _bounds(config) -> bool:
+  return config.bounding != config_lib.NO_BOUNDING
+
+
+# Each applies where its predicate holds; given otherwise (a value other than
+# its default) it is refused.
 _APPLIES = (  # The DP parameters' own: `spec.unread`, in `config.validate`.
-    ('min_separation', lambda c: c.min_separation is None or
-     c.participation_separation is not None, '--sampling=min_separation'),
-    ('clipped_count_stddev', lambda c: c.clipped_count_stddev is None or
-     c.private, 'DP (--noise_multiplier or --target_epsilon)'),
-    ('server_momentum', lambda c: c.server_momentum == _DEFAULT[
-        'server_momentum'] or c.server_optimizer == 'sgdm',
+    ('min_separation', lambda c: c.participation_separation is not None,
+     '--sampling=min_separation'),
+    ('clipped_count_stddev', lambda c: c.private,
+     'DP (--noise_multiplier or --target_epsilon)'),
+    ('server_momentum', lambda c: c.server_optimizer == 'sgdm',
      '--server_optimizer=sgdm'),
-    ('audit_confidence', lambda c: c.audit_confidence == _DEFAULT[
-        'audit_confidence'] or c.audit_canaries, '--audit_canaries'),
+    ('audit_confidence', lambda c: c.audit_canaries, '--audit_canaries'),
+    # --bounding=none bounds nothing: its norm's knobs are read by nothing
+    # (but BLUR's radius, which is --clip_norm where not given).
+    ('clip_norm', lambda c: _bounds(c) or (
+        c.blur_strength is not None and c.blur_clip_norm is None),
+     _BOUNDING),
+    *((knob, _bounds, _BOUNDING) for knob in (
+        'target_quantile', 'initial_clip_norm', 'clip_learning_rate')),
 )
 _DEFAULT = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 
@@ -93,7 +107,7 @@ def validate(config: TrainConfig) -> None:
   """`tff_clip.program.config.validate` and the task flags; `ConfigError` names one."""
   config_lib.validate(config)
   for flag, applies, where in _APPLIES:
-    if not applies(config):
+    if getattr(config, flag) != _DEFAULT[flag] and not applies(config):
       raise ConfigError(f'--{flag}={getattr(config, flag)} applies only with '
                         f'{where}; it would change nothing here. Leave it '
                         'out.')
