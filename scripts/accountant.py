@@ -314,17 +314,24 @@ def main(argv):
     if unread:
       return cli.fail(f'{", ".join(unread)} apply to --sampling=poisson or '
                       'fixed_size only; got --sampling=min_separation.')
-    separation = _MIN_SEPARATION.value
-    if separation is not None and separation < 1:
-      return cli.fail(f'--min_separation must be a positive number of rounds; '
+    # The separation, and the flag that gave it (--bands by default).
+    separation, given = _MIN_SEPARATION.value, '--min_separation'
+    if separation is None:
+      separation, given = _BANDS.value, '--bands'
+    if separation < 1:
+      return cli.fail(f'{given} must be a positive number of rounds; '
                       f'got {separation}.')
-    smallest, largest = sampling_lib.group_sizes(
-        population_size, separation or _BANDS.value)
+    smallest, largest = sampling_lib.group_sizes(population_size, separation)
+    if not smallest:  # Empty groups: the separation is at fault.
+      return cli.fail(
+          f'{given} ({separation}) exceeds --population_size '
+          f'({population_size}): some of its minimum-separation groups '
+          'would be empty.')
     if not 0 < clients_per_round <= smallest:  # A schedule no sampler runs.
       return cli.fail(
           f'--clients_per_round ({clients_per_round:g}) exceeds the smallest '
           f'minimum-separation group: the {population_size} clients fall '
-          f'into {separation or _BANDS.value} groups of {smallest} to '
+          f'into {separation} groups of {smallest} to '
           f'{largest}; give at most {smallest}.')
     try:
       lines = _correlated_lines(rounds, delta, _accountants())

@@ -160,6 +160,13 @@ def test_cli_bad_input_fails_naming_the_argument():
     # Poisson the figure would be independent noise's, not banded noise's.
     ([*EXAMPLE, '--noise_mechanism=banded', '--bands=4'], 'noise_mechanism'),
     ([*EXAMPLE, '--min_separation=4'], 'min_separation'),
+    # More groups than clients: the separation is at fault (its groups
+    # would be empty), not the cohort, which cannot be "at most 0".
+    ([*EXAMPLE, '--sampling=min_separation', '--noise_mechanism=banded',
+      '--bands=4', '--min_separation=20000'], '--min_separation (20000)'),
+    # The separation defaults to --bands: a bad one is named as given.
+    ([*EXAMPLE, '--sampling=min_separation', '--noise_mechanism=banded',
+      '--bands=0'], '--bands'),
     ([*EXAMPLE, '--extrapolate_cohort_scales=1,2'],
      'extrapolate_cohort_scales'),
 ])

@@ -158,6 +158,11 @@ CHANGES_THE_RUN = [
     (['--clients_per_round=1000'],
      r'--clients_per_round \(1000\) exceeds the number of training clients '
      r'\(50\)'),
+    # More groups than the 50 digits clients: the separation is at fault,
+    # not the cohort (left to its default, one client of the smallest).
+    (['--sampling=min_separation', '--noise_mechanism=banded', '--bands=4',
+      '--min_separation=100'],
+     r'^error: --min_separation \(100\) exceeds the 50 clients.*at most 50'),
 ]
 
 

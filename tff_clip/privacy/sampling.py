@@ -151,12 +151,13 @@ class ClientSampler:
     self._groups = None
     if sampling == MIN_SEPARATION and self.separation > len(self._client_ids):
       # Said before the groups are made (2^31 of them would take minutes).
+      # The separation is at fault, not the cohort: named first.
       raise ValueError(
-          f'`clients_per_round` ({self.clients_per_round}) exceeds the '
-          'smallest minimum-separation group: the separation '
-          f'({self.separation}) exceeds the {len(self._client_ids)} clients, '
-          'so some of its groups are empty. Use a separation of at most '
-          f'{len(self._client_ids) // self.clients_per_round}.')
+          f'`separation` ({self.separation}) exceeds the '
+          f'{len(self._client_ids)} clients: some of its minimum-separation '
+          'groups would be empty. Use a separation of at most '
+          f'{len(self._client_ids) // self.clients_per_round} (groups of '
+          f'at least `clients_per_round` = {self.clients_per_round}).')
     if sampling == MIN_SEPARATION:
       smallest, largest = group_sizes(len(self._client_ids), self.separation)
       if smallest < self.clients_per_round:
