@@ -249,3 +249,51 @@ def test_a_secure_record_sum_runs_in_process_and_in_tffs_test_context():
     assert np.isfinite(output.metrics['client_work']['train']['loss'])
   finally:
     tff.backends.native.set_sync_local_cpp_execution_context()
+
+
+# A secure sum clamps every summand to its thresholds, the query's own counts
+# included: 1 per client for denominator='actual' (and the noise-free
+# adaptive norm's weight), +-1/2 per client for an adaptive norm's clipped
+# count. SecureSumFactory(0.5) under 'actual' returned twice the mean (0.4
+# for clients [0.3, 0.1] and [0.1, 0.3]).
+@pytest.mark.parametrize('secure_sum, arguments', [
+    (tff.aggregators.SecureSumFactory(0.5), dict(denominator='actual')),
+    (tff.aggregators.SecureSumFactory(0.25), dict(clip_norm='adaptive')),
+    (tff.aggregators.SecureSumFactory(1.0, 0.0), dict(clip_norm='adaptive')),
+    (tff.aggregators.SecureSumFactory(0.75),
+     dict(clip_norm='adaptive', noise_multiplier=0.0)),
+    (tff.aggregators.SecureSumFactory(aggregators.constant_norm_process(1.0)),
+     dict(denominator='actual')),
+], ids=['actual-count', 'clipped-count', 'clipped-count-lower',
+        'noise-free-weight', 'estimated-threshold'])
+def test_a_secure_sum_that_could_clamp_the_querys_counts_is_refused(
+    secure_sum, arguments):
+  with pytest.raises(ValueError, match=r'^`record_aggregation_factory`'):
+    dp.dp_factory('clip', record_aggregation_factory=secure_sum,
+                  **{**DP, **arguments})
+
+
+def test_a_secure_sum_that_holds_the_counts_gives_the_mean_present():
+  from tff_clip.runtime import execution  # pylint: disable=g-import-not-at-top
+  values = [np.array([0.3, 0.1], np.float32), np.array([0.1, 0.3], np.float32)]
+  process = dp.dp_factory(
+      'clip', noise_multiplier=0.0, clients_per_round=2.0, clip_norm=1.0,
+      denominator='actual', record_aggregation_factory=(
+          tff.aggregators.SecureSumFactory(1.0))).create(
+              tff.types.TensorType(np.float32, [2]))
+  tff.backends.test.set_sync_test_cpp_execution_context()  # Runs secure sums.
+  try:
+    output = process.next(process.initialize(), values)
+  finally:
+    execution.set_local_cpp_context()
+  np.testing.assert_allclose(output.result, np.mean(values, axis=0),
+                             atol=1e-6)
+
+
+def test_the_documented_secure_sum_refusal_is_what_is_raised():
+  with pytest.raises(ValueError) as raised:
+    dp.dp_factory('clip', record_aggregation_factory=(
+        tff.aggregators.SecureSumFactory(0.25)), **{**DP,
+                                                    'clip_norm': 'adaptive'})
+  assert f'ValueError: {raised.value}' == _docs_line(
+      '| `record_aggregation_factory=tff.aggregators.SecureSumFactory(0.25)`')

@@ -144,6 +144,31 @@ def test_an_adaptive_float16_norm_stops_where_float16_holds_its_records():
   assert np.all(np.isfinite(result)) and np.all(np.abs(result) < 1e4)
 
 
+def test_per_layer_float16_norms_stop_where_float16_holds_the_noisy_mean():
+  # Every layer's norm tracks its own quantile up to the ceiling; with each
+  # C_h at it, S was sqrt(H) times it (with 64 layers the noise z_v S on one
+  # client's mean pushed 3 to 8 of 64 float16 entries to inf a round).
+  z, n, layers = 0.1, 1, 4
+  factory = dp.dp_factory(
+      'per_layer_normalize', noise_multiplier=z, clients_per_round=n,
+      clip_norm='adaptive', initial_clip_norm=30000.0, target_quantile=1.0,
+      clip_learning_rate=1.0, noise_seed=0)
+  process = factory.create(tff.types.to_type(
+      [tff.TensorType(np.float16, [1])] * layers))
+  state = process.initialize()
+  big = [np.array([60000], np.float16)] * layers  # Every layer above C_h.
+  for _ in range(4):
+    output = process.next(state, [big])
+    state = output.state
+    # Oracle: float16's largest value, less the ten-std tail of the noise
+    # on the mean (z_v >= z); S the L2 norm of the budgets (NumPy).
+    budgets = output.measurements['dp_query_metrics']['layer_budgets']
+    sensitivity = np.linalg.norm(np.asarray(budgets, np.float64))
+    assert sensitivity <= 65504.0 / (1.0 + 10 * z / n)
+    assert all(np.all(np.isfinite(np.asarray(x, np.float64)))
+               for x in output.result)
+
+
 @pytest.mark.parametrize('dtype', [np.float16, np.float32])
 @pytest.mark.parametrize('z,n', [(0.01, 2), (1.0, 100)])
 def test_the_ceiling_is_the_greatest_norm_the_spec_accepts(dtype, z, n):

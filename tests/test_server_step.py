@@ -196,6 +196,33 @@ def test_growing_updates_step_no_longer_than_the_smallest_since_warmup():
   assert server_step.step_scale(state) == pytest.approx(0.25 / 16.0)
 
 
+@pytest.mark.parametrize('scale', [1e-12, 1e10])
+def test_the_damped_step_halves_at_any_float32_scale_of_the_updates(scale):
+  # The cosine is scale-free: alternating updates have cosine -1 whatever
+  # their norm (here 3e-11 or 3e11), so the second round halves as at
+  # scale 1. The float32 product |g|^2 |p|^2 flushed to 0 below norms of
+  # about 3e-10 and overflowed above 4e9, and the step never halved.
+  optimizer = server_step.oscillation_damped(
+      tff.learning.optimizers.build_sgdm(1.0))
+  state = optimizer.initialize(_spec())
+  weights = [tf.fill([_D], scale)]
+  for _ in range(2):
+    state, weights = optimizer.next(state, weights, [3.0 * weights[0]])
+  assert float(state['learning_rate_scale']) == 0.5
+
+
+@pytest.mark.parametrize('scale', [1e-21, 1e19])
+def test_the_held_step_holds_at_any_float32_scale_of_the_updates(scale):
+  # Norms 1, 4, 2 times `scale` from round 1 on: the last step is held to
+  # the smallest, floor / norm = 1/2 (the float32 square of the norm
+  # flushed to 0 below 1e-19 and overflowed above 1.8e19: no hold).
+  updates = [scale * n * np.eye(_D)[0] for n in (1.0, 4.0, 2.0)]
+  _, state = _steps(server_step.growth_held(
+      tff.learning.optimizers.build_sgdm(0.5), warmup_rounds=1), updates)
+  assert float(state['update_norm_floor']) == pytest.approx(scale)
+  assert float(state['hold_scale']) == pytest.approx(0.5)
+
+
 def test_shrinking_updates_are_tffs_sgdm_step_for_step():
   rng = np.random.default_rng(1)
   updates = [0.8**t * u / np.linalg.norm(u)

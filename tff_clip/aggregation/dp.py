@@ -381,11 +381,53 @@ def dp_factory(
     raise TypeError('`record_aggregation_factory` must sum the bounded '
                     'records (e.g. tff.aggregators.SecureSumFactory); got a '
                     f'mean, {type(record_aggregation_factory).__name__}.')
+  _check_secure_sum_range(spec, record_aggregation_factory)
   if not isinstance(weighted, (bool, type(None))):
     raise TypeError('`weighted` must be None (both kinds), False (an '
                     'UnweightedAggregationFactory) or True (a '
                     f'WeightedAggregationFactory); got {weighted!r}.')
   return _WEIGHTINGS[weighted](spec, record_aggregation_factory)
+
+
+def _check_secure_sum_range(spec: spec_lib.DPSpec, factory) -> None:
+  """Refuses a secure sum that could clamp the numbers the query sums itself.
+
+  `tff.aggregators.SecureSumFactory` clamps every summand to [lower, upper].
+  Beside the bounded values the query sums counts of its own: 1 per client
+  (denominator='actual'; a noise-free adaptive norm's weight) and +-1/2 per
+  client (an adaptive norm's clipped count). Clamped, they would double the
+  mean or bias the norm's estimate without a word; estimated thresholds
+  follow the values and cannot be checked here.
+  """
+  if not isinstance(factory, tff.aggregators.SecureSumFactory):
+    return
+  counts = []
+  if spec.denominator == 'actual' or (spec.adaptive and
+                                      spec.noise_multiplier == 0):
+    counts.append(1.0)
+  if spec.adaptive:
+    counts += [-0.5, 0.5]
+  if not counts:
+    return
+  upper = factory._upper_bound_threshold  # pylint: disable=protected-access
+  lower = factory._lower_bound_threshold  # pylint: disable=protected-access
+  if not isinstance(upper, (float, np.floating)):  # Integers: TFF refuses.
+    if isinstance(upper, tff.templates.EstimationProcess):
+      raise ValueError(
+          '`record_aggregation_factory`: a SecureSumFactory with estimated '
+          'thresholds may clamp the counts this query sums beside the values '
+          f'(each of {sorted(set(counts))} per client); give constant '
+          f'thresholds from at most {min(counts):g} to at least '
+          f'{max(counts):g}.')
+    return
+  lower = -upper if lower is None else lower
+  if lower > min(counts) or upper < max(counts):
+    raise ValueError(
+        f'`record_aggregation_factory`: SecureSumFactory clamps every summand '
+        f'to [{lower:g}, {upper:g}], and this query sums counts of '
+        f'{sorted(set(counts))} per client beside the values (the mean or the '
+        f'clip norm would come out wrong); give thresholds from at most '
+        f'{min(counts):g} to at least {max(counts):g}.')
 
 
 def _signature_from_spec(function):

@@ -140,10 +140,10 @@ class BoundedGaussianSumQuery(tfp.SumAggregationDPQuery):
     self._template = template
 
   def greatest_clip_norm(self, noise_multiplier) -> tf.Tensor:
-    """The C (or C_h) above which the record's dtypes could not hold the
+    """The S above which the record's dtypes could not hold the
     mechanism's numbers (`spec.greatest_norm`, for the state's z): an
-    adaptive norm is kept at or below it. Post-processing of the released
-    estimate: it costs no privacy."""
+    adaptive norm (per-layer: sqrt(sum C_h^2)) is kept at or below it.
+    Post-processing of the released estimate: it costs no privacy."""
     template = getattr(self, '_template', None)
     dtypes = {np.float32} if template is None else {
         np.dtype(leaf.dtype.as_numpy_dtype) for leaf in tf.nest.flatten(
@@ -450,11 +450,15 @@ class AdaptiveBoundedSumQuery(tfp.SumAggregationDPQuery):
     # Never below the least norm whose noise TensorFlow still draws (a norm
     # driven toward 0 would otherwise release its rounds without noise),
     # never above what the records' dtypes hold (a float16 record bounded
-    # to a norm past 65504 would be inf before the noise).
+    # to a norm past 65504 would be inf before the noise). The ceiling
+    # bounds S: per-layer norms are scaled together to sqrt(sum C_h^2) <= it
+    # (each at it, S = sqrt(H) times it: a float16 noisy mean came out inf).
     z = sum_state.noise_multiplier
-    sum_state = sum_state._replace(clip_norm=tf.minimum(tf.maximum(
-        new_norm, self._sum_query.least_clip_norm(z)),
-        self._sum_query.greatest_clip_norm(z)))
+    norm = tf.maximum(new_norm, self._sum_query.least_clip_norm(z))
+    greatest = self._sum_query.greatest_clip_norm(z)
+    norm = (norm * tf.minimum(1.0, greatest / self._sum_query.sensitivity(
+        norm)) if norm.shape.rank else tf.minimum(norm, greatest))
+    sum_state = sum_state._replace(clip_norm=norm)
     event = dp_accounting.ComposedDpEvent([sum_event, estimator_event])
     return noised, self.GlobalState(sum_state, estimator_state), event
 

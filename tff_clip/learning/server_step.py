@@ -43,8 +43,13 @@ _HOLD_KEY = 'hold_scale'
 
 
 def _global_dot(a, b):
-  return tf.add_n([tf.reduce_sum(x * y) for x, y in zip(a, b)] or
-                  [tf.constant(0.0)])
+  """sum_h <a_h, b_h> in float64. In float32 the square of a norm overflows
+  above 1.8e19 and flushes to 0 below 1e-19, and the cosine's product of
+  two squares does so at norms above 4e9 and below 3e-10: the cosine and
+  the norm read here are scale-free."""
+  wide = lambda x: tf.cast(x, tf.float64)
+  return tf.add_n([tf.reduce_sum(wide(x) * wide(y)) for x, y in zip(a, b)]
+                  or [tf.constant(0.0, tf.float64)])
 
 
 class _ScaledLearningRate(_Optimizer):
@@ -130,7 +135,8 @@ class _OscillationDamped(_ScaledLearningRate):
     cosine = tf.math.divide_no_nan(
         _global_dot(g, p), tf.sqrt(_global_dot(g, g) * _global_dot(p, p)))
     # A non-finite update (which the aggregators zero) is no evidence.
-    cosine = tf.where(tf.math.is_finite(cosine), cosine, 0.0)
+    cosine = tf.cast(tf.where(tf.math.is_finite(cosine), cosine, 0.0),
+                     tf.float32)
     average = (self._decay * state[_COSINE_AVERAGE_KEY] +
                (1.0 - self._decay) * cosine)
     # Two independent isotropic vectors in R^d have cosine ~ N(0, 1/d); its
@@ -165,7 +171,7 @@ class _GrowthHeld(_ScaledLearningRate):
   def _multiplier(self, state, g, present):
     del present  # Unused.
     round_num = state[_ROUND_KEY] + 1
-    norm = tf.sqrt(_global_dot(g, g))
+    norm = tf.cast(tf.sqrt(_global_dot(g, g)), tf.float32)
     # A non-finite or zero update (which the aggregators zero) is no evidence.
     evidence = tf.math.is_finite(norm) & (norm > 0.0)
     floor = tf.where(evidence & (round_num >= self._warmup_rounds),
