@@ -105,3 +105,24 @@ def test_a_damaged_view_still_proves_its_real_rounds(tmp_path):
   reported = float(message.split('spent epsilon = ')[1].split()[0])
   assert reported == pytest.approx(oracle.get_epsilon(config.delta), rel=2e-3)
 
+@pytest.mark.parametrize('leftover', ['.config.json.tmp',
+                                      '.tff_clip_probe_k1ll3d'])
+def test_a_run_killed_at_its_first_write_starts_on_rerun(tmp_path, leftover):
+  """Killed (or the power lost) while config.json, the first file, was
+  written, or while the directory was probed for writing, a run directory
+  holds only that write's leftover: the same command starts the run, and
+  the leftover temporary file is replaced, not refused as another's."""
+  config = _config(tmp_path)
+  os.makedirs(config.output_dir)
+  path = os.path.join(config.output_dir, leftover)
+  if leftover.endswith('.tmp'):
+    with open(path, 'w') as f:
+      f.write('{"task": "dig')  # Cut by the kill.
+  else:
+    os.mkdir(path)
+  assert run_directory.existing_run(config) == 'new'
+  run_directory.prepare_output_dir(config)
+  assert not os.path.lexists(os.path.join(config.output_dir,
+                                          '.config.json.tmp'))
+  assert run_directory.existing_run(config) == 'resume'
+
