@@ -19,6 +19,7 @@ from tensorboard.summary.writer import record_writer
 
 from tff_clip import checks
 from tff_clip.privacy import privacy_ledger
+from tff_clip.program import checkpoints
 from tff_clip.program import run_directory
 from tff_clip.program import run_records
 from tff_clip.program import training
@@ -125,4 +126,21 @@ def test_a_run_killed_at_its_first_write_starts_on_rerun(tmp_path, leftover):
   assert not os.path.lexists(os.path.join(config.output_dir,
                                           '.config.json.tmp'))
   assert run_directory.existing_run(config) == 'resume'
+
+def test_a_refused_share_leaves_nothing_behind(tmp_path):
+  """share_run appears whole or not at all: refused on a checkpoint it will
+  not open (a symbolic link in checkpoints/), it leaves no partial copy of
+  the released files beside the destination."""
+  config = _dp_run(tmp_path / 'runs')
+  secret = tmp_path / 'elsewhere.npz'
+  secret.write_bytes(b'not the run\'s')
+  os.makedirs(os.path.join(config.output_dir, 'checkpoints'))
+  os.symlink(secret, os.path.join(config.output_dir, 'checkpoints',
+                                  'round_000002.npz'))
+  target = tmp_path / 'shared'
+  target.mkdir()
+  before = sorted(os.listdir(target))
+  with pytest.raises(run_records.RunRecordError, match='symbolic link'):
+    checkpoints.share(config.output_dir, str(target / 'run'))
+  assert sorted(os.listdir(target)) == before
 
