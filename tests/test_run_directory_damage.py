@@ -144,3 +144,20 @@ def test_a_refused_share_leaves_nothing_behind(tmp_path):
     checkpoints.share(config.output_dir, str(target / 'run'))
   assert sorted(os.listdir(target)) == before
 
+@pytest.mark.parametrize('ledger', [
+    {'ledger': [1]},
+    {'ledger': {'groups': [{'event': 'x', 'round_nums': [1, 2, 3]}]}},
+    {'ledger': {'groups': [{'event': {'type': 'GaussianDpEvent'},
+                            'round_nums': [1, 2, 3]}]}},
+    {'ledger': {'groups': [{'round_nums': 3}]}},
+    {'epsilon_per_round': [[3]], 'ledger': {'groups': ['x']}},
+])
+def test_a_damaged_ledger_is_a_one_line_refusal(tmp_path, ledger):
+  """A ledger.json that is JSON but not a ledger (damaged or hand-edited)
+  is evidence of a release like any damaged file: a DP run whose log lost
+  its rounds is refused in one line naming it, never with a traceback."""
+  config = _dp_run(tmp_path, released=0)
+  with open(os.path.join(config.output_dir, 'ledger.json'), 'w') as f:
+    json.dump(ledger, f)
+  with pytest.raises(run_records.RunRecordError, match='ledger.json shows'):
+    run_directory.check_released(config)

@@ -70,6 +70,17 @@ def _round(value) -> Optional[int]:
   return int(value)
 
 
+def _event(data) -> bool:
+  """Whether `data` is a round's DP event the accountant can read
+  (`privacy_ledger.event_from_dict`): a damaged one is no template."""
+  from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
+  try:
+    privacy_ledger.event_from_dict(data)
+  except (ValueError, TypeError, KeyError):
+    return False
+  return True
+
+
 def _csv_evidence(path):
   """(last round, largest epsilon) of a metrics.csv, however damaged."""
   rounds, epsilon = 0, None
@@ -168,7 +179,7 @@ def release_evidence(run_dir: str) -> ReleaseEvidence:
       pending = checkpoints.pending_rounds(header, version)
       if pending and version == versions[-1]:
         rounds = pending[0][0] - 1
-      if pending and pending[-1][2]:
+      if pending and pending[-1][2] and _event(pending[-1][2]):
         event = pending[-1][2]
         event_proof = store.path(version)
         break
@@ -198,14 +209,15 @@ def release_evidence(run_dir: str) -> ReleaseEvidence:
         rounds = max(rounds, r or 0)
         if e is not None:
           epsilon = e if epsilon is None else max(epsilon, e)
-    groups = (ledger.get('ledger') or {}).get('groups') or []
+    groups = ledger.get('ledger')
+    groups = groups.get('groups') if isinstance(groups, Mapping) else None
     for group in groups if isinstance(groups, list) else []:
       if isinstance(group, Mapping):
-        numbers = [_round(n) or 0 for n in group.get('round_nums') or []
-                   if isinstance(n, int)]
-        rounds = max([rounds, *numbers])
-        if event is None and group.get('event', {}).get('type') not in (
-            None, 'NoOpDpEvent'):
+        numbers = group.get('round_nums')
+        rounds = max([rounds, *(_round(n) or 0 for n in (
+            numbers if isinstance(numbers, list) else ()))])
+        if event is None and _event(group.get('event')) and group[
+            'event']['type'] != 'NoOpDpEvent':
           event = group['event']
           event_proof = path
     found.append((max(rounds, 1), path, epsilon))
