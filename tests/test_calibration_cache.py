@@ -11,6 +11,7 @@ grid than the program's: within 0.1% of its figure).
 import dataclasses
 import json
 import os
+import signal
 import stat
 
 import dp_accounting
@@ -200,3 +201,34 @@ def test_a_min_separation_entry_lowered_by_1_percent_is_recalibrated(
   preflight._CALIBRATED.clear()
   assert preflight.resolve_noise_multiplier(config, POPULATION) == expected
   assert len(calls) == 1  # The rewritten entry, checked and used.
+
+
+class _Hung(Exception):
+  """The watchdog's: the calibration waited on a file that never answers."""
+
+
+def test_an_entry_in_a_folder_others_may_write_is_never_opened(
+    cache, calibrated_z, tmp_path):
+  """TFF_CLIP_GRAPH_CACHE in a folder others may write (made first by
+  another user, say): what they put at an entry's name is never opened, as
+  the graph cache's entries are not. A FIFO there made the open wait for a
+  writer forever, and the run with it; the run calibrates instead."""
+  name, arguments = preflight._calibration(CONFIG, POPULATION)
+  entry = calibration_cache.path_of(calibration_cache.entry_key(name,
+                                                                arguments))
+  entry.parent.mkdir()
+  os.mkfifo(entry)
+  for folder in (tmp_path, entry.parent):
+    os.chmod(folder, 0o777)
+
+  def hung(*_):
+    raise _Hung(f'{entry} was opened')
+
+  previous = signal.signal(signal.SIGALRM, hung)
+  signal.alarm(30)  # A watchdog, not a wait: the test fails, never hangs.
+  try:
+    assert _resolve() == calibrated_z
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+  assert len(cache) == 1

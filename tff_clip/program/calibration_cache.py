@@ -18,7 +18,8 @@ one edited to raise it costs a recalibration, not utility.
 
 Where: the `calibration/` folder of the graph cache
 (`tff_clip.runtime.graph_cache.directory()`; off where that is off); files
-are written atomically, readable by their owner only. No TensorFlow is
+are written atomically, readable by their owner only, and read only where
+no one else could have written them (`graph_cache.read_private`). No TensorFlow is
 imported.
 """
 
@@ -65,7 +66,12 @@ def _load(key: str) -> Optional[float]:
   if path is None:
     return None
   try:
-    entry = json.loads(path.read_text())
+    # Only where no one else could have put it (never through a link, never
+    # a FIFO, whose open would wait): the graph cache's own rule.
+    data = graph_cache.read_private(path)
+    if data is None:
+      return None
+    entry = json.loads(data)
     if entry.get('format') != _FORMAT or entry.get('key') != key:
       raise ValueError('another key')
     value = float(entry['noise_multiplier'])

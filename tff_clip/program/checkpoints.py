@@ -456,9 +456,11 @@ def share(run_dir: str, destination: str) -> tuple[list[str], list[str]]:
     if _write_released_model(run_dir, os.path.join(tmp, MODEL)):
       names.append(MODEL)
     os.rename(tmp, destination)
-  except OSError as e:
+  except BaseException as e:  # A refusal too: no partial copy is left.
     if tmp is not None:
       shutil.rmtree(tmp, ignore_errors=True)
-    raise run_records.write_error(destination, e) from None
+    if isinstance(e, OSError):
+      raise run_records.write_error(destination, e) from None
+    raise
   run_records.fsync_dir(parent)
   return names, skipped

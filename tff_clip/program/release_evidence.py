@@ -22,6 +22,7 @@ import math
 import os
 from typing import Any, Mapping, Optional
 
+from tff_clip import checks
 from tff_clip import names
 from tff_clip.program import checkpoints
 from tff_clip.program import run_records
@@ -58,15 +59,37 @@ def _number(value) -> Optional[float]:
   return value if math.isfinite(value) else None
 
 
+def _round(value) -> Optional[int]:
+  """`value` as a round some run could have released, else None: a whole
+  number in [0, `checks.MAX_ROUNDS`] (no run's --rounds exceeds it: a
+  larger one is damage, and charging it would account that many rounds)."""
+  value = _number(value)
+  if value is None or value != int(value) or not (
+      0 <= value <= checks.MAX_ROUNDS):
+    return None
+  return int(value)
+
+
+def _event(data) -> bool:
+  """Whether `data` is a round's DP event the accountant can read
+  (`privacy_ledger.event_from_dict`): a damaged one is no template."""
+  from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
+  try:
+    privacy_ledger.event_from_dict(data)
+  except (ValueError, TypeError, KeyError):
+    return False
+  return True
+
+
 def _csv_evidence(path):
   """(last round, largest epsilon) of a metrics.csv, however damaged."""
   rounds, epsilon = 0, None
   try:
     with run_records.open_file(path, 'r', newline='', errors='replace') as f:
       for row in csv.DictReader(f):
-        r = _number(row.get('round'))
-        if r is not None and r == int(r):
-          rounds = max(rounds, int(r))
+        r = _round(row.get('round'))
+        if r is not None:
+          rounds = max(rounds, r)
         for key, value in row.items():
           e = (_number(value) if isinstance(key, str) and
                names.is_epsilon_key(key) else None)
@@ -109,7 +132,7 @@ def _tensorboard_evidence(directory):
           continue
         if not event.summary.value:
           continue
-        rounds = max(rounds, int(event.step))
+        rounds = max(rounds, _round(event.step) or 0)
         for value in event.summary.value:
           if not names.is_epsilon_key(value.tag.split('/')[-1]):
             continue
@@ -142,7 +165,7 @@ def release_evidence(run_dir: str) -> ReleaseEvidence:
   event = None
   event_proof = ''
   store = checkpoints.Checkpoints(os.path.join(run_dir, 'checkpoints'))
-  versions = store.versions()
+  versions = [v for v in store.versions() if _round(v) is not None]
   if versions:
     # Rounds before the newest checkpoint's were released: those before its
     # pending rounds where it can be read (a DP run checkpoints up to
@@ -156,7 +179,7 @@ def release_evidence(run_dir: str) -> ReleaseEvidence:
       pending = checkpoints.pending_rounds(header, version)
       if pending and version == versions[-1]:
         rounds = pending[0][0] - 1
-      if pending and pending[-1][2]:
+      if pending and pending[-1][2] and _event(pending[-1][2]):
         event = pending[-1][2]
         event_proof = store.path(version)
         break
@@ -171,8 +194,7 @@ def release_evidence(run_dir: str) -> ReleaseEvidence:
     rounds = summary.get('rounds')
     if isinstance(rounds, str):
       rounds = rounds.split(' ')[0]
-    rounds = _number(rounds)
-    found.append((int(rounds) if rounds else 0, path,
+    found.append((_round(rounds) or 0, path,
                   _number(summary.get('epsilon'))))
   elif os.path.lexists(path):
     found.append((1, path, None))
@@ -183,18 +205,19 @@ def release_evidence(run_dir: str) -> ReleaseEvidence:
     rounds, epsilon = 0, None
     for entry in history if isinstance(history, list) else []:
       if isinstance(entry, list) and len(entry) == 2:
-        r, e = _number(entry[0]), _number(entry[1])
-        rounds = max(rounds, int(r)) if r is not None else rounds
+        r, e = _round(entry[0]), _number(entry[1])
+        rounds = max(rounds, r or 0)
         if e is not None:
           epsilon = e if epsilon is None else max(epsilon, e)
-    groups = (ledger.get('ledger') or {}).get('groups') or []
+    groups = ledger.get('ledger')
+    groups = groups.get('groups') if isinstance(groups, Mapping) else None
     for group in groups if isinstance(groups, list) else []:
       if isinstance(group, Mapping):
-        numbers = [n for n in group.get('round_nums') or []
-                   if isinstance(n, int)]
-        rounds = max([rounds, *numbers])
-        if event is None and group.get('event', {}).get('type') not in (
-            None, 'NoOpDpEvent'):
+        numbers = group.get('round_nums')
+        rounds = max([rounds, *(_round(n) or 0 for n in (
+            numbers if isinstance(numbers, list) else ()))])
+        if event is None and _event(group.get('event')) and group[
+            'event']['type'] != 'NoOpDpEvent':
           event = group['event']
           event_proof = path
     found.append((max(rounds, 1), path, epsilon))

@@ -107,7 +107,10 @@ def existing_run(config: TrainConfig) -> str:
                       'directory.')
   config_path = os.path.join(out, 'config.json')
   if not os.path.lexists(config_path):
-    if os.listdir(out):
+    # What a kill at the first write leaves (config.json's temporary file,
+    # `check_writable`'s probe) is no other run's.
+    if [n for n in os.listdir(out) if n != '.config.json.tmp' and
+        not n.startswith(_PROBE)]:
       raise ConfigError(
           f'{out!r} is not empty and holds no tff_clip run; nothing was '
           'changed. Choose another --experiment_name or --root_output_dir.')
@@ -146,6 +149,9 @@ def existing_run(config: TrainConfig) -> str:
   return 'resume'
 
 
+_PROBE = '.tff_clip_probe_'
+
+
 def check_writable(config: TrainConfig) -> None:
   """Refuses an output directory this process cannot create or write in.
 
@@ -161,7 +167,7 @@ def check_writable(config: TrainConfig) -> None:
     raise ConfigError(f'--root_output_dir: cannot create {out!r} ({where!r} '
                       'is not a directory).')
   try:
-    os.rmdir(tempfile.mkdtemp(prefix='.tff_clip_probe_', dir=where))
+    os.rmdir(tempfile.mkdtemp(prefix=_PROBE, dir=where))
   except OSError as e:
     raise ConfigError(f'--root_output_dir: cannot write in {where!r} '
                       f'({e.strerror}).') from None

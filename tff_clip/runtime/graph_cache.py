@@ -16,7 +16,7 @@ damaged, truncated, stale or unreadable file) is ignored and rebuilt. Files
 are written atomically (a temporary file renamed over the entry), readable by
 their owner only, and read only where no one else could have written them:
 the folder and the file owned by the user and writable by no one else, the
-file not reached through a link (`_read_private`).
+file not reached through a link (`read_private`).
 
 Where: `$TFF_CLIP_GRAPH_CACHE` (a directory, or `off` to disable), else
 `$XDG_CACHE_HOME/tff_clip/graphs`, else `~/.cache/tff_clip/graphs`.
@@ -45,7 +45,7 @@ from typing import Mapping, Optional
 from absl import logging
 
 __all__ = ['ENV', 'directory', 'entry_key', 'entry_lock', 'library_hash',
-           'load', 'store', 'has_baked_seed', 'write_private']
+           'load', 'store', 'has_baked_seed', 'read_private', 'write_private']
 
 ENV = 'TFF_CLIP_GRAPH_CACHE'
 _OFF = ('off', '0', 'false', 'no', '')
@@ -158,7 +158,7 @@ def load(key: str) -> Optional[dict[str, bytes]]:
   if path is None:
     return None
   try:
-    data = _read_private(path)
+    data = read_private(path)
   except FileNotFoundError:
     return None
   except OSError as e:
@@ -188,7 +188,7 @@ def _private(st: os.stat_result) -> bool:
   return st.st_uid in (os.getuid(), 0) and not st.st_mode & 0o022
 
 
-def _read_private(path: pathlib.Path) -> Optional[bytes]:
+def read_private(path: pathlib.Path) -> Optional[bytes]:
   """The file's bytes where only this user (or root) could have written it:
   a regular file, not reached through a link, it and its folder owned by
   the user and writable by no one else; None otherwise. An entry's graphs
