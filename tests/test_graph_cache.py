@@ -143,6 +143,35 @@ def test_an_entry_being_traced_is_locked_owner_only_until_the_block_ends(
   assert not _locked_elsewhere(key)
 
 
+def test_no_lock_is_waited_for_in_a_folder_others_may_write(cache_dir):
+  """Another user's lock file, made and held in a shared cache folder,
+  never holds the run: the entry is traced without the lock (no entry of
+  that folder is loaded either)."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  key = _key('shared')
+  cache_dir.mkdir(parents=True, exist_ok=True)
+  os.chmod(cache_dir, 0o777)
+  held = os.open(cache_dir / f'{key}.lock', os.O_RDWR | os.O_CREAT, 0o666)
+
+  class Hung(Exception):  # Not an OSError, which the lock would absorb.
+    pass
+
+  def hung(*_):
+    raise Hung('waited for a lock in a shared folder')
+
+  previous = signal.signal(signal.SIGALRM, hung)
+  signal.alarm(20)  # A watchdog, not a wait: the test fails, never hangs.
+  try:
+    fcntl.flock(held, fcntl.LOCK_EX)  # The other user's, held.
+    with graph_cache.entry_lock(key):
+      pass
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+    os.close(held)
+
+
 def _claim_in_thread(answers):
   """Runs `claimed_runner` in a thread against `answers` (what
   `cached_runner` answers, call by call); (thread, its findings, the event

@@ -131,12 +131,17 @@ def entry_lock(key: str):
   needs the same entry (a sweep's other job, starting the same method)
   waits, then loads it, instead of tracing it too. An advisory `flock` on
   an owner-only file beside the entry, released when the block ends or the
-  process dies; no lock where the cache is off or the file cannot be made."""
+  process dies; no lock where the cache is off or the file cannot be made,
+  nor in a folder others may write (a lock file made and held there by
+  another user would make this run wait forever; no entry there is ever
+  loaded either, `read_private`)."""
   path = _path(key)
   descriptor = None
   if path is not None:
     try:
       path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+      if not _private(os.stat(path.parent)):
+        raise PermissionError('the folder is not private to this user')
       descriptor = os.open(path.with_suffix('.lock'),
                            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
       fcntl.flock(descriptor, fcntl.LOCK_EX)
