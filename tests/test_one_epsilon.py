@@ -267,3 +267,36 @@ def test_correlated_noise_with_an_adaptive_norm_spends_the_target(
   resolved = json.loads(
       (tmp_path / mechanism / 'config.json').read_text())['resolved']
   assert resolved['clipped_count_stddev'] is not None  # An adaptive norm.
+
+
+def _audited_summary(epsilon, accountant, delta):
+  """A finished audited run's summary.json, as `scripts.train` writes it
+  (`scripts.audit_table` reads it instead of running the row again)."""
+  threat = dict(estimate=math.inf, lower_bound=0.0)
+  return dict(epsilon=epsilon, accountant=accountant, delta=delta,
+              final_eval_accuracy=0.5, empirical_epsilon=dict(
+                  inserted=5, candidates=10, delta=delta, confidence=0.95,
+                  final_model=threat, all_iterates=threat))
+
+
+def test_the_audit_table_names_each_rows_accountant_and_delta(tmp_path):
+  """Each ledger epsilon of the table is named by the accountant and delta
+  its run's summary.json gives: a run of a void guarantee (PLD's grid
+  refused, RDP's figure) is not labelled PLD by its neighbours' header,
+  and the delta is named. Oracle: the summaries the table reads."""
+  import as_a_user  # pylint: disable=g-import-not-at-top
+  for z, summary in (('1', _audited_summary(3.25, 'pld', 1e-4)),
+                     ('1e-9', _audited_summary(4.5e9, 'rdp', 1e-4))):
+    (tmp_path / f'z{z}').mkdir()
+    (tmp_path / f'z{z}' / 'summary.json').write_text(json.dumps(summary))
+  result = as_a_user.run(['-m', 'scripts.audit_table',
+                          '--noise_multipliers=1,1e-9',
+                          f'--root_output_dir={tmp_path}'], timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  header, _, *rows = result.stdout.splitlines()
+  cells = {row.split('|')[1].strip(): row.split('|')[2].strip()
+           for row in rows}
+  # A row's label: in its cell, else in the column's header.
+  label = lambda z: cells[z] if '(' in cells[z] else header.split('|')[2]
+  assert 'PLD, delta 0.0001' in label('1'), result.stdout
+  assert 'RDP, delta 0.0001' in label('1e-9'), result.stdout
