@@ -300,3 +300,35 @@ def test_the_audit_table_names_each_rows_accountant_and_delta(tmp_path):
   label = lambda z: cells[z] if '(' in cells[z] else header.split('|')[2]
   assert 'PLD, delta 0.0001' in label('1'), result.stdout
   assert 'RDP, delta 0.0001' in label('1e-9'), result.stdout
+
+
+def test_ledger_json_names_the_accountant_of_each_rounds_figure():
+  """z = 0.001, 6 of 50 clients: round 1's epsilon (5e5) is PLD's, and from
+  round 2 on RDP's (past PLD's grid, `accountants.PLD_MAX_EPSILON`): each
+  row's column names its accountant, and so must ledger.json, never PLD
+  for RDP's figures. Oracle: the columns the rows were released under."""
+  import types  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import program_logic  # pylint: disable=g-import-not-at-top
+  z, delta = 0.001, 1e-4
+  config = training.TrainConfig(noise_multiplier=z, rounds=3,
+                                clients_per_round=6, delta=delta)
+  ledger = privacy_ledger.PrivacyLedger()
+  tracked = program_logic.Accounting(
+      lambda state, r: accounting.gaussian_round_event(z, 6, 50), ledger,
+      delta)
+  records = []
+  for r in (1, 2, 3):
+    ledger.record(r, tracked.round_event(None, r))
+    key, epsilon = tracked.epsilon_column()
+    records.append(dict(round=r, row={'round': r, key: epsilon},
+                        event='recorded'))
+  assert [next(iter(rec['row'].keys() - {'round'})) for rec in records] == [
+      names.epsilon_key('pld', delta)] + [names.epsilon_key('rdp', delta)] * 2
+  report = training._ledger_report(  # pylint: disable=protected-access
+      ledger, config, types.SimpleNamespace(noise_multiplier=z, private=True),
+      types.SimpleNamespace(records=records))
+  by_round = report['epsilon_per_round_accountant']
+  if isinstance(by_round, str):
+    by_round = [by_round] * len(records)
+  assert by_round == ['pld', 'rdp', 'rdp'], report
