@@ -41,6 +41,14 @@ def _fmt(value):
   return 'inf' if value == float('inf') else f'{value:.3g}'
 
 
+def _epsilon_by(summary) -> str:
+  """'PLD, delta 1e-05': the accountant and delta of a run's epsilon
+  (`summary.json`), NOT private where its noise was seeded."""
+  return (f"{str(summary.get('accountant', 'rdp')).upper()}, delta "
+          f"{summary['delta']:g}" +
+          ('' if summary.get('private', True) else ', NOT private'))
+
+
 def _estimate(row, inserted, candidates, delta):
   # The approximate 95% range from the stored fits (`audit.estimate_range`).
   from tff_clip.privacy import audit  # pylint: disable=g-import-not-at-top
@@ -114,7 +122,7 @@ def main(argv):
   refused = cli.first_refusal(pending)  # Before any run writes a file.
   if refused is not None:
     raise app.UsageError(f'{pending[refused[0]][0]}: {refused[1]}')
-  rows = []
+  rows, labels = [], []
   for z, name, args in runs:
     summary_path = os.path.join(_ROOT.value, name, 'summary.json')
     if not os.path.exists(summary_path):
@@ -128,21 +136,26 @@ def main(argv):
       summary = json.load(f)
     audit = summary['empirical_epsilon']
     counts = (audit['inserted'], audit['candidates'], audit['delta'])
-    rows.append(
-        f'| {z} | {_fmt(summary["epsilon"])} | '
+    labels.append(_epsilon_by(summary))
+    rows.append((
+        f'| {z} | {_fmt(summary["epsilon"])}', f' | '
         f'{_estimate(audit["final_model"], *counts)} | '
         f'{_fmt(audit["final_model"]["lower_bound"])} | '
         f'{_estimate(audit["all_iterates"], *counts)} | '
         f'{_fmt(audit["all_iterates"]["lower_bound"])} | '
         f'{audit["inserted"]} / {audit["candidates"]} | '
-        f'{summary["final_eval_accuracy"]:.3f} |')
+        f'{summary["final_eval_accuracy"]:.3f} |'))
   confidence = f'{audit["confidence"]:.0%}'
-  # The run's one epsilon, named by its accountant (`summary['accountant']`).
-  accountant = summary.get('accountant', 'rdp').upper()
+  # Each run's one epsilon, named by its accountant and delta: in the
+  # header where the rows agree, else in each row's cell.
+  shared = len(set(labels)) == 1
+  rows = [epsilon + ('' if shared else f' ({by})') + rest
+          for (epsilon, rest), by in zip(rows, labels)]
   table = '\n'.join([
-      f'{_HEADER}{accountant}) | final model: estimate (~95% '
-      f'range) | final model: lower bound ({confidence}) | all iterates: '
-      f'estimate (~95% range) | all iterates: lower bound ({confidence}) | '
+      f'{_HEADER}{labels[0] if shared else "per row"}) | final model: '
+      f'estimate (~95% range) | final model: lower bound ({confidence}) | '
+      f'all iterates: estimate (~95% range) | all iterates: lower bound '
+      f'({confidence}) | '
       'canaries inserted / candidates | accuracy |',
       '|---:|---:|---:|---:|---:|---:|---:|---:|', *rows])
   print(table)

@@ -267,3 +267,68 @@ def test_correlated_noise_with_an_adaptive_norm_spends_the_target(
   resolved = json.loads(
       (tmp_path / mechanism / 'config.json').read_text())['resolved']
   assert resolved['clipped_count_stddev'] is not None  # An adaptive norm.
+
+
+def _audited_summary(epsilon, accountant, delta):
+  """A finished audited run's summary.json, as `scripts.train` writes it
+  (`scripts.audit_table` reads it instead of running the row again)."""
+  threat = dict(estimate=math.inf, lower_bound=0.0)
+  return dict(epsilon=epsilon, accountant=accountant, delta=delta,
+              final_eval_accuracy=0.5, empirical_epsilon=dict(
+                  inserted=5, candidates=10, delta=delta, confidence=0.95,
+                  final_model=threat, all_iterates=threat))
+
+
+def test_the_audit_table_names_each_rows_accountant_and_delta(tmp_path):
+  """Each ledger epsilon of the table is named by the accountant and delta
+  its run's summary.json gives: a run of a void guarantee (PLD's grid
+  refused, RDP's figure) is not labelled PLD by its neighbours' header,
+  and the delta is named. Oracle: the summaries the table reads."""
+  import as_a_user  # pylint: disable=g-import-not-at-top
+  for z, summary in (('1', _audited_summary(3.25, 'pld', 1e-4)),
+                     ('1e-9', _audited_summary(4.5e9, 'rdp', 1e-4))):
+    (tmp_path / f'z{z}').mkdir()
+    (tmp_path / f'z{z}' / 'summary.json').write_text(json.dumps(summary))
+  result = as_a_user.run(['-m', 'scripts.audit_table',
+                          '--noise_multipliers=1,1e-9',
+                          f'--root_output_dir={tmp_path}'], timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  header, _, *rows = result.stdout.splitlines()
+  cells = {row.split('|')[1].strip(): row.split('|')[2].strip()
+           for row in rows}
+  # A row's label: in its cell, else in the column's header.
+  label = lambda z: cells[z] if '(' in cells[z] else header.split('|')[2]
+  assert 'PLD, delta 0.0001' in label('1'), result.stdout
+  assert 'RDP, delta 0.0001' in label('1e-9'), result.stdout
+
+
+def test_ledger_json_names_the_accountant_of_each_rounds_figure():
+  """z = 0.001, 6 of 50 clients: round 1's epsilon (5e5) is PLD's, and from
+  round 2 on RDP's (past PLD's grid, `accountants.PLD_MAX_EPSILON`): each
+  row's column names its accountant, and so must ledger.json, never PLD
+  for RDP's figures. Oracle: the columns the rows were released under."""
+  import types  # pylint: disable=g-import-not-at-top
+  from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import program_logic  # pylint: disable=g-import-not-at-top
+  z, delta = 0.001, 1e-4
+  config = training.TrainConfig(noise_multiplier=z, rounds=3,
+                                clients_per_round=6, delta=delta)
+  ledger = privacy_ledger.PrivacyLedger()
+  tracked = program_logic.Accounting(
+      lambda state, r: accounting.gaussian_round_event(z, 6, 50), ledger,
+      delta)
+  records = []
+  for r in (1, 2, 3):
+    ledger.record(r, tracked.round_event(None, r))
+    key, epsilon = tracked.epsilon_column()
+    records.append(dict(round=r, row={'round': r, key: epsilon},
+                        event='recorded'))
+  assert [next(iter(rec['row'].keys() - {'round'})) for rec in records] == [
+      names.epsilon_key('pld', delta)] + [names.epsilon_key('rdp', delta)] * 2
+  report = training._ledger_report(  # pylint: disable=protected-access
+      ledger, config, types.SimpleNamespace(noise_multiplier=z, private=True),
+      types.SimpleNamespace(records=records))
+  by_round = report['epsilon_per_round_accountant']
+  if isinstance(by_round, str):
+    by_round = [by_round] * len(records)
+  assert by_round == ['pld', 'rdp', 'rdp'], report

@@ -279,12 +279,24 @@ def _ledger_report(ledger, config, session, log):
     report['private'] = False
     report['not_private'] = _NOT_PRIVATE
   if len(ledger):  # Each round's epsilon, as released in its row.
-    report['epsilon_per_round_accountant'] = ledger.reporting_accountant()
-    report['epsilon_per_round'] = [
-        [r['round'], next(v for k, v in r['row'].items()
-                          if names.is_epsilon_key(k))]
-        for r in log.records if r['event'] is not None]
+    columns = [(r['round'], next((k, v) for k, v in r['row'].items()
+                                 if names.is_epsilon_key(k)))
+               for r in log.records if r['event'] is not None]
+    # Named by its column: PLD's figures, then RDP's past PLD's grid
+    # (`accounting.report_epsilon`) are each named by their own accountant.
+    by_round = [_column_accountant(key) for _, (key, _) in columns]
+    report['epsilon_per_round_accountant'] = (
+        by_round[0] if len(set(by_round)) == 1 else by_round)
+    report['epsilon_per_round'] = [[r, v] for r, (_, v) in columns]
   return report
+
+
+def _column_accountant(key: str) -> str:
+  """'pld' of the column 'epsilon_pld_delta_1e-05' (`names.epsilon_key`)."""
+  rest = key[len(names.EPSILON) + 1:]
+  if rest.startswith('NOT_PRIVATE_'):
+    rest = rest[len('NOT_PRIVATE_'):]
+  return rest.partition('_delta_')[0]
 
 
 # What a --noise_seed run says wherever it shows epsilon.
