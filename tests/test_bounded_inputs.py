@@ -37,8 +37,8 @@ REFUSED = [
      r'--num_clients must be an integer in \[1, 1000000\]'),
     (['--sampling=min_separation', '--noise_mechanism=tree',
       '--bands=2147483647'],
-     r'--clients_per_round \(\d+\) exceeds the smallest minimum-separation '
-     r'group: the separation \(2147483647\) exceeds the 50 clients'),
+     r'--min_separation \(2147483647\) exceeds the 50 clients: some of its '
+     r'minimum-separation groups would be empty'),
     (['--task_option=hidden_units=1000000000000'],
      r'--task_option hidden_units must be an integer in \[1, 28633115\]'),
     (['--task_option=hidden_units=-5'],
