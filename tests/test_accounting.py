@@ -568,36 +568,6 @@ def _tff_round(z_value):
           dp_accounting.GaussianDpEvent(5.0)]))
 
 
-class _EachGaussianBuiltOnce:
-  """dp_accounting's `privacy_loss_distribution` module, its
-  `from_gaussian_mechanism` (a pure function) answered from the PLDs it
-  built before: the same objects, so the same bits, for a round that recurs."""
-
-  def __init__(self, module):
-    self._module, self._built = module, {}
-
-  def __getattr__(self, name):
-    return getattr(self._module, name)
-
-  def from_gaussian_mechanism(self, *args, **kwargs):
-    key = (args, tuple(sorted(kwargs.items())))
-    if key not in self._built:
-      self._built[key] = self._module.from_gaussian_mechanism(*args, **kwargs)
-    return self._built[key]
-
-
-@pytest.fixture
-def oracle_builds_each_round_once(monkeypatch):
-  """The oracle below is dp_accounting's PLD accountant, which builds a
-  round's PLD afresh for every event it composes (seconds each on these
-  fine grids) and is asked about a few distinct rounds many times: it
-  builds each once. (The project's accountant composes these events with
-  its own PLDs, `accountants._PldAccountant`, and never calls it.)"""
-  from dp_accounting.pld import pld_privacy_accountant  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(pld_privacy_accountant, 'PLD', _EachGaussianBuiltOnce(
-      pld_privacy_accountant.PLD))
-
-
 def _direct_pld_epsilon(events, grid, delta=1e-4):
   accountant = pld.PLDAccountant(value_discretization_interval=grid)
   for event in events:
@@ -606,7 +576,7 @@ def _direct_pld_epsilon(events, grid, delta=1e-4):
 
 
 def test_rounds_of_float32_neighbouring_noise_are_accounted_at_the_least(
-    oracle_builds_each_round_once):
+    dp_accounting_builds_each_round_once):
   """TFF's adaptive clipping recomputes its value's noise multiplier in
   float32 every round, a few ulps apart: from the first such neighbour on,
   the rounds are accounted together at the least effective z so far (dp_accounting's own PLD
@@ -633,7 +603,7 @@ def test_rounds_of_float32_neighbouring_noise_are_accounted_at_the_least(
 
 
 def test_rounds_of_distinct_noise_are_composed_as_dp_accounting_does(
-    oracle_builds_each_round_once):
+    dp_accounting_builds_each_round_once):
   """Rounds whose noise multipliers are more than float32 rounding apart
   are composed one by one: dp_accounting's own PLD accountant on the same
   events, to the bit, after every round."""
