@@ -53,7 +53,9 @@ def _released_epsilon(run_dir, rounds=None, accountant='pld'):
 
 
 # The tests damage copies of one finished run: its log is composed once (the
-# fine PLD grid takes seconds a round), not once for every test and prefix.
+# fine PLD grid takes seconds a round), not once for every test and prefix;
+# the tests that ask for PLD take `dp_accounting_builds_each_round_once`
+# (the run's rounds are alike: their PLD is built once).
 _EPSILONS = {}
 
 
@@ -107,7 +109,8 @@ def _files(run_dir):
 # Lost or damaged checkpoints: refuse, count what was released, change nothing.
 
 
-def test_lost_checkpoints_refuse_and_count_the_released_rounds(copy):
+def test_lost_checkpoints_refuse_and_count_the_released_rounds(
+    copy, dp_accounting_builds_each_round_once):
   (copy / 'summary.json').unlink()  # Killed after round 3's release.
   shutil.rmtree(copy / 'checkpoints')
   before = _files(copy)
@@ -343,7 +346,7 @@ def test_deleted_records_and_checkpoints_never_train_a_dp_run_again(
 
 
 def test_refusal_after_deletion_reports_the_epsilon_that_was_spent(
-    copy, finished):
+    copy, finished, dp_accounting_builds_each_round_once):
   run_dir, _ = finished
   (copy / 'releases.jsonl').unlink()
   shutil.rmtree(copy / 'checkpoints')
@@ -361,7 +364,7 @@ def test_refusal_after_deletion_reports_the_epsilon_that_was_spent(
     (('metrics.csv',), ROUNDS),
 ])
 def test_refusal_gives_the_largest_epsilon_any_surviving_file_proves(
-    copy, finished, survivors, proven):
+    copy, finished, survivors, proven, dp_accounting_builds_each_round_once):
   """Killed after round 3's release; the log's last two lines deleted.
 
   The log proves 1 round; a checkpoint of round r proves r - 1, metrics.csv
