@@ -6,6 +6,9 @@ Under pytest-xdist (`make test`) each worker process has its own; the
 controlling process runs no test and never imports TensorFlow.
 
 Hypothesis is derandomized (the 'tff_clip' settings profile).
+
+`dp_accounting_builds_each_round_once`: for tests whose oracle is
+dp_accounting's PLD accountant asked about the same few rounds many times.
 """
 
 import os
@@ -33,3 +36,36 @@ def tff_context():
   from tff_clip.runtime import execution  # pylint: disable=g-import-not-at-top
   execution.set_local_cpp_context()
   yield
+
+
+class _EachGaussianBuiltOnce:
+  """dp_accounting's `privacy_loss_distribution` module as its PLD
+  accountant sees it, with `from_gaussian_mechanism` (a pure function)
+  answering from the PLDs it built before in this process: the same
+  objects, so the same bits."""
+
+  _built = {}
+
+  def __init__(self, module):
+    self._module = module
+
+  def __getattr__(self, name):
+    return getattr(self._module, name)
+
+  def from_gaussian_mechanism(self, *args, **kwargs):
+    key = (args, tuple(sorted(kwargs.items())))
+    if key not in self._built:
+      self._built[key] = self._module.from_gaussian_mechanism(*args, **kwargs)
+    return self._built[key]
+
+
+@pytest.fixture
+def dp_accounting_builds_each_round_once(monkeypatch):
+  """dp_accounting's PLD accountant (`pld.PLDAccountant`, an oracle) builds
+  each round's PLD once per process instead of afresh for every event it
+  composes (seconds each on a fine grid). The project's accountant never
+  goes through it for a (sampled) Gaussian round: its own `_PldAccountant`
+  builds those (`tff_clip.privacy.pld_numpy`)."""
+  from dp_accounting.pld import pld_privacy_accountant  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(pld_privacy_accountant, 'PLD', _EachGaussianBuiltOnce(
+      pld_privacy_accountant.PLD))

@@ -575,7 +575,8 @@ def _direct_pld_epsilon(events, grid, delta=1e-4):
   return accountant.get_epsilon(delta)
 
 
-def test_rounds_of_float32_neighbouring_noise_are_accounted_at_the_least():
+def test_rounds_of_float32_neighbouring_noise_are_accounted_at_the_least(
+    dp_accounting_builds_each_round_once):
   """TFF's adaptive clipping recomputes its value's noise multiplier in
   float32 every round, a few ulps apart: from the first such neighbour on,
   the rounds are accounted together at the least effective z so far (dp_accounting's own PLD
@@ -601,7 +602,8 @@ def test_rounds_of_float32_neighbouring_noise_are_accounted_at_the_least():
   assert exact <= ours.epsilon <= exact * (1 + 1e-6)
 
 
-def test_rounds_of_distinct_noise_are_composed_as_dp_accounting_does():
+def test_rounds_of_distinct_noise_are_composed_as_dp_accounting_does(
+    dp_accounting_builds_each_round_once):
   """Rounds whose noise multipliers are more than float32 rounding apart
   are composed one by one: dp_accounting's own PLD accountant on the same
   events, to the bit, after every round."""

@@ -99,7 +99,13 @@ def test_calibrating_by_rdp_instead_spends_rdps_target_and_more_noise():
   assert reported.accountant == 'pld' and reported.epsilon < 0.995 * target
 
 
-@pytest.mark.parametrize('target', TARGETS)
+# One target in the default suite: fixed-size RDP is slow (~20 s a
+# calibration), and all three calibrate alike (epsilon at z = 1 is 11.4,
+# above each: z is bracketed upwards, in [1, 2], then searched); the other
+# two in the slow suite.
+@pytest.mark.parametrize('target', [
+    target if target == 4.0 else pytest.param(target, marks=pytest.mark.slow)
+    for target in TARGETS])
 def test_fixed_size_calibration_reports_the_target_by_rdp(target):
   """No PLD exists for sampling without replacement: RDP, replace-one."""
   z = preflight.resolve_noise_multiplier(_config(target, 'fixed_size'), K)

@@ -212,7 +212,8 @@ def test_ledger_refuses_an_event_it_cannot_account_when_recorded():
 
 
 def _pld_oracle(rounds, guarantee):
-  """dp_accounting's own PLD epsilon of `rounds`, at the report's grid."""
+  """dp_accounting's own PLD epsilon of `rounds`, at the report's grid (the
+  tests that ask it take `dp_accounting_builds_each_round_once`)."""
   return pld.PLDAccountant(
       value_discretization_interval=guarantee.value_discretization_interval
   ).compose(rounds).get_epsilon(DELTA)
@@ -227,8 +228,8 @@ def fresh_guarantees(monkeypatch):
   monkeypatch.setattr(privacy_ledger, '_REPORTS', collections.OrderedDict())
 
 
-def test_the_next_rounds_figure_is_computed_ahead(monkeypatch,
-                                                  fresh_guarantees):
+def test_the_next_rounds_figure_is_computed_ahead(
+    monkeypatch, fresh_guarantees, dp_accounting_builds_each_round_once):
   # While round 6 trains, its figure is computed on another thread, as if
   # it repeats round 5; round 6's report is then read from the cache.
   from tff_clip.privacy import accountants
@@ -243,7 +244,8 @@ def test_the_next_rounds_figure_is_computed_ahead(monkeypatch,
       _pld_oracle(_poisson_rounds(Z, N / K, 6), report), rel=1e-12)
 
 
-def test_a_figure_asked_before_starts_no_thread_ahead(fresh_guarantees):
+def test_a_figure_asked_before_starts_no_thread_ahead(
+    fresh_guarantees, dp_accounting_builds_each_round_once):
   # A sweep's later trainings ask their rounds' figures again: the cache
   # holds them, and nothing is computed on another thread.
   _poisson_ledger(5).report_ahead(DELTA).join()
@@ -258,7 +260,7 @@ def test_a_figure_asked_before_starts_no_thread_ahead(fresh_guarantees):
 
 
 def test_a_report_of_the_same_rounds_is_read_and_any_other_is_computed(
-    monkeypatch, fresh_guarantees):
+    monkeypatch, fresh_guarantees, dp_accounting_builds_each_round_once):
   first = _poisson_ledger(3).report(DELTA)
   computed = []
   report_epsilon = accounting.report_epsilon
@@ -283,7 +285,8 @@ def test_a_report_of_the_same_rounds_is_read_and_any_other_is_computed(
   assert len(computed) == 3
 
 
-def test_a_next_round_unlike_the_last_is_reported_as_it_ran(fresh_guarantees):
+def test_a_next_round_unlike_the_last_is_reported_as_it_ran(
+    fresh_guarantees, dp_accounting_builds_each_round_once):
   ledger = _poisson_ledger(5)
   ledger.report_ahead(DELTA).join()  # Computed for a sixth round at Z.
   _record(ledger, 6, 1.5 * Z)

@@ -47,13 +47,30 @@ def _released_epsilon(run_dir, rounds=None, accountant='pld'):
   """Epsilon of the (first `rounds`) events in releases.jsonl, by
   dp_accounting directly: PLD, the accountant these Poisson runs report
   with (on a fine grid of its own), or RDP."""
-  from dp_accounting.pld import pld_privacy_accountant  # pylint: disable=g-import-not-at-top
-  from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
-  oracle = (pld_privacy_accountant.PLDAccountant(
-      value_discretization_interval=1e-4) if accountant == 'pld' else
-            dp_accounting.rdp.RdpAccountant())
   with open(run_dir / 'releases.jsonl') as f:
-    for line in f.readlines()[:rounds]:
+    lines = tuple(f.readlines())
+  return _epsilons_after_each(lines, accountant)[len(lines[:rounds])]
+
+
+# The tests damage copies of one finished run: its log is composed once (the
+# fine PLD grid takes seconds a round), not once for every test and prefix;
+# the tests that ask for PLD take `dp_accounting_builds_each_round_once`
+# (the run's rounds are alike: their PLD is built once).
+_EPSILONS = {}
+
+
+def _epsilons_after_each(lines, accountant):
+  """[epsilon of no event, of line 1's, of lines 1-2's, ...]: one accountant
+  composes the log's events in order and is read after each, as a fresh
+  one composing that prefix would be."""
+  if (lines, accountant) not in _EPSILONS:
+    from dp_accounting.pld import pld_privacy_accountant  # pylint: disable=g-import-not-at-top
+    from tff_clip.privacy import privacy_ledger  # pylint: disable=g-import-not-at-top
+    oracle = (pld_privacy_accountant.PLDAccountant(
+        value_discretization_interval=1e-4) if accountant == 'pld' else
+              dp_accounting.rdp.RdpAccountant())
+    epsilons = [oracle.get_epsilon(BASE.delta)]
+    for line in lines:
       event = privacy_ledger.event_from_dict(json.loads(line)['event'])
       if accountant == 'pld':  # dp_accounting's PLD takes one Gaussian:
         # a round's value and count noise on one cohort are the Gaussian
@@ -63,7 +80,9 @@ def _released_epsilon(run_dir, rounds=None, accountant='pld'):
             event.sampling_probability, dp_accounting.GaussianDpEvent(
                 sum(e.noise_multiplier**-2 for e in inner)**-0.5))
       oracle.compose(event)
-  return oracle.get_epsilon(BASE.delta)
+      epsilons.append(oracle.get_epsilon(BASE.delta))
+    _EPSILONS[lines, accountant] = epsilons
+  return _EPSILONS[lines, accountant]
 
 
 @pytest.fixture(scope='module')
@@ -90,7 +109,8 @@ def _files(run_dir):
 # Lost or damaged checkpoints: refuse, count what was released, change nothing.
 
 
-def test_lost_checkpoints_refuse_and_count_the_released_rounds(copy):
+def test_lost_checkpoints_refuse_and_count_the_released_rounds(
+    copy, dp_accounting_builds_each_round_once):
   (copy / 'summary.json').unlink()  # Killed after round 3's release.
   shutil.rmtree(copy / 'checkpoints')
   before = _files(copy)
@@ -326,7 +346,7 @@ def test_deleted_records_and_checkpoints_never_train_a_dp_run_again(
 
 
 def test_refusal_after_deletion_reports_the_epsilon_that_was_spent(
-    copy, finished):
+    copy, finished, dp_accounting_builds_each_round_once):
   run_dir, _ = finished
   (copy / 'releases.jsonl').unlink()
   shutil.rmtree(copy / 'checkpoints')
@@ -344,7 +364,7 @@ def test_refusal_after_deletion_reports_the_epsilon_that_was_spent(
     (('metrics.csv',), ROUNDS),
 ])
 def test_refusal_gives_the_largest_epsilon_any_surviving_file_proves(
-    copy, finished, survivors, proven):
+    copy, finished, survivors, proven, dp_accounting_builds_each_round_once):
   """Killed after round 3's release; the log's last two lines deleted.
 
   The log proves 1 round; a checkpoint of round r proves r - 1, metrics.csv
