@@ -98,7 +98,10 @@ def test_an_entry_is_readable_by_its_owner_only(cache):
   assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
 
 
-@pytest.mark.parametrize('factor', [0.99, 0.999])
+# A 0.1% lower z is caught in the default suite; 1% (further above the
+# target: the same refusal, the same oracle) in the slow suite.
+@pytest.mark.parametrize('factor', [
+    pytest.param(0.99, marks=pytest.mark.slow), 0.999])
 def test_an_entry_edited_to_lower_the_noise_is_recalibrated(
     cache, calibrated_z, factor):
   path = _stored(calibrated_z)
