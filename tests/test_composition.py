@@ -273,6 +273,51 @@ def test_a_secure_sum_that_could_clamp_the_querys_counts_is_refused(
                   **{**DP, **arguments})
 
 
+# With client noise a summand of the secure sum is a value of at most C in
+# each coordinate plus that client's N(0, (z C / sqrt(n))^2) noise; clamped,
+# the noise is not the Gaussian the ledger charges (a threshold at C keeps
+# only noise pointing inward). The thresholds must reach C + 20 std: for
+# DP's z = 0.5, n = 3, C = 1 that is 1 + 20 * 0.5 / sqrt(3) = 6.7735.
+CLIENT_NOISE = dict(DP, noise_placement='client')
+CLIENT_NOISE_REACH = 1.0 + 20.0 * 0.5 / np.sqrt(3.0)
+
+
+@pytest.mark.parametrize('secure_sum, arguments', [
+    (tff.aggregators.SecureSumFactory(1.0), {}),
+    (tff.aggregators.SecureSumFactory(CLIENT_NOISE_REACH - 1e-3), {}),
+    (tff.aggregators.SecureSumFactory(100.0, -CLIENT_NOISE_REACH + 1e-3), {}),
+    (tff.aggregators.SecureSumFactory(100.0), dict(clip_norm='adaptive')),
+    (tff.aggregators.SecureSumFactory(aggregators.constant_norm_process(
+        100.0)), {}),
+], ids=['at-C', 'just-short', 'lower-short', 'adaptive-norm', 'estimated'])
+def test_a_secure_sum_that_could_clamp_client_noise_is_refused(
+    secure_sum, arguments):
+  with pytest.raises(ValueError, match=r"^`record_aggregation_factory`.*"
+                     r"noise_placement='client'"):
+    dp.dp_factory('clip', record_aggregation_factory=secure_sum,
+                  **{**CLIENT_NOISE, **arguments})
+
+
+def test_the_documented_client_noise_refusal_is_what_is_raised():
+  with pytest.raises(ValueError) as raised:
+    dp.dp_factory('clip', record_aggregation_factory=(
+        tff.aggregators.SecureSumFactory(1.0)), **CLIENT_NOISE)
+  assert f'ValueError: {raised.value}' == _docs_line(
+      '| `record_aggregation_factory=tff.aggregators.SecureSumFactory(1.0)` '
+      "with `noise_placement='client'`")
+
+
+def test_a_secure_sum_past_client_noises_reach_is_accepted():
+  for secure_sum in (tff.aggregators.SecureSumFactory(CLIENT_NOISE_REACH +
+                                                      1e-3),
+                     # Central noise is added to the sum, after the clamp.
+                     tff.aggregators.SecureSumFactory(1.0)):
+    placement = ('client' if secure_sum._upper_bound_threshold > 1.0
+                 else 'central')
+    dp.dp_factory('clip', record_aggregation_factory=secure_sum,
+                  **dict(DP, noise_placement=placement))
+
+
 def test_a_secure_sum_that_holds_the_counts_gives_the_mean_present():
   from tff_clip.runtime import execution  # pylint: disable=g-import-not-at-top
   values = [np.array([0.3, 0.1], np.float32), np.array([0.1, 0.3], np.float32)]

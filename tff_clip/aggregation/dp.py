@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from typing import Optional
 
 import dp_accounting
@@ -396,8 +397,13 @@ def _check_secure_sum_range(spec: spec_lib.DPSpec, factory) -> None:
   Beside the bounded values the query sums counts of its own: 1 per client
   (denominator='actual'; a noise-free adaptive norm's weight) and +-1/2 per
   client (an adaptive norm's clipped count). Clamped, they would double the
-  mean or bias the norm's estimate without a word; estimated thresholds
-  follow the values and cannot be checked here.
+  mean or bias the norm's estimate without a word. With client noise each
+  summand is a bounded value plus that client's Gaussian noise: clamped,
+  the noise would no longer be the Gaussian the accountant charges (a
+  threshold at C keeps only the noise that points inward), so the
+  thresholds must reach past C by `CLAMP_FREE_STDDEVS` client noise
+  standard deviations. Estimated thresholds follow the values and cannot be
+  checked here.
   """
   if not isinstance(factory, tff.aggregators.SecureSumFactory):
     return
@@ -407,10 +413,20 @@ def _check_secure_sum_range(spec: spec_lib.DPSpec, factory) -> None:
     counts.append(1.0)
   if spec.adaptive:
     counts += [-0.5, 0.5]
-  if not counts:
+  client_noise = spec.noise_placement == 'client' and spec.noise_multiplier > 0
+  if not counts and not client_noise:
     return
   upper = factory._upper_bound_threshold  # pylint: disable=protected-access
   lower = factory._lower_bound_threshold  # pylint: disable=protected-access
+  if client_noise and (spec.adaptive or not isinstance(
+      upper, (float, np.floating))):
+    raise ValueError(
+        "`record_aggregation_factory`: with noise_placement='client' a "
+        'SecureSumFactory clamps each client\'s noisy record, and clamped '
+        'noise is not the Gaussian noise the accountant charges; its '
+        'constant thresholds can be checked against a fixed `clip_norm` '
+        'only (give one, and constant float thresholds, or '
+        "noise_placement='central').")
   if not isinstance(upper, (float, np.floating)):  # Integers: TFF refuses.
     if isinstance(upper, tff.templates.EstimationProcess):
       raise ValueError(
@@ -421,13 +437,37 @@ def _check_secure_sum_range(spec: spec_lib.DPSpec, factory) -> None:
           f'{max(counts):g}.')
     return
   lower = -upper if lower is None else lower
-  if lower > min(counts) or upper < max(counts):
+  if counts and (lower > min(counts) or upper < max(counts)):
     raise ValueError(
         f'`record_aggregation_factory`: SecureSumFactory clamps every summand '
         f'to [{lower:g}, {upper:g}], and this query sums counts of '
         f'{sorted(set(counts))} per client beside the values (the mean or the '
         f'clip norm would come out wrong); give thresholds from at most '
         f'{min(counts):g} to at least {max(counts):g}.')
+  if client_noise:
+    # Each coordinate of a bounded record is at most C in magnitude; each
+    # client adds N(0, (z C / sqrt(n))^2) to it (`noise_placement`).
+    stddev = (spec.noise_multiplier * spec.clip_norm /
+              math.sqrt(spec.clients_per_round))
+    reach = spec.clip_norm + CLAMP_FREE_STDDEVS * stddev
+    if lower > -reach or upper < reach:
+      raise ValueError(
+          f'`record_aggregation_factory`: SecureSumFactory clamps every summand '
+          f'to [{lower:g}, {upper:g}], and with noise_placement=\'client\' a '
+          f'summand is a value of at most C = {spec.clip_norm:g} plus client '
+          f'noise of std z C / sqrt(n) = {stddev:.4g}: clamped, the noise is '
+          'not the Gaussian the accountant charges. Give thresholds from at '
+          f'most {-reach:.6g} to at least {reach:.6g} (C + '
+          f'{CLAMP_FREE_STDDEVS:g} std), or noise_placement=\'central\'.')
+
+
+# Client noise under a secure sum: thresholds at C + 20 standard deviations
+# clamp a coordinate with probability 2 Phi(-20) = 5.5e-89; over every
+# coordinate, client and round a run can have (1e9 x 1e6 x 1e5) below
+# 1e-60. The clamped mechanism differs from the Gaussian one only on that
+# event, so it is (epsilon, delta + 1e-60)-DP where the ledger says
+# (epsilon, delta).
+CLAMP_FREE_STDDEVS = 20.0
 
 
 def _signature_from_spec(function):
