@@ -94,20 +94,43 @@ def test_tasks_table_prints_without_a_log_line_or_traceback():
   assert not as_a_user.noise(result.stderr), result.stderr[-3000:]
 
 
+# A TFF computation run on TFF's default context (its own worker).
+_ADD_ONE = ('import tensorflow as tf, tensorflow_federated as tff, tff_clip\n'
+            '@tff.tensorflow.computation(tf.int32)\n'
+            'def add_one(x):\n'
+            '  return x + 1\n')
+
+
+def _run_ignoring_ctrl_c(program: str) -> subprocess.CompletedProcess:
+  """`program` run as nohup or a background job starts it: SIGINT ignored."""
+  return subprocess.run(
+      ['sh', '-c', 'trap "" INT; exec "$@"', 'sh', sys.executable, '-c',
+       program], cwd=as_a_user.REPO, env=as_a_user.env(),
+      capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.slow  # TFF's own worker, then tff_clip's (about 15 s).
+def test_leaving_tffs_default_worker_for_tff_clips_ends_when_ctrl_c_is_ignored():
+  # Replacing TFF's default context drops it, and its `__del__` stops its
+  # worker with SIGINT and waits; with SIGINT ignored (nohup, a background
+  # job) the worker ignored it too and the wait never ended: the program
+  # hung in `set_local_cpp_context` (a test suite run in the background hung
+  # there). tff_clip terminates that worker before it replaces the context.
+  result = _run_ignoring_ctrl_c(
+      _ADD_ONE + 'print(add_one(1), flush=True)\n'
+      'from tff_clip.runtime import execution\n'
+      'execution.set_local_cpp_context()\n'
+      'print(add_one(2), flush=True)\n')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.split() == ['2', '3']
+
+
 @pytest.mark.slow  # A TFF computation on TFF's own worker (about 8 s).
 def test_a_program_on_tffs_default_worker_ends_when_it_ignores_ctrl_c():
   # nohup and background jobs start a program with SIGINT ignored, and its
   # children inherit that. TFF stops its default worker with SIGINT and waits
   # for it; tff_clip's exit hook, which drops that context, terminates the
   # worker first, so the wait ends (before, the program never exited).
-  program = ('import tensorflow as tf, tensorflow_federated as tff, tff_clip\n'
-             '@tff.tensorflow.computation(tf.int32)\n'
-             'def add_one(x):\n'
-             '  return x + 1\n'
-             'print(add_one(1))\n')
-  result = subprocess.run(
-      ['sh', '-c', 'trap "" INT; exec "$@"', 'sh', sys.executable, '-c',
-       program], cwd=as_a_user.REPO, env=as_a_user.env(),
-      capture_output=True, text=True, timeout=300, check=False)
+  result = _run_ignoring_ctrl_c(_ADD_ONE + 'print(add_one(1))\n')
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.split() == ['2']

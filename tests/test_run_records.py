@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import io
 import errno
+import hashlib
 import json
 import math
 import os
@@ -769,6 +770,38 @@ def test_a_separated_run_started_with_hashed_groups_is_not_resumed(
   run_records.write_json(os.path.join(config.output_dir, 'config.json'),
                          recorded)
   run_directory.check_resolved(config, current)
+
+
+def test_a_separated_run_resumed_on_other_client_ids_is_refused(tmp_path):
+  """Minimum separation deals the groups from the set of client ids: one
+  more client re-ranks them all, and a client could then take part twice
+  within b rounds. A run records the set's SHA-256 (of the sorted ids as a
+  JSON list); resumed on another set it is refused, its directory
+  untouched; the same set in another order resumes."""
+  from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
+  config = _config(tmp_path, sampling='min_separation',
+                   noise_mechanism='banded', bands=2, clients_per_round=3)
+  ids = [f'client_{i}' for i in range(8)]
+  recorded_choices = assembly.resolved_choices(config, 0.5, 2410,
+                                               client_ids=ids)
+  assert recorded_choices['client_ids'] == hashlib.sha256(
+      json.dumps(sorted(ids)).encode()).hexdigest()
+  os.makedirs(config.output_dir)
+  run_records.write_json(os.path.join(config.output_dir, 'config.json'),
+                         dict(config.to_json(), resolved=recorded_choices))
+  before = _files(pathlib.Path(config.output_dir))
+  with pytest.raises(training.ConfigError) as error:
+    run_directory.check_resolved(config, assembly.resolved_choices(
+        config, 0.5, 2410, client_ids=ids + ['client_8']))
+  assert 'other client ids' in str(error.value)
+  assert 'nothing was changed' in str(error.value)
+  assert _files(pathlib.Path(config.output_dir)) == before
+  run_directory.check_resolved(config, assembly.resolved_choices(
+      config, 0.5, 2410, client_ids=ids[::-1]))
+  # Poisson sampling deals no groups: nothing to record.
+  poisson = _config(tmp_path, clients_per_round=3)
+  assert 'client_ids' not in assembly.resolved_choices(poisson, 0.5, 2410,
+                                                       client_ids=ids)
 
 
 # ----------------------------------------------------------------------------

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+import hashlib
+import json
 import secrets
 from typing import Optional
 
@@ -54,7 +56,7 @@ from tff_clip.names import FIXED_SIZE, MIN_SEPARATION, POISSON, SAMPLINGS
 
 __all__ = ['FIXED_SIZE', 'GROUP_SCHEME', 'MIN_SEPARATION', 'POISSON',
            'SAMPLINGS', 'ClientSampler', 'group_scheme', 'group_sizes',
-           'new_sampling_key', 'separation_groups']
+           'id_set_fingerprint', 'new_sampling_key', 'separation_groups']
 
 # The name a run records for how `separation_groups` assigns clients to
 # groups (`run_directory.RESOLVED_KEY`): a resumed run must find its groups
@@ -77,6 +79,15 @@ def group_scheme(sampling: str):
   """How `sampling` groups the clients, as a run records it: `GROUP_SCHEME`
   under min_separation, else None (no groups)."""
   return GROUP_SCHEME if sampling == MIN_SEPARATION else None
+
+
+def id_set_fingerprint(client_ids: Sequence[str]) -> str:
+  """SHA-256 (hex) of the set of client ids, as `separation_groups` reads it
+  (sorted, as strings): a run under minimum separation records it, and one
+  resumed with another set (whose groups would be dealt anew, letting a
+  client take part twice within b rounds) is refused."""
+  ids = sorted(str(client_id) for client_id in client_ids)
+  return hashlib.sha256(json.dumps(ids).encode('utf-8')).hexdigest()
 
 
 def group_sizes(population_size: int, separation: int) -> tuple[int, int]:

@@ -176,10 +176,8 @@ def check_writable(config: TrainConfig) -> None:
 def prepare_output_dir(config: TrainConfig,
                        resolved: Optional[dict] = None) -> bool:
   """Creates the directory and config.json; True when a run can resume there.
-
-  A new run's config.json records `resolved` (`assembly.resolved_choices`
-  with the noise multiplier and the model's size) under `RESOLVED_KEY`.
-  """
+  A new run's config.json records `resolved` (`assembly.resolved_choices`)
+  under `RESOLVED_KEY`."""
   status = existing_run(config)
   # Each directory made writable by its owner only, then checked again:
   # one another user made meanwhile (in a sticky /tmp) is refused.
@@ -218,21 +216,28 @@ def check_resolved(config: TrainConfig, current: dict) -> None:
   step, or how --sampling=min_separation groups the clients: a changed
   default rule), which would mix two configurations in one run or report
   one as the other. `ConfigError` naming both; nothing is changed. A run
-  that did not record them is let through, but for one under minimum
-  separation: its groups were a hash of (seed, id), and resuming it with
-  other groups would let a client take part twice within b rounds."""
+  that did not record them is let through, but under minimum separation
+  (hashed groups then; resumed with others, a client could take part twice
+  within b rounds), as is none whose `client_ids` (the set its groups were
+  dealt from) differ."""
   recorded = recorded_resolution(config)
   if recorded is None:
     if config.sampling == MIN_SEPARATION:
       raise ConfigError(
           f'{config.output_dir!r} holds a --sampling=min_separation run '
           'recorded before runs kept their client groups (its groups were a '
-          'hash of seed and client id, of unequal sizes); this tff_clip '
-          f'groups clients as {current.get("client_groups")!r}: going on '
-          'would change the groups mid-way and break the separation '
-          '(nothing was changed). Choose another --experiment_name or '
-          '--root_output_dir.')
+          'hash of seed and client id, of unequal sizes); this tff_clip groups'
+          f' clients as {current.get("client_groups")!r}: going on would '
+          'change the groups mid-way and break the separation (nothing was '
+          'changed). Choose another --experiment_name or --root_output_dir.')
     return
+  ids = recorded.get('client_ids'), current.get('client_ids')
+  if None not in ids and ids[0] != ids[1]:
+    raise ConfigError(
+        f'{config.output_dir!r} holds a --sampling=min_separation run whose '
+        "groups were dealt from other client ids than the task's now: going "
+        'on would deal them anew and let a client take part twice within '
+        '--min_separation rounds (nothing was changed).')
   differs = [k for k in _CHOICES if not _same(recorded.get(k),
                                               current.get(k))]
   if differs:

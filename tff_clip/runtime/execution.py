@@ -54,6 +54,7 @@ __all__ = [
     'local_worker_binary',
     'local_worker_targets',
     'network_isolation_error',
+    'set_default_context',
     'set_local_cpp_context',
     'start_private_worker',
     'start_worker',
@@ -281,6 +282,19 @@ def set_local_cpp_context(max_concurrent_clients: int | None = None,
   context = tff.framework.SyncExecutionContext(
       executor_fn=_executor_factory(get_stub, default_num_clients),
       **_context_kwargs())
+  set_default_context(context)
+
+
+def set_default_context(context) -> None:
+  """`tff.framework.set_default_context`, TFF's own worker stopped first.
+
+  The context replaced is dropped, and TFF's local and test contexts stop
+  their worker in a `__del__` that sends SIGINT and waits: in a process
+  started with SIGINT ignored (nohup, a background job) the worker ignores
+  it too, and the wait never ends. Terminated first
+  (`tff_clip._terminate_tff_default_workers`), it is reaped at once.
+  """
+  tff_clip._terminate_tff_default_workers()  # pylint: disable=protected-access
   tff.framework.set_default_context(context)
 
 
