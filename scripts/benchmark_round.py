@@ -135,11 +135,11 @@ def _correlated(mechanism: str) -> bool:
 
 def _config(task, dp_on, mechanism='independent'):
   from tff_clip.program import training  # pylint: disable=g-import-not-at-top
-  from tff_clip.program import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import flag_text  # pylint: disable=g-import-not-at-top
   task, *given = task.split('/')
   # The EMNIST tasks on the 5,000 real 28x28 MNIST digits (offline).
   options = (('offline_data', 'mnist'),) if task.startswith('emnist') else ()
-  options += config_lib.parse_task_options(given)
+  options += flag_text.parse_task_options(given)
   correlated = _correlated(mechanism)
   return training.TrainConfig(
       task=task, task_options=options, clients_per_round=_CLIENTS.value,

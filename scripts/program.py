@@ -11,7 +11,6 @@ benchmarks and reproductions call. The library (`tff_clip`) never imports
 import atexit
 import collections
 import contextlib
-import dataclasses
 import glob
 import math
 import os
@@ -72,45 +71,9 @@ def _check_task(config):
                       f'{", ".join(sources)}; got {config.data_source!r}.')
 
 
-# Flags that apply only where another says so, and where they apply: given
-# elsewhere they would change nothing without a word (a fixed --clip_norm
-# with --target_quantile is not the adaptive norm it suggests).
-_BOUNDING = 'a bounding (--bounding other than none)'
-
-
-def _bounds(config) -> bool:
-  return config.bounding != config_lib.NO_BOUNDING
-
-
-# Each applies where its predicate holds; given otherwise (a value other than
-# its default) it is refused.
-_APPLIES = (  # The DP parameters' own: `spec.unread`, in `config.validate`.
-    ('min_separation', lambda c: c.participation_separation is not None,
-     '--sampling=min_separation'),
-    ('clipped_count_stddev', lambda c: c.private,
-     'DP (--noise_multiplier or --target_epsilon)'),
-    ('server_momentum', lambda c: c.server_optimizer == 'sgdm',
-     '--server_optimizer=sgdm'),
-    ('audit_confidence', lambda c: c.audit_canaries, '--audit_canaries'),
-    # --bounding=none bounds nothing: its norm's knobs are read by nothing
-    # (but BLUR's radius, which is --clip_norm where not given).
-    ('clip_norm', lambda c: _bounds(c) or (
-        c.blur_strength is not None and c.blur_clip_norm is None),
-     _BOUNDING),
-    *((knob, _bounds, _BOUNDING) for knob in (
-        'target_quantile', 'initial_clip_norm', 'clip_learning_rate')),
-)
-_DEFAULT = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-
-
 def validate(config: TrainConfig) -> None:
   """`tff_clip.program.config.validate` and the task flags; `ConfigError` names one."""
   config_lib.validate(config)
-  for flag, applies, where in _APPLIES:
-    if getattr(config, flag) != _DEFAULT[flag] and not applies(config):
-      raise ConfigError(f'--{flag}={getattr(config, flag)} applies only with '
-                        f'{where}; it would change nothing here. Leave it '
-                        'out.')
   if config.target_epsilon is not None:
     # Below RDP's floor at --delta no noise reaches the target: said in
     # microseconds, before dp_accounting (half a second) is imported; the

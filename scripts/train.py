@@ -29,6 +29,7 @@ from scripts import cli
 from scripts import program
 from tff_clip import checks
 from tff_clip.program import config as config_lib
+from tff_clip.program import flag_text
 
 FLAGS = flags.FLAGS
 
@@ -133,13 +134,13 @@ def config_from_flags() -> config_lib.TrainConfig:
   for field, kind in config_lib.fields():
     value = FLAGS[field.metadata.get('flag') or field.name].value
     if field.name == 'task_options':
-      value = config_lib.parse_task_options(value)
+      value = flag_text.parse_task_options(value)
     elif field.name == 'lus_sparsity':
       if value is not None and not str(value).strip():
         raise config_lib.ConfigError(
             "--lus_sparsity is empty (an unset shell variable? Say 'none' "
             'for no sparsification).')
-      value = config_lib.parse_lus_sparsity(value)
+      value = flag_text.parse_lus_sparsity(value)
     elif kind is tuple:
       value = tuple(value)
     elif kind is not bool:

@@ -38,6 +38,7 @@ from tff_clip.program import config as config_lib
 from tff_clip.program import plotting
 from tff_clip.program import preflight
 from tff_clip.program import release_managers
+from tff_clip.program import training
 from tff_clip.program import run_directory
 from tff_clip.program import run_records
 import as_a_user  # pylint: disable=g-bad-import-order
@@ -164,6 +165,27 @@ CHANGES_THE_RUN = [
       '--min_separation=100'],
      r'^error: --min_separation \(100\) exceeds the 50 clients.*at most 50'),
 ]
+
+
+@pytest.mark.parametrize('fields, message', [
+    (dict(bounding='none', noise_multiplier=None, target_quantile=0.3),
+     r'^--target_quantile=0.3 applies only with a bounding'),
+    (dict(server_momentum=0.5),
+     r'^--server_momentum=0.5 applies only with --server_optimizer=sgdm'),
+    (dict(noise_multiplier=None, clipped_count_stddev=2.0),
+     r'^--clipped_count_stddev=2.0 applies only with DP'),
+])
+def test_the_library_program_refuses_a_field_that_changes_nothing(
+    tmp_path, fields, message):
+  """`training.run`, the program the wheel installs, refuses as the script
+  does: before the task is built or anything is written."""
+  def no_task(config):
+    raise AssertionError(f'a task was built for {config}')
+
+  config = config_lib.TrainConfig(root_output_dir=str(tmp_path), **fields)
+  with pytest.raises(config_lib.ConfigError, match=message):
+    training.run(config, no_task)
+  assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize('args, message', CHANGES_THE_RUN)

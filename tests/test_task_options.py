@@ -14,12 +14,13 @@ import pytest
 import tasks
 from scripts import program
 from tff_clip.program import config as config_lib
+from tff_clip.program import flag_text
 from tff_clip.program import training
 import as_a_user  # pylint: disable=g-bad-import-order
 
 
 def test_task_option_values_are_parsed_by_one_rule():
-  assert config_lib.parse_task_options(
+  assert flag_text.parse_task_options(
       ['noise=student_t', 'tail_index=1.5', 'dimension=3',
        'initial_weights=1,2.5,-3', 'text_path=none', 'flag=true']) == (
            ('noise', 'student_t'), ('tail_index', 1.5), ('dimension', 3),
@@ -29,7 +30,7 @@ def test_task_option_values_are_parsed_by_one_rule():
 
 def test_task_option_without_equals_is_a_usage_error():
   with pytest.raises(config_lib.ConfigError, match='--task_option'):
-    config_lib.parse_task_options(['tail_index'])
+    flag_text.parse_task_options(['tail_index'])
 
 
 def test_task_options_are_the_builders_keyword_options():

@@ -81,44 +81,6 @@ def _dp(name: str):
                 declared.metadata['choices'])
 
 
-def _option_value(text: str):
-  """'1.5' -> 1.5, '3' -> 3, 'none' -> None, 'true' -> True, 'a,b' -> tuple."""
-  if ',' in text:
-    return tuple(_option_value(part) for part in text.split(','))
-  lowered = text.strip().lower()
-  if lowered in ('none', 'true', 'false'):
-    return None if lowered == 'none' else lowered == 'true'
-  for kind in (int, float):
-    try:
-      return checks.ascii_number(text, kind)
-    except ValueError:
-      pass
-  return text.strip()
-
-
-def parse_task_options(values) -> tuple:
-  """`--task_option` values ['key=value', ...] -> ((key, value), ...)."""
-  options = []
-  for item in values:
-    key, sep, value = item.partition('=')
-    if not sep or not key.strip():
-      raise ConfigError(f'--task_option must be key=value; got {item!r}.')
-    options.append((key.strip(), _option_value(value)))
-  return tuple(options)
-
-
-def parse_lus_sparsity(text):
-  """'0.7' -> 0.7; '0.5,0.7,0.9' -> (0.5, 0.7, 0.9) (one per layer)."""
-  if text is None or str(text).strip().lower() in ('', 'none'):
-    return None
-  try:
-    values = tuple(checks.ascii_number(v) for v in str(text).split(','))
-  except ValueError:
-    raise ConfigError('--lus_sparsity must be numbers in [0, 1) (one, or one '
-                      f'per layer, comma-separated); got {text!r}.') from None
-  return values[0] if len(values) == 1 else values
-
-
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """Everything a run depends on; each field is a flag of `scripts.train`."""
@@ -589,6 +551,43 @@ def blur_clip_norm(config: TrainConfig) -> Optional[float]:
           else float(config.clip_norm))
 
 
+# Flags that apply only where another says so: given elsewhere (a value
+# other than the default) they would change nothing without a word (a fixed
+# --clip_norm with --target_quantile is not the adaptive norm it suggests).
+# The DP parameters' own rules are `spec.unread` (`_check_mechanism`).
+_BOUNDING = 'a bounding (--bounding other than none)'
+
+
+def _bounds(config) -> bool:
+  return config.bounding != NO_BOUNDING
+
+
+_APPLIES = (
+    ('min_separation', lambda c: c.participation_separation is not None,
+     '--sampling=min_separation'),
+    ('clipped_count_stddev', lambda c: c.private,
+     'DP (--noise_multiplier or --target_epsilon)'),
+    ('server_momentum', lambda c: c.server_optimizer == 'sgdm',
+     '--server_optimizer=sgdm'),
+    ('audit_confidence', lambda c: c.audit_canaries, '--audit_canaries'),
+    # --bounding=none bounds nothing: its norm's knobs are read by nothing
+    # (but BLUR's radius, which is --clip_norm where not given).
+    ('clip_norm', lambda c: _bounds(c) or (
+        c.blur_strength is not None and c.blur_clip_norm is None), _BOUNDING),
+    *((knob, _bounds, _BOUNDING) for knob in (
+        'target_quantile', 'initial_clip_norm', 'clip_learning_rate')),
+)
+
+
+def _check_no_ops(config):
+  for flag, applies, where in _APPLIES:
+    value = getattr(config, flag)
+    if value != TrainConfig.__dataclass_fields__[flag].default and (
+        not applies(config)):
+      raise ConfigError(f'--{flag}={value} applies only with {where}; it '
+                        'would change nothing here. Leave it out.')
+
+
 def validate(config: TrainConfig) -> None:
   """Raises `ConfigError` naming the flag for a configuration that cannot run."""
   _check_choices(config)
@@ -598,3 +597,4 @@ def validate(config: TrainConfig) -> None:
   _check_correlated(config)
   _check_training(config)
   _check_execution(config)
+  _check_no_ops(config)
