@@ -107,16 +107,20 @@ def test_a_damaged_view_still_proves_its_real_rounds(tmp_path):
   assert reported == pytest.approx(oracle.get_epsilon(config.delta), rel=2e-3)
 
 @pytest.mark.parametrize('leftover', ['.config.json.tmp',
-                                      '.tff_clip_probe_k1ll3d'])
+                                      '.tff_clip_probe_k1ll3d', '.lock'])
 def test_a_run_killed_at_its_first_write_starts_on_rerun(tmp_path, leftover):
   """Killed (or the power lost) while config.json, the first file, was
-  written, or while the directory was probed for writing, a run directory
-  holds only that write's leftover: the same command starts the run, and
-  the leftover temporary file is replaced, not refused as another's."""
+  written, or while the directory was probed for writing, or with the run's
+  lock taken before config.json, a run directory holds only that leftover:
+  the same command starts the run, and the leftover temporary file is
+  replaced, not refused as another's."""
   config = _config(tmp_path)
   os.makedirs(config.output_dir)
   path = os.path.join(config.output_dir, leftover)
-  if leftover.endswith('.tmp'):
+  if leftover == '.lock':
+    with open(path, 'w') as f:
+      f.write('4242')  # The killed holder's pid.
+  elif leftover.endswith('.tmp'):
     with open(path, 'w') as f:
       f.write('{"task": "dig')  # Cut by the kill.
   else:

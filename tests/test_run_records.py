@@ -772,6 +772,35 @@ def test_a_separated_run_started_with_hashed_groups_is_not_resumed(
   run_directory.check_resolved(config, current)
 
 
+def test_a_start_that_another_start_of_the_run_overtook_changes_nothing(
+    tmp_path, monkeypatch):
+  """Two starts of one command: both find the directory new, and while this
+  one builds its session (tracing takes seconds) the other trains the whole
+  run. Under the run's lock this one finds the run begun, and refuses in
+  one line, every file as the other left it (it neither rewrote
+  config.json as a new run's nor released the rounds again)."""
+  from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
+  config = _config(tmp_path)
+  build = assembly.session
+  other = []
+
+  def overtaken(config_, task_builder):
+    session = build(config_, task_builder)
+    monkeypatch.setattr(assembly, 'session', build)
+    other.append(program.run(config))  # The other start, meanwhile.
+    return session
+
+  monkeypatch.setattr(assembly, 'session', overtaken)
+  run_dir = pathlib.Path(config.output_dir)
+  with pytest.raises(training.ConfigError) as error:
+    program.run(config)
+  assert 'another process started this run' in str(error.value)
+  assert '\n' not in str(error.value)
+  after_the_other = _files(run_dir)
+  assert program.run(config) == other[0]  # A rerun reports it.
+  assert _files(run_dir) == after_the_other
+
+
 def test_a_separated_run_resumed_on_other_client_ids_is_refused(tmp_path):
   """Minimum separation deals the groups from the set of client ids: one
   more client re-ranks them all, and a client could then take part twice

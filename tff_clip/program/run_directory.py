@@ -107,10 +107,10 @@ def existing_run(config: TrainConfig) -> str:
                       'directory.')
   config_path = os.path.join(out, 'config.json')
   if not os.path.lexists(config_path):
-    # What a kill at the first write leaves (config.json's temporary file,
-    # `check_writable`'s probe) is no other run's.
-    if [n for n in os.listdir(out) if n != '.config.json.tmp' and
-        not n.startswith(_PROBE)]:
+    # What a kill at the first write leaves (the run's lock, config.json's
+    # temporary file, `check_writable`'s probe) is no other run's.
+    if [n for n in os.listdir(out) if n not in (
+        run_records.LOCK, '.config.json.tmp') and not n.startswith(_PROBE)]:
       raise ConfigError(
           f'{out!r} is not empty and holds no tff_clip run; nothing was '
           'changed. Choose another --experiment_name or --root_output_dir.')

@@ -107,7 +107,7 @@ def run(config: TrainConfig, task_builder: TaskBuilder,
   if not validated:
     validate(config)
   out = config.output_dir
-  status = run_directory.existing_run(config)
+  status = found = run_directory.existing_run(config)
   if status != 'new' and config.private:
     run_directory.check_released(config)  # Nothing released is trained again.
   elif status != 'new':
@@ -147,12 +147,21 @@ def run(config: TrainConfig, task_builder: TaskBuilder,
   session = assembly.session(config, task_builder)
   if status == 'resume':
     run_directory.check_resolved(config, session.resolved)
-  # The first write: all checked.
-  run_directory.prepare_output_dir(config, session.resolved)
-  with run_records.exclusive(out):  # One process trains a run at a time.
-    # Read again under the lock: another process may have run rounds since.
-    # Recorded as given (a rerun of the same flags resumes it); trained with
-    # the cohort the population resolves (a separated run's smallest group).
+  # The first write: all checked. The directory, then its lock, then
+  # config.json: one process trains a run at a time, and a start that
+  # another start of the same run overtook while it built its session
+  # (found new, now begun or finished) is refused, changing nothing.
+  run_records.ensure_dir(out)
+  with run_records.exclusive(out):
+    if run_directory.existing_run(config) != found:
+      raise ConfigError(
+          f'{out!r}: another process started this run while this one '
+          'prepared it; nothing was changed. Run the command again to '
+          'resume or report it.')
+    run_directory.prepare_output_dir(config, session.resolved)
+    # The records are read again under the lock. Recorded as given (a rerun
+    # of the same flags resumes it); trained with the cohort the population
+    # resolves (a separated run's smallest group).
     return _train(preflight.with_population(config, session.population),
                   session,
                   run_records.ReleaseLog(out),
