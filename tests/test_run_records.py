@@ -594,6 +594,23 @@ def test_share_run_hands_over_the_released_outputs_without_secrets(
   assert len(again.stderr.strip().splitlines()) == 1
 
 
+def test_a_run_being_trained_is_not_shared(copy, tmp_path):
+  """While a process trains the run (holding its `.lock`), its files change
+  as it writes them (a release line half written, a checkpoint renamed):
+  share_run refuses in one line naming the holder's pid, and leaves no
+  copy; once the run stops, the same call shares it."""
+  shared = tmp_path / 'shared'
+  with run_records.exclusive(str(copy)):  # As a training process holds it.
+    with pytest.raises(run_records.RunRecordError) as error:
+      checkpoints.share(str(copy), str(shared))
+  assert f'(pid {os.getpid()}) is training this run' in str(error.value)
+  assert 'nothing was copied' in str(error.value)
+  assert not shared.exists()
+  assert [p.name for p in tmp_path.iterdir() if p.name != 'run'] == []
+  names, _ = checkpoints.share(str(copy), str(shared))
+  assert 'releases.jsonl' in names
+
+
 def test_released_files_are_readable_by_others(finished):
   """What a run releases stays readable by others (the umask may narrow it),
   and writable by its owner only."""

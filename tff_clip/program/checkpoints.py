@@ -11,6 +11,7 @@ None of this imports TensorFlow.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -410,6 +411,31 @@ def _copy_regular(source: str, target: str, name: str,
   copied.append(name)
 
 
+def _idle_run(run_dir: str):
+  """A shared hold on `run_dir`'s run lock (`run_records.exclusive`), to
+  close when the run is copied (None: no lock file): a run training there,
+  whose files change as it runs (a release line half written), is refused,
+  and none starts until the copy ends. Nothing is created in `run_dir`; a
+  `.lock` that is not a regular file locks nothing (the run refuses it)."""
+  try:
+    fd = os.open(os.path.join(run_dir, run_records.LOCK),
+                 os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+  except OSError:  # No run has trained there; or a link: ELOOP.
+    return None
+  lock = open(fd, 'rb', buffering=0)
+  try:
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+      fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+  except BlockingIOError:
+    holder = lock.read(32).decode(errors='replace').strip()
+    lock.close()
+    raise run_records.RunRecordError(
+        f'{run_dir}: a process (pid {holder or "unknown"}) is training this '
+        'run, and its files change as it runs; nothing was copied. Share it '
+        'when the run stops.') from None
+  return lock
+
+
 def share(run_dir: str, destination: str) -> tuple[list[str], list[str]]:
   """Copies a run's released outputs, and nothing secret, to `destination`.
 
@@ -438,6 +464,7 @@ def share(run_dir: str, destination: str) -> tuple[list[str], list[str]]:
         f'{destination!r} is inside the run directory {run_dir!r}, whose '
         'records it would change; nothing was copied. Name a directory '
         'outside it.')
+  run_lock = _idle_run(run_dir)
   tmp = None
   try:
     # A name of its own (never another's directory, which it would delete).
@@ -462,5 +489,8 @@ def share(run_dir: str, destination: str) -> tuple[list[str], list[str]]:
     if isinstance(e, OSError):
       raise run_records.write_error(destination, e) from None
     raise
+  finally:
+    if run_lock is not None:
+      run_lock.close()
   run_records.fsync_dir(parent)
   return names, skipped
