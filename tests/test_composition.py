@@ -273,6 +273,27 @@ def test_a_secure_sum_that_could_clamp_the_querys_counts_is_refused(
                   **{**DP, **arguments})
 
 
+@pytest.mark.parametrize('secure_sum', [
+    tff.aggregators.SecureSumFactory(0.5),
+    tff.aggregators.SecureSumFactory(1.0, -0.5)], ids=['upper', 'lower'])
+def test_a_secure_sum_inside_the_bounded_values_reach_is_refused(secure_sum):
+  """TFF's secure sum reports how many clients it clamped, without noise,
+  in the measurements (under `dp`, beside the query's own). Thresholds of
+  at least the values' reach C clamp no bounded value (the counts stay 0);
+  inside it they would tell how many updates reached past them, and bias
+  the mean."""
+  process = dp.dp_factory(
+      'clip', record_aggregation_factory=tff.aggregators.SecureSumFactory(
+          1.0), weighted=False, **DP).create(
+              tff.types.TensorType(np.float32, [2]))
+  released = str(process.next.type_signature.result.measurements.member.dp)
+  assert 'secure_upper_clipped_count=int32' in released
+  assert 'secure_lower_clipped_count=int32' in released
+  with pytest.raises(ValueError, match=r'^`record_aggregation_factory`.*'
+                     r'release, without noise, how many clients it clamped'):
+    dp.dp_factory('clip', record_aggregation_factory=secure_sum, **DP)
+
+
 # With client noise a summand of the secure sum is a value of at most C in
 # each coordinate plus that client's N(0, (z C / sqrt(n))^2) noise; clamped,
 # the noise is not the Gaussian the ledger charges (a threshold at C keeps
@@ -296,15 +317,6 @@ def test_a_secure_sum_that_could_clamp_client_noise_is_refused(
                      r"noise_placement='client'"):
     dp.dp_factory('clip', record_aggregation_factory=secure_sum,
                   **{**CLIENT_NOISE, **arguments})
-
-
-def test_the_documented_client_noise_refusal_is_what_is_raised():
-  with pytest.raises(ValueError) as raised:
-    dp.dp_factory('clip', record_aggregation_factory=(
-        tff.aggregators.SecureSumFactory(1.0)), **CLIENT_NOISE)
-  assert f'ValueError: {raised.value}' == _docs_line(
-      '| `record_aggregation_factory=tff.aggregators.SecureSumFactory(1.0)` '
-      "with `noise_placement='client'`")
 
 
 def test_a_secure_sum_past_client_noises_reach_is_accepted():
@@ -335,10 +347,15 @@ def test_a_secure_sum_that_holds_the_counts_gives_the_mean_present():
                              atol=1e-6)
 
 
-def test_the_documented_secure_sum_refusal_is_what_is_raised():
+@pytest.mark.parametrize('row, threshold, arguments', [
+    ('(0.25)`', 0.25, dict(DP, clip_norm='adaptive')),
+    ("(1.0)` with `noise_placement='client'`", 1.0, CLIENT_NOISE),
+    ('(0.5)` with a fixed `clip_norm=1.0`', 0.5, DP),
+], ids=['counts', 'client-noise', 'reach'])
+def test_the_documented_secure_sum_refusals_are_what_is_raised(
+    row, threshold, arguments):
   with pytest.raises(ValueError) as raised:
     dp.dp_factory('clip', record_aggregation_factory=(
-        tff.aggregators.SecureSumFactory(0.25)), **{**DP,
-                                                    'clip_norm': 'adaptive'})
+        tff.aggregators.SecureSumFactory(threshold)), **arguments)
   assert f'ValueError: {raised.value}' == _docs_line(
-      '| `record_aggregation_factory=tff.aggregators.SecureSumFactory(0.25)`')
+      '| `record_aggregation_factory=tff.aggregators.SecureSumFactory' + row)

@@ -391,19 +391,22 @@ def dp_factory(
 
 
 def _check_secure_sum_range(spec: spec_lib.DPSpec, factory) -> None:
-  """Refuses a secure sum that could clamp the numbers the query sums itself.
+  """Refuses a secure sum that could clamp what the query sums.
 
-  `tff.aggregators.SecureSumFactory` clamps every summand to [lower, upper].
-  Beside the bounded values the query sums counts of its own: 1 per client
-  (denominator='actual'; a noise-free adaptive norm's weight) and +-1/2 per
-  client (an adaptive norm's clipped count). Clamped, they would double the
-  mean or bias the norm's estimate without a word. With client noise each
-  summand is a bounded value plus that client's Gaussian noise: clamped,
-  the noise would no longer be the Gaussian the accountant charges (a
-  threshold at C keeps only the noise that points inward), so the
-  thresholds must reach past C by `CLAMP_FREE_STDDEVS` client noise
-  standard deviations. Estimated thresholds follow the values and cannot be
-  checked here.
+  `tff.aggregators.SecureSumFactory` clamps every summand to [lower, upper]
+  and reports, without noise, how many clients it clamped
+  (`secure_upper_clipped_count`, `secure_lower_clipped_count` in the
+  measurements). Beside the bounded values the query sums counts of its
+  own: 1 per client (denominator='actual'; a noise-free adaptive norm's
+  weight) and +-1/2 per client (an adaptive norm's clipped count); clamped,
+  they would double the mean or bias the norm's estimate. A fixed norm's
+  values reach C in each coordinate, with client noise C plus
+  `CLAMP_FREE_STDDEVS` client noise standard deviations: clamped, the mean
+  is biased, the clamped counts tell how many clients' updates reached past
+  the thresholds, and clamped client noise is not the Gaussian the
+  accountant charges (a threshold at C keeps only noise pointing inward).
+  An adaptive norm's reach moves, and so do estimated thresholds: with
+  client noise they are refused; else only the counts are checked.
   """
   if not isinstance(factory, tff.aggregators.SecureSumFactory):
     return
@@ -414,12 +417,10 @@ def _check_secure_sum_range(spec: spec_lib.DPSpec, factory) -> None:
   if spec.adaptive:
     counts += [-0.5, 0.5]
   client_noise = spec.noise_placement == 'client' and spec.noise_multiplier > 0
-  if not counts and not client_noise:
-    return
   upper = factory._upper_bound_threshold  # pylint: disable=protected-access
   lower = factory._lower_bound_threshold  # pylint: disable=protected-access
-  if client_noise and (spec.adaptive or not isinstance(
-      upper, (float, np.floating))):
+  constant = isinstance(upper, (float, np.floating))
+  if client_noise and (spec.adaptive or not constant):
     raise ValueError(
         "`record_aggregation_factory`: with noise_placement='client' a "
         'SecureSumFactory clamps each client\'s noisy record, and clamped '
@@ -427,8 +428,8 @@ def _check_secure_sum_range(spec: spec_lib.DPSpec, factory) -> None:
         'constant thresholds can be checked against a fixed `clip_norm` '
         'only (give one, and constant float thresholds, or '
         "noise_placement='central').")
-  if not isinstance(upper, (float, np.floating)):  # Integers: TFF refuses.
-    if isinstance(upper, tff.templates.EstimationProcess):
+  if not constant:  # Integers: TFF refuses them.
+    if counts and isinstance(upper, tff.templates.EstimationProcess):
       raise ValueError(
           '`record_aggregation_factory`: a SecureSumFactory with estimated '
           'thresholds may clamp the counts this query sums beside the values '
@@ -444,21 +445,31 @@ def _check_secure_sum_range(spec: spec_lib.DPSpec, factory) -> None:
         f'{sorted(set(counts))} per client beside the values (the mean or the '
         f'clip norm would come out wrong); give thresholds from at most '
         f'{min(counts):g} to at least {max(counts):g}.')
+  if spec.adaptive:
+    return
+  # Each coordinate of a bounded record is at most C in magnitude; with
+  # client noise each client adds N(0, (z C / sqrt(n))^2) to it.
+  stddev = (spec.noise_multiplier * spec.clip_norm /
+            math.sqrt(spec.clients_per_round)) if client_noise else 0.0
+  reach = spec.clip_norm + CLAMP_FREE_STDDEVS * stddev
+  if lower <= -reach and upper >= reach:
+    return
   if client_noise:
-    # Each coordinate of a bounded record is at most C in magnitude; each
-    # client adds N(0, (z C / sqrt(n))^2) to it (`noise_placement`).
-    stddev = (spec.noise_multiplier * spec.clip_norm /
-              math.sqrt(spec.clients_per_round))
-    reach = spec.clip_norm + CLAMP_FREE_STDDEVS * stddev
-    if lower > -reach or upper < reach:
-      raise ValueError(
-          f'`record_aggregation_factory`: SecureSumFactory clamps every summand '
-          f'to [{lower:g}, {upper:g}], and with noise_placement=\'client\' a '
-          f'summand is a value of at most C = {spec.clip_norm:g} plus client '
-          f'noise of std z C / sqrt(n) = {stddev:.4g}: clamped, the noise is '
-          'not the Gaussian the accountant charges. Give thresholds from at '
-          f'most {-reach:.6g} to at least {reach:.6g} (C + '
-          f'{CLAMP_FREE_STDDEVS:g} std), or noise_placement=\'central\'.')
+    raise ValueError(
+        f'`record_aggregation_factory`: SecureSumFactory clamps every summand '
+        f'to [{lower:g}, {upper:g}], and with noise_placement=\'client\' a '
+        f'summand is a value of at most C = {spec.clip_norm:g} plus client '
+        f'noise of std z C / sqrt(n) = {stddev:.4g}: clamped, the noise is '
+        'not the Gaussian the accountant charges. Give thresholds from at '
+        f'most {-reach:.6g} to at least {reach:.6g} (C + '
+        f'{CLAMP_FREE_STDDEVS:g} std), or noise_placement=\'central\'.')
+  raise ValueError(
+      f'`record_aggregation_factory`: SecureSumFactory clamps every summand '
+      f'to [{lower:g}, {upper:g}], inside the bounded values\' reach of C = '
+      f'{spec.clip_norm:g}: it would bias the mean, and its measurements '
+      'would release, without noise, how many clients it clamped (which '
+      f'epsilon does not cover). Give thresholds from at most {-reach:g} to '
+      f'at least {reach:g}.')
 
 
 # Client noise under a secure sum: thresholds at C + 20 standard deviations
