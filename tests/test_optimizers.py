@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import enable_x64
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -175,6 +176,41 @@ def test_lamb_moves_a_zero_initialised_layer_with_trust_ratio_one():
   # Step 1 of bias-corrected Adam is g / (|g| + eps) ~ sign(g).
   np.testing.assert_allclose(new_weights[0], [-0.1, 0.1, -0.1, 0.1],
                              atol=1e-6)
+
+
+def _float64_weights():
+  """An ordinary layer and one at the 1e-50 scale, below float32's range."""
+  return [tf.constant([[0.3, -0.7], [1.1, 0.2]], tf.float64),
+          tf.constant([3e-50, -4e-50], tf.float64)]
+
+
+def _float64_gradient_sequence(num_steps=3, seed=4):
+  rng = np.random.default_rng(seed)
+  return [[tf.constant(rng.normal(size=[2, 2]), tf.float64),
+           tf.constant(rng.normal(size=[2]) * 1e-50, tf.float64)]
+          for _ in range(num_steps)]
+
+
+@pytest.mark.parametrize('builder, reference', [
+    (lambda: optimizers.build_lamb(0.05, weight_decay=0.01),
+     lambda: _optax_lamb(0.05, weight_decay=0.01)),
+    (lambda: optimizers.build_lars(0.3, weight_decay=0.01),
+     lambda: _optax_lars(0.3, weight_decay=0.01)),
+], ids=['lamb', 'lars'])
+def test_layerwise_optimizers_step_float64_weights_in_float64(builder,
+                                                              reference):
+  # optax with jax's x64 mode computes every step in float64; a trust ratio
+  # or a hyperparameter rounded to float32 is off by ~1e-8 relative, and a
+  # layer norm of 5e-50 rounded to float32 is 0 (trust ratio 1, not 1e-50).
+  gradients = _float64_gradient_sequence()
+  _, trajectory = _run(builder(), _float64_weights(), gradients)
+  with enable_x64():
+    expected = _optax_trajectory(reference(), _float64_weights(), gradients)
+  for step, (got, want) in enumerate(zip(trajectory, expected)):
+    for leaf, (a, b) in enumerate(zip(got, want)):
+      assert a.dtype == tf.float64
+      np.testing.assert_allclose(a, b, rtol=1e-12, atol=0,
+                                 err_msg=f'step {step}, leaf {leaf}')
 
 
 @pytest.mark.parametrize('builder', [

@@ -133,25 +133,38 @@ def _set_hparams(state, hparams, keys):
   return updated
 
 
-def _trust_ratios(weight_norms, update_norms, trust_coefficient=1.0,
-                  epsilon=0.0):
-  """Layer-wise trust ratios, one per leaf (LARS / LAMB).
+def _as(value, dtype):
+  """`value` in `dtype`. A Python or numpy number is converted directly:
+  `tf.cast` would first make it a float32 tensor, so that 0.1 became
+  0.10000000149 in float64."""
+  if isinstance(value, (int, float, np.number)):
+    return tf.constant(value, dtype)
+  return tf.cast(value, dtype)
+
+
+def _trust_ratios(weights, directions, trust_coefficient=1.0, epsilon=0.0):
+  """Layer-wise trust ratios, one per leaf (LARS / LAMB), in float64.
 
   r_h = trust_coefficient * ||w_h|| / (||u_h|| + epsilon), and r_h = 1 when
   either norm is zero: as in optax's `scale_by_trust_ratio`, a zero-initialised
-  layer (a bias) must still move, and a zero update stays zero anyway.
+  layer (a bias) must still move, and a zero update stays zero anyway. The
+  norms and the ratio are float64, so that float64 weights keep their
+  precision (and norms below float32's range are not 0); callers cast each
+  ratio to the dtype the leaf is stepped in.
 
   Args:
-    weight_norms: float32 [H], ||w_h|| (phi = identity, Pelikan et al. 2025 Eq. (E.7)).
-    update_norms: float32 [H], ||u_h||.
+    weights: the leaves w_h (phi = identity, Pelikan et al. 2025 Eq. (E.7)).
+    directions: the leaves u_h, in the same order.
     trust_coefficient: scalar multiplier (LARS's eta; 1 for LAMB).
     epsilon: scalar added to the denominator (LARS's eps; 0 for LAMB).
 
   Returns:
-    float32 [H].
+    float64 [H].
   """
-  trust_coefficient = tf.cast(trust_coefficient, tf.float32)
-  epsilon = tf.cast(epsilon, tf.float32)
+  weight_norms = bounding.layer_l2_norms(weights, tf.float64)
+  update_norms = bounding.layer_l2_norms(directions, tf.float64)
+  trust_coefficient = _as(trust_coefficient, tf.float64)
+  epsilon = _as(epsilon, tf.float64)
   ratios = trust_coefficient * tf.math.divide_no_nan(
       weight_norms, update_norms + epsilon)
   return tf.where((weight_norms > 0) & (update_norms > 0), ratios,
@@ -292,7 +305,7 @@ class _Lamb(_Optimizer):
     for i in present:
       w, g = flat_w[i], flat_g[i]
       beta_1, beta_2, epsilon, weight_decay, t = (
-          tf.cast(x, w.dtype) for x in (
+          _as(x, w.dtype) for x in (
               state[_BETA_1_KEY], state[_BETA_2_KEY], state[_EPSILON_KEY],
               state[_WEIGHT_DECAY_KEY], step))
       # Adam moments with bias correction (You et al., ICLR 2020, Algorithm 2;
@@ -306,12 +319,11 @@ class _Lamb(_Optimizer):
       flat_m[i], flat_v[i] = m, v
 
     if present:
-      ratios = _trust_ratios(
-          bounding.layer_l2_norms([flat_w[i] for i in present]),
-          bounding.layer_l2_norms([directions[i] for i in present]))
+      ratios = _trust_ratios([flat_w[i] for i in present],
+                             [directions[i] for i in present])
       for k, i in enumerate(present):
         w = flat_w[i]
-        step_size = tf.cast(state[_LEARNING_RATE_KEY], w.dtype) * tf.cast(
+        step_size = _as(state[_LEARNING_RATE_KEY], w.dtype) * tf.cast(
             ratios[k], w.dtype)
         flat_w[i] = w - step_size * directions[i]
 
@@ -414,21 +426,20 @@ class _Lars(_Optimizer):
 
     if present:
       directions = [
-          flat_g[i] + tf.cast(state[_WEIGHT_DECAY_KEY], flat_w[i].dtype) *
+          flat_g[i] + _as(state[_WEIGHT_DECAY_KEY], flat_w[i].dtype) *
           flat_w[i] for i in present
       ]
       ratios = _trust_ratios(
-          bounding.layer_l2_norms([flat_w[i] for i in present]),
-          bounding.layer_l2_norms(directions),
+          [flat_w[i] for i in present], directions,
           trust_coefficient=state[_TRUST_COEFFICIENT_KEY],
           epsilon=state[_EPSILON_KEY])
       for k, i in enumerate(present):
         w = flat_w[i]
-        momentum = tf.cast(state[_MOMENTUM_KEY], w.dtype)
+        momentum = _as(state[_MOMENTUM_KEY], w.dtype)
         # optax's `lars` order: the learning rate scales the update *before*
         # the momentum trace (so a scheduled rate applies to new gradients
         # only), unlike TFF's SGDM, which scales the accumulated velocity.
-        scaled = (tf.cast(state[_LEARNING_RATE_KEY], w.dtype) *
+        scaled = (_as(state[_LEARNING_RATE_KEY], w.dtype) *
                   tf.cast(ratios[k], w.dtype) * directions[k])
         flat_a[i] = scaled + momentum * flat_a[i]
         update = scaled + momentum * flat_a[i] if self._nesterov else flat_a[i]
