@@ -213,6 +213,25 @@ def test_layerwise_optimizers_step_float64_weights_in_float64(builder,
                                  err_msg=f'step {step}, leaf {leaf}')
 
 
+def test_lamb_steps_float16_weights_with_beta_2_near_one_like_optax():
+  # 0.9999 is 1.0 in float16: (1 - beta_2) and the bias correction
+  # 1 - beta_2^t must be formed before any rounding to float16, as optax does
+  # (its decays stay Python floats), or v_hat is 0 / 0.
+  half = lambda structure: tf.nest.map_structure(
+      lambda x: tf.cast(x, tf.float16), structure)
+  weights, gradients = half(_weights()), half(_gradient_sequence(3))
+  _, trajectory = _run(optimizers.build_lamb(0.05, beta_2=0.9999), weights,
+                       gradients)
+  expected = _optax_trajectory(_optax_lamb(0.05, beta_2=0.9999), weights,
+                               gradients)
+  assert all(np.all(np.isfinite(leaf)) for leaf in expected[-1])
+  for got in trajectory:
+    assert all(leaf.dtype == tf.float16 for leaf in tf.nest.flatten(got))
+  # A few float16 ulps (2^-10 relative) of weights up to 2 in size: both
+  # sides store the moments and the weights in float16.
+  _assert_trajectories_close(trajectory, expected, atol=4 * 2.0**-10 * 2)
+
+
 @pytest.mark.parametrize('builder', [
     lambda: optimizers.build_lamb(0.1),
     lambda: optimizers.build_lars(0.1),

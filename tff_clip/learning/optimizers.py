@@ -142,6 +142,13 @@ def _as(value, dtype):
   return tf.cast(value, dtype)
 
 
+def _widened(leaf):
+  """`leaf` in the dtype it is stepped in: float64 stays, narrower floats
+  (float16, bfloat16) become float32."""
+  dtype = tf.float64 if leaf.dtype == tf.float64 else tf.float32
+  return tf.cast(leaf, dtype)
+
+
 def _trust_ratios(weights, directions, trust_coefficient=1.0, epsilon=0.0):
   """Layer-wise trust ratios, one per leaf (LARS / LAMB), in float64.
 
@@ -303,29 +310,33 @@ class _Lamb(_Optimizer):
 
     directions = {}
     for i in present:
-      w, g = flat_w[i], flat_g[i]
+      # Half-precision leaves are stepped in float32 and rounded once: in
+      # float16, beta_2 = 0.9999 is 1, so 1 - beta_2 and the bias correction
+      # 1 - beta_2^t were 0 (optax forms them before any rounding too).
+      w, g = _widened(flat_w[i]), _widened(flat_g[i])
       beta_1, beta_2, epsilon, weight_decay, t = (
           _as(x, w.dtype) for x in (
               state[_BETA_1_KEY], state[_BETA_2_KEY], state[_EPSILON_KEY],
               state[_WEIGHT_DECAY_KEY], step))
       # Adam moments with bias correction (You et al., ICLR 2020, Algorithm 2;
       # optax `scale_by_adam`).
-      m = beta_1 * flat_m[i] + (1 - beta_1) * g
-      v = beta_2 * flat_v[i] + (1 - beta_2) * tf.square(g)
+      m = beta_1 * tf.cast(flat_m[i], w.dtype) + (1 - beta_1) * g
+      v = beta_2 * tf.cast(flat_v[i], w.dtype) + (1 - beta_2) * tf.square(g)
       m_hat = m / (1 - tf.pow(beta_1, t))
       v_hat = v / (1 - tf.pow(beta_2, t))
       # u_h + lambda theta_h of Pelikan et al. 2025 Eq. (E.7).
       directions[i] = m_hat / (tf.sqrt(v_hat) + epsilon) + weight_decay * w
-      flat_m[i], flat_v[i] = m, v
+      flat_m[i] = tf.cast(m, flat_m[i].dtype)
+      flat_v[i] = tf.cast(v, flat_v[i].dtype)
 
     if present:
       ratios = _trust_ratios([flat_w[i] for i in present],
                              [directions[i] for i in present])
       for k, i in enumerate(present):
-        w = flat_w[i]
+        w = _widened(flat_w[i])
         step_size = _as(state[_LEARNING_RATE_KEY], w.dtype) * tf.cast(
             ratios[k], w.dtype)
-        flat_w[i] = w - step_size * directions[i]
+        flat_w[i] = tf.cast(w - step_size * directions[i], flat_w[i].dtype)
 
     new_state = collections.OrderedDict(
         (key, state[key]) for key in _LAMB_HPARAMS_KEYS)
@@ -365,7 +376,9 @@ def build_lamb(learning_rate: float,
 
   (phi = identity in Eq. (E.7)). As in optax's `lamb`, the trust ratio
   ||theta_h|| / ||d_h|| is 1 when either norm is zero, the Adam moments are
-  bias-corrected, and the defaults are optax's.
+  bias-corrected, and the defaults are optax's. Float64 leaves are stepped
+  in float64; float16 and bfloat16 leaves in float32, rounded once (their
+  moments are stored in their own dtype).
 
   Args:
     learning_rate: a non-negative float.
