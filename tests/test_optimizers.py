@@ -291,6 +291,29 @@ def test_set_hparams_rejects_unknown_names():
     optimizer.set_hparams(state, {'momentum': 0.9})
 
 
+@pytest.mark.parametrize('builder, name, value', [
+    (lambda: optimizers.build_lamb(0.1), 'beta_1', 1.0),
+    (lambda: optimizers.build_lamb(0.1), 'beta_2', -0.5),
+    (lambda: optimizers.build_lamb(0.1), 'epsilon', 0.0),
+    (lambda: optimizers.build_lamb(0.1), 'learning_rate', float('nan')),
+    (lambda: optimizers.build_lars(0.1), 'momentum', 1.0),
+    (lambda: optimizers.build_lars(0.1), 'trust_coefficient', -1.0),
+    (lambda: optimizers.build_lars(0.1), 'weight_decay', float('inf')),
+    (lambda: optimizers.clipped_optimizer(optimizers.build_lamb(0.1), 1.0),
+     'beta_1', 1.5),
+], ids=['lamb_beta_1', 'lamb_beta_2', 'lamb_epsilon', 'lamb_learning_rate',
+        'lars_momentum', 'lars_trust_coefficient', 'lars_weight_decay',
+        'clipped_lamb_beta_1'])
+def test_set_hparams_refuses_values_the_builder_refuses(builder, name, value):
+  # beta_1 = 1 makes the bias correction 1 - beta_1^t zero: NaN weights.
+  optimizer = builder()
+  state = optimizer.initialize(_specs(_weights()))
+  with pytest.raises(ValueError, match=f'`{name}`'):
+    optimizer.set_hparams(state, {name: value})
+  with pytest.raises(ValueError, match=f'`{name}`'):
+    optimizer.set_hparams(state, {name: tf.constant(value, tf.float32)})
+
+
 @pytest.mark.parametrize('builder, reference', [
     (optimizers.build_lamb, _optax_lamb),
     (optimizers.build_lars, _optax_lars),

@@ -123,11 +123,20 @@ def _zeros_like_specs(specs):
   return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs)
 
 
-def _set_hparams(state, hparams, keys):
-  unknown = [key for key in hparams if key not in keys]
+def _check_hparams(rules, hparams):
+  """Each hyperparameter known now checked by its rule in `rules` (a map
+  from name to `_check_*`), when the optimizer is built and by `set_hparams`
+  (e.g. beta_1 = 1 would make Adam's bias correction 0)."""
+  for key, value in hparams.items():
+    rules[key](value, key)
+
+
+def _set_hparams(state, hparams, rules):
+  unknown = [key for key in hparams if key not in rules]
   if unknown:
     raise KeyError(
-        f'Unknown hyperparameters {unknown}; this optimizer has {list(keys)}.')
+        f'Unknown hyperparameters {unknown}; this optimizer has {list(rules)}.')
+  _check_hparams(rules, hparams)
   updated = collections.OrderedDict(state)
   updated.update(hparams)
   return updated
@@ -274,8 +283,11 @@ def clipped_optimizer(inner_optimizer: _Optimizer,
 # ----------------------------------------------------------------------------
 # LAMB.
 
-_LAMB_HPARAMS_KEYS = (_LEARNING_RATE_KEY, _BETA_1_KEY, _BETA_2_KEY,
-                      _EPSILON_KEY, _WEIGHT_DECAY_KEY)
+_LAMB_HPARAMS_RULES = collections.OrderedDict(
+    ((_LEARNING_RATE_KEY, _check_non_negative), (_BETA_1_KEY, _check_decay),
+     (_BETA_2_KEY, _check_decay), (_EPSILON_KEY, _check_positive),
+     (_WEIGHT_DECAY_KEY, _check_non_negative)))
+_LAMB_HPARAMS_KEYS = tuple(_LAMB_HPARAMS_RULES)
 
 
 class _Lamb(_Optimizer):
@@ -351,7 +363,7 @@ class _Lamb(_Optimizer):
     return collections.OrderedDict((k, state[k]) for k in _LAMB_HPARAMS_KEYS)
 
   def set_hparams(self, state, hparams):
-    return _set_hparams(state, hparams, _LAMB_HPARAMS_KEYS)
+    return _set_hparams(state, hparams, _LAMB_HPARAMS_RULES)
 
 
 def build_lamb(learning_rate: float,
@@ -391,21 +403,23 @@ def build_lamb(learning_rate: float,
     A `tff.learning.optimizers.Optimizer` whose state holds the
     hyperparameters (`learning_rate`, `beta_1`, `beta_2`, `epsilon`,
     `weight_decay`), the step count `step`, and the first (`accumulator`) and
-    second (`preconditioner`) moments.
+    second (`preconditioner`) moments. Its `set_hparams` refuses the values
+    refused here.
   """
-  _check_non_negative(learning_rate, 'learning_rate')
-  _check_decay(beta_1, 'beta_1')
-  _check_decay(beta_2, 'beta_2')
-  _check_positive(epsilon, 'epsilon')
-  _check_non_negative(weight_decay, 'weight_decay')
-  return _Lamb(learning_rate, beta_1, beta_2, epsilon, weight_decay)
+  hparams = (learning_rate, beta_1, beta_2, epsilon, weight_decay)
+  _check_hparams(_LAMB_HPARAMS_RULES, dict(zip(_LAMB_HPARAMS_KEYS, hparams)))
+  return _Lamb(*hparams)
 
 
 # ----------------------------------------------------------------------------
 # LARS.
 
-_LARS_HPARAMS_KEYS = (_LEARNING_RATE_KEY, _MOMENTUM_KEY, _WEIGHT_DECAY_KEY,
-                      _TRUST_COEFFICIENT_KEY, _EPSILON_KEY)
+_LARS_HPARAMS_RULES = collections.OrderedDict(
+    ((_LEARNING_RATE_KEY, _check_non_negative), (_MOMENTUM_KEY, _check_decay),
+     (_WEIGHT_DECAY_KEY, _check_non_negative),
+     (_TRUST_COEFFICIENT_KEY, _check_positive),
+     (_EPSILON_KEY, _check_non_negative)))
+_LARS_HPARAMS_KEYS = tuple(_LARS_HPARAMS_RULES)
 
 
 class _Lars(_Optimizer):
@@ -468,7 +482,7 @@ class _Lars(_Optimizer):
     return collections.OrderedDict((k, state[k]) for k in _LARS_HPARAMS_KEYS)
 
   def set_hparams(self, state, hparams):
-    return _set_hparams(state, hparams, _LARS_HPARAMS_KEYS)
+    return _set_hparams(state, hparams, _LARS_HPARAMS_RULES)
 
 
 def build_lars(learning_rate: float,
@@ -505,14 +519,12 @@ def build_lars(learning_rate: float,
     A `tff.learning.optimizers.Optimizer` whose state holds the
     hyperparameters (`learning_rate`, `momentum`, `weight_decay`,
     `trust_coefficient`, `epsilon`) and the momentum trace `accumulator`.
+    Its `set_hparams` refuses the values refused here.
   """
-  _check_non_negative(learning_rate, 'learning_rate')
-  _check_decay(momentum, 'momentum')
-  _check_non_negative(weight_decay, 'weight_decay')
-  _check_positive(trust_coefficient, 'trust_coefficient')
-  _check_non_negative(epsilon, 'epsilon')
-  return _Lars(learning_rate, momentum, weight_decay, trust_coefficient,
-               epsilon, checks.boolean(nesterov, 'nesterov'))
+  hparams = (learning_rate, momentum, weight_decay, trust_coefficient,
+             epsilon)
+  _check_hparams(_LARS_HPARAMS_RULES, dict(zip(_LARS_HPARAMS_KEYS, hparams)))
+  return _Lars(*hparams, checks.boolean(nesterov, 'nesterov'))
 
 
 # ----------------------------------------------------------------------------
