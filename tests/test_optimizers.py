@@ -501,6 +501,10 @@ def test_clipped_optimizer_passes_none_gradients_through():
      'clip_norm'),
     (lambda: optimizers.clipped_optimizer(_sgd(), 'big'), TypeError,
      'clip_norm'),
+    # Subnormal in float32: TensorFlow flushes it to 0, so a clipped SGD step
+    # (lr * 1e-40 long) came out 0 and the weights never moved.
+    (lambda: optimizers.clipped_optimizer(_sgd(), 1e-40), ValueError,
+     'clip_norm'),
     (lambda: optimizers.clipped_optimizer(tf.keras.optimizers.SGD(), 1.0),
      TypeError, 'inner_optimizer'),
     (lambda: optimizers.clipped_optimizer(None, 1.0), TypeError,

@@ -262,7 +262,7 @@ def clipped_optimizer(inner_optimizer: _Optimizer,
     inner_optimizer: a `tff.learning.optimizers.Optimizer` (SGD(M), Adam,
       LAMB, ...).
     clip_norm: a positive finite float, the bound on each step's gradient
-      norm.
+      norm; a normal float32 number (TensorFlow flushes subnormals to 0).
 
   Returns:
     A `tff.learning.optimizers.Optimizer`.
@@ -270,13 +270,14 @@ def clipped_optimizer(inner_optimizer: _Optimizer,
   Raises:
     TypeError: if `inner_optimizer` is not a TFF optimizer, or `clip_norm` is
       not a number.
-    ValueError: if `clip_norm` is not positive and finite.
+    ValueError: if `clip_norm` is not positive, finite and normal.
   """
   _check_optimizer(inner_optimizer, 'inner_optimizer')
   if tf.is_tensor(clip_norm):
     raise TypeError(
         f'`clip_norm` must be a Python float; got a tensor {clip_norm!r}.')
   _check_positive(clip_norm, 'clip_norm')
+  checks.normal_float(clip_norm, 'clip_norm')  # A subnormal one acts as 0.
   return _ClippedOptimizer(inner_optimizer, clip_norm)
 
 
