@@ -507,6 +507,15 @@ def test_build_client_work_rejects_an_optimizer_that_is_not_tff():
                              lus_sparsity=0.5)
 
 
+@pytest.mark.parametrize('sparsity', [0.0, 0.1, [0.0, 0.1]])
+def test_build_client_work_refuses_lus_that_keeps_every_entry(sparsity):
+  # The layers have 6 and 2 entries: s_h = d_h - floor(c d_h) = d_h for
+  # c < 1/6, so the mask is all ones and the update unchanged; LUS would only
+  # cost a pass over the data.
+  with pytest.raises(ValueError, match='`lus_sparsity`'):
+    client.build_client_work(_model_fn, _sgd(), lus_sparsity=sparsity)
+
+
 def test_build_client_work_rejects_per_layer_sparsities_of_the_wrong_length():
   with pytest.raises(ValueError, match='lus_sparsity'):
     client.build_client_work(_model_fn, _sgd(), lus_sparsity=[0.5, 0.5, 0.5])
