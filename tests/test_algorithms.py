@@ -450,6 +450,12 @@ def _untraceable_model_fn():
     (dict(local_clip_norm=-1.0), ValueError, 'local_clip_norm'),
     (dict(local_clip_norm=math.inf), ValueError, 'local_clip_norm'),
     (dict(local_clip_norm='1'), TypeError, 'local_clip_norm'),
+    # Subnormal in float32, flushed to 0 by TensorFlow: every step clipped
+    # to nothing, the model never trained.
+    (dict(local_clip_norm=1e-40), ValueError, 'local_clip_norm'),
+    (dict(model_clip_norm=1e-40), ValueError, 'model_clip_norm'),
+    (dict(blur_strength=1.0, blur_clip_norm=1e-40), ValueError,
+     'blur_clip_norm'),
     (dict(blur_strength=10.0, blur_clip_norm=1.0), ValueError,
      'blur_strength'),  # lambda >= 1 / eta_L = 10.
     (dict(blur_strength=20.0, blur_clip_norm=1.0, local_clip_norm=1.0),

@@ -224,6 +224,27 @@ def test_lus_scores_are_gradient_times_update_in_absolute_value():
   np.testing.assert_allclose(scores[1], [0.0])  # No gradient, no utility.
 
 
+@pytest.mark.parametrize('dtype, delta, gradient', [
+    # Scores 1, 1 + 2e-9, 1 - 2e-9, 0.5: equal once rounded to float32.
+    (np.float64, [1.0, 1.0 + 2e-9, 1.0 - 2e-9, 0.5], [1.0] * 4),
+    # Scores 1e-8 ... 2.5e-8: below float16's smallest subnormal (6e-8) / 2.
+    (np.float16, [1e-4, 2.5e-4, 1.5e-4, 0.5e-4], [1e-4] * 4),
+], ids=['float64', 'float16'])
+def test_lus_sparsify_keeps_the_highest_scoring_entry_in_any_float_dtype(
+    dtype, delta, gradient):
+  delta = np.asarray(delta, dtype)
+  gradient = np.asarray(gradient, dtype)
+  # The oracle: the scores |g * d| of the stored values, in float64 NumPy.
+  best = int(np.argmax(np.abs(gradient.astype(np.float64) *
+                              delta.astype(np.float64))))
+  sparse = client.lus_sparsify([tf.constant(delta)], [tf.constant(gradient)],
+                               0.75)  # Keeps 1 of 4.
+  assert sparse[0].dtype == dtype
+  expected = np.zeros_like(delta)
+  expected[best] = delta[best]
+  np.testing.assert_array_equal(sparse[0], expected)
+
+
 def test_lus_sparsify_drops_large_updates_the_loss_does_not_depend_on():
   delta = [tf.constant([10.0, 0.1, 0.2, 5.0])]
   gradient = [tf.constant([0.0, 1.0, 1.0, 0.0])]
@@ -484,6 +505,15 @@ def test_build_client_work_rejects_an_optimizer_that_is_not_tff():
   with pytest.raises(TypeError, match='client_optimizer'):
     client.build_client_work(_model_fn, tf.keras.optimizers.SGD(0.1),
                              lus_sparsity=0.5)
+
+
+@pytest.mark.parametrize('sparsity', [0.0, 0.1, [0.0, 0.1]])
+def test_build_client_work_refuses_lus_that_keeps_every_entry(sparsity):
+  # The layers have 6 and 2 entries: s_h = d_h - floor(c d_h) = d_h for
+  # c < 1/6, so the mask is all ones and the update unchanged; LUS would only
+  # cost a pass over the data.
+  with pytest.raises(ValueError, match='`lus_sparsity`'):
+    client.build_client_work(_model_fn, _sgd(), lus_sparsity=sparsity)
 
 
 def test_build_client_work_rejects_per_layer_sparsities_of_the_wrong_length():

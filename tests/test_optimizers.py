@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import enable_x64
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -177,6 +178,60 @@ def test_lamb_moves_a_zero_initialised_layer_with_trust_ratio_one():
                              atol=1e-6)
 
 
+def _float64_weights():
+  """An ordinary layer and one at the 1e-50 scale, below float32's range."""
+  return [tf.constant([[0.3, -0.7], [1.1, 0.2]], tf.float64),
+          tf.constant([3e-50, -4e-50], tf.float64)]
+
+
+def _float64_gradient_sequence(num_steps=3, seed=4):
+  rng = np.random.default_rng(seed)
+  return [[tf.constant(rng.normal(size=[2, 2]), tf.float64),
+           tf.constant(rng.normal(size=[2]) * 1e-50, tf.float64)]
+          for _ in range(num_steps)]
+
+
+@pytest.mark.parametrize('builder, reference', [
+    (lambda: optimizers.build_lamb(0.05, weight_decay=0.01),
+     lambda: _optax_lamb(0.05, weight_decay=0.01)),
+    (lambda: optimizers.build_lars(0.3, weight_decay=0.01),
+     lambda: _optax_lars(0.3, weight_decay=0.01)),
+], ids=['lamb', 'lars'])
+def test_layerwise_optimizers_step_float64_weights_in_float64(builder,
+                                                              reference):
+  # optax with jax's x64 mode computes every step in float64; a trust ratio
+  # or a hyperparameter rounded to float32 is off by ~1e-8 relative, and a
+  # layer norm of 5e-50 rounded to float32 is 0 (trust ratio 1, not 1e-50).
+  gradients = _float64_gradient_sequence()
+  _, trajectory = _run(builder(), _float64_weights(), gradients)
+  with enable_x64():
+    expected = _optax_trajectory(reference(), _float64_weights(), gradients)
+  for step, (got, want) in enumerate(zip(trajectory, expected)):
+    for leaf, (a, b) in enumerate(zip(got, want)):
+      assert a.dtype == tf.float64
+      np.testing.assert_allclose(a, b, rtol=1e-12, atol=0,
+                                 err_msg=f'step {step}, leaf {leaf}')
+
+
+def test_lamb_steps_float16_weights_with_beta_2_near_one_like_optax():
+  # 0.9999 is 1.0 in float16: (1 - beta_2) and the bias correction
+  # 1 - beta_2^t must be formed before any rounding to float16, as optax does
+  # (its decays stay Python floats), or v_hat is 0 / 0.
+  half = lambda structure: tf.nest.map_structure(
+      lambda x: tf.cast(x, tf.float16), structure)
+  weights, gradients = half(_weights()), half(_gradient_sequence(3))
+  _, trajectory = _run(optimizers.build_lamb(0.05, beta_2=0.9999), weights,
+                       gradients)
+  expected = _optax_trajectory(_optax_lamb(0.05, beta_2=0.9999), weights,
+                               gradients)
+  assert all(np.all(np.isfinite(leaf)) for leaf in expected[-1])
+  for got in trajectory:
+    assert all(leaf.dtype == tf.float16 for leaf in tf.nest.flatten(got))
+  # A few float16 ulps (2^-10 relative) of weights up to 2 in size: both
+  # sides store the moments and the weights in float16.
+  _assert_trajectories_close(trajectory, expected, atol=4 * 2.0**-10 * 2)
+
+
 @pytest.mark.parametrize('builder', [
     lambda: optimizers.build_lamb(0.1),
     lambda: optimizers.build_lars(0.1),
@@ -234,6 +289,29 @@ def test_set_hparams_rejects_unknown_names():
   state = optimizer.initialize(_specs(_weights()))
   with pytest.raises(KeyError, match='momentum'):
     optimizer.set_hparams(state, {'momentum': 0.9})
+
+
+@pytest.mark.parametrize('builder, name, value', [
+    (lambda: optimizers.build_lamb(0.1), 'beta_1', 1.0),
+    (lambda: optimizers.build_lamb(0.1), 'beta_2', -0.5),
+    (lambda: optimizers.build_lamb(0.1), 'epsilon', 0.0),
+    (lambda: optimizers.build_lamb(0.1), 'learning_rate', float('nan')),
+    (lambda: optimizers.build_lars(0.1), 'momentum', 1.0),
+    (lambda: optimizers.build_lars(0.1), 'trust_coefficient', -1.0),
+    (lambda: optimizers.build_lars(0.1), 'weight_decay', float('inf')),
+    (lambda: optimizers.clipped_optimizer(optimizers.build_lamb(0.1), 1.0),
+     'beta_1', 1.5),
+], ids=['lamb_beta_1', 'lamb_beta_2', 'lamb_epsilon', 'lamb_learning_rate',
+        'lars_momentum', 'lars_trust_coefficient', 'lars_weight_decay',
+        'clipped_lamb_beta_1'])
+def test_set_hparams_refuses_values_the_builder_refuses(builder, name, value):
+  # beta_1 = 1 makes the bias correction 1 - beta_1^t zero: NaN weights.
+  optimizer = builder()
+  state = optimizer.initialize(_specs(_weights()))
+  with pytest.raises(ValueError, match=f'`{name}`'):
+    optimizer.set_hparams(state, {name: value})
+  with pytest.raises(ValueError, match=f'`{name}`'):
+    optimizer.set_hparams(state, {name: tf.constant(value, tf.float32)})
 
 
 @pytest.mark.parametrize('builder, reference', [
@@ -422,6 +500,10 @@ def test_clipped_optimizer_passes_none_gradients_through():
     (lambda: optimizers.clipped_optimizer(_sgd(), float('inf')), ValueError,
      'clip_norm'),
     (lambda: optimizers.clipped_optimizer(_sgd(), 'big'), TypeError,
+     'clip_norm'),
+    # Subnormal in float32: TensorFlow flushes it to 0, so a clipped SGD step
+    # (lr * 1e-40 long) came out 0 and the weights never moved.
+    (lambda: optimizers.clipped_optimizer(_sgd(), 1e-40), ValueError,
      'clip_norm'),
     (lambda: optimizers.clipped_optimizer(tf.keras.optimizers.SGD(), 1.0),
      TypeError, 'inner_optimizer'),

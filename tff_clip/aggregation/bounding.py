@@ -247,11 +247,11 @@ def global_l2_norm(structure) -> tf.Tensor:
   return tf.cast(total, tf.float32)
 
 
-def layer_l2_norms(structure) -> tf.Tensor:
-  """The L2 norm of each leaf of `structure`, as a float32 vector [H]."""
+def layer_l2_norms(structure, dtype=tf.float32) -> tf.Tensor:
+  """The L2 norm of each leaf of `structure`, as a vector [H] of `dtype`."""
   leaves = _leaves(structure)
   layer, _, _, _ = _norms(leaves, _compute_dtype(leaves))
-  return tf.cast(layer, tf.float32)
+  return tf.cast(layer, dtype)
 
 
 # ----------------------------------------------------------------------------

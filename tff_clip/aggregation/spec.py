@@ -523,6 +523,12 @@ def check_sparsity(sparsity: Sparsity, label: str = 'lus_sparsity'):
   return _check_sparsity_value(sparsity, label)
 
 
+def _clip_norm(value, label: str) -> float:
+  """A positive finite clip norm, normal in float32: TensorFlow flushes a
+  subnormal one to 0, which would clip everything to nothing."""
+  return checks.normal_float(checks.positive_float(value, label), label)
+
+
 def check_client_arguments(*,
                            blur_strength=None,
                            blur_clip_norm=None,
@@ -541,7 +547,7 @@ def check_client_arguments(*,
         local_clip_norm > 0):
       raise ValueError(
           '`local_clip_norm` = inf: for no per-step clipping pass None.')
-    checks.positive_float(local_clip_norm, 'local_clip_norm')
+    _clip_norm(local_clip_norm, 'local_clip_norm')
   if blur_strength is None:
     if blur_clip_norm is not None:
       raise ValueError(
@@ -554,7 +560,7 @@ def check_client_arguments(*,
           '`blur_clip_norm` is required with `blur_strength`: it is S in the '
           'BLUR penalty max(0, ||w - w_t||^2 - S^2), the clip norm of the DP '
           'bound the update will go through.')
-    checks.positive_float(blur_clip_norm, 'blur_clip_norm')
+    _clip_norm(blur_clip_norm, 'blur_clip_norm')
     # Lemma 2: a step outside the ball scales w - w_t by (1 - lambda eta);
     # with lambda >= 1/eta it stops shrinking (=) or flips sign (>) instead
     # of pulling w back towards w_t.
@@ -568,7 +574,7 @@ def check_client_arguments(*,
   if lus_sparsity is not None:
     check_sparsity(lus_sparsity)
   if model_clip_norm is not None:
-    checks.positive_float(model_clip_norm, 'model_clip_norm')
+    _clip_norm(model_clip_norm, 'model_clip_norm')
     if blur_strength is not None or lus_sparsity is not None:
       raise ValueError(
           '`model_clip_norm` (model clipping, a baseline that sends clipped '

@@ -206,7 +206,8 @@ def build_fedavg(
     local_clip_norm: lambda > 0 for per-step clipping (PI), or None.
     blur_strength: BLUR's lambda > 0, or None.
     blur_clip_norm: BLUR's S > 0, required with `blur_strength`.
-    lus_sparsity: LUS's c in [0, 1) (or one per trainable layer), or None.
+    lus_sparsity: LUS's c in [0, 1) (or one per trainable layer), or None;
+      refused if it keeps every entry of every layer (e.g. c = 0).
     model_clip_norm: model clipping's c > 0 (baseline), or None.
     model_aggregator: a `tff.aggregators` factory, weighted or unweighted
       (e.g. `tff_clip.aggregation.aggregators.clip_factory`, a DP factory). Default: the

@@ -389,7 +389,7 @@ def build_client_work(
     blur_clip_norm: S > 0, required with `blur_strength`: use the clip norm
       of the bound the update goes through.
     lus_sparsity: c in [0, 1) for every layer, or one per trainable layer, or
-      None (no LUS).
+      None (no LUS); refused if it keeps every entry of every layer.
     model_clip_norm: c > 0 (model clipping, a baseline), or None.
     metrics_aggregator: as in TFF (default
       `tff.learning.metrics.sum_then_finalize`).
@@ -405,9 +405,9 @@ def build_client_work(
     TypeError: if `client_optimizer` is not a TFF optimizer, or a number is
       not a number.
     ValueError: if a norm or strength is not positive and finite,
-      blur_strength >= 1/client_learning_rate, a sparsity is outside [0, 1)
-      or does not match the layers, or model clipping is combined with BLUR
-      or LUS.
+      blur_strength >= 1/client_learning_rate, a sparsity is outside [0, 1),
+      does not match the layers or keeps every entry, or model clipping is
+      combined with BLUR or LUS.
   """
   if not callable(model_fn):
     raise TypeError(
@@ -447,7 +447,12 @@ def build_client_work(
         tf.TensorSpec(v.shape, v.dtype) for v in model.trainable_variables
     ]
   if lus_sparsity is not None:
-    lus_keep_counts(trainable_specs, lus_sparsity)  # Layer count, shapes.
+    keep = lus_keep_counts(trainable_specs, lus_sparsity)  # Layer count too.
+    if keep == [int(d) for d in bounding.leaf_sizes(trainable_specs)]:
+      raise ValueError(
+          f'`lus_sparsity` = {lus_sparsity!r} keeps every entry of every '
+          'trainable layer (s_h = d_h - floor(c_h d_h) = d_h), so LUS would '
+          'change nothing but cost a pass over the data; pass None.')
   data_type = tff.SequenceType(tff.types.tensorflow_to_type(model.input_spec))
   weights_type = tff.learning.models.weights_type_from_model(model)
 

@@ -123,35 +123,64 @@ def _zeros_like_specs(specs):
   return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs)
 
 
-def _set_hparams(state, hparams, keys):
-  unknown = [key for key in hparams if key not in keys]
+def _check_hparams(rules, hparams):
+  """Each hyperparameter known now checked by its rule in `rules` (a map
+  from name to `_check_*`), when the optimizer is built and by `set_hparams`
+  (e.g. beta_1 = 1 would make Adam's bias correction 0)."""
+  for key, value in hparams.items():
+    rules[key](value, key)
+
+
+def _set_hparams(state, hparams, rules):
+  unknown = [key for key in hparams if key not in rules]
   if unknown:
     raise KeyError(
-        f'Unknown hyperparameters {unknown}; this optimizer has {list(keys)}.')
+        f'Unknown hyperparameters {unknown}; this optimizer has {list(rules)}.')
+  _check_hparams(rules, hparams)
   updated = collections.OrderedDict(state)
   updated.update(hparams)
   return updated
 
 
-def _trust_ratios(weight_norms, update_norms, trust_coefficient=1.0,
-                  epsilon=0.0):
-  """Layer-wise trust ratios, one per leaf (LARS / LAMB).
+def _as(value, dtype):
+  """`value` in `dtype`. A Python or numpy number is converted directly:
+  `tf.cast` would first make it a float32 tensor, so that 0.1 became
+  0.10000000149 in float64."""
+  if isinstance(value, (int, float, np.number)):
+    return tf.constant(value, dtype)
+  return tf.cast(value, dtype)
+
+
+def _widened(leaf):
+  """`leaf` in the dtype it is stepped in: float64 stays, narrower floats
+  (float16, bfloat16) become float32."""
+  dtype = tf.float64 if leaf.dtype == tf.float64 else tf.float32
+  return tf.cast(leaf, dtype)
+
+
+def _trust_ratios(weights, directions, trust_coefficient=1.0, epsilon=0.0):
+  """Layer-wise trust ratios, one per leaf (LARS / LAMB), in float64.
 
   r_h = trust_coefficient * ||w_h|| / (||u_h|| + epsilon), and r_h = 1 when
   either norm is zero: as in optax's `scale_by_trust_ratio`, a zero-initialised
-  layer (a bias) must still move, and a zero update stays zero anyway.
+  layer (a bias) must still move, and a zero update stays zero anyway. The
+  norms and the ratio are float64, so that float64 weights keep their
+  precision (and norms below float32's range are not 0); callers cast each
+  ratio to the dtype the leaf is stepped in.
 
   Args:
-    weight_norms: float32 [H], ||w_h|| (phi = identity, Pelikan et al. 2025 Eq. (E.7)).
-    update_norms: float32 [H], ||u_h||.
+    weights: the leaves w_h (phi = identity, Pelikan et al. 2025 Eq. (E.7)).
+    directions: the leaves u_h, in the same order.
     trust_coefficient: scalar multiplier (LARS's eta; 1 for LAMB).
     epsilon: scalar added to the denominator (LARS's eps; 0 for LAMB).
 
   Returns:
-    float32 [H].
+    float64 [H].
   """
-  trust_coefficient = tf.cast(trust_coefficient, tf.float32)
-  epsilon = tf.cast(epsilon, tf.float32)
+  weight_norms = bounding.layer_l2_norms(weights, tf.float64)
+  update_norms = bounding.layer_l2_norms(directions, tf.float64)
+  trust_coefficient = _as(trust_coefficient, tf.float64)
+  epsilon = _as(epsilon, tf.float64)
   ratios = trust_coefficient * tf.math.divide_no_nan(
       weight_norms, update_norms + epsilon)
   return tf.where((weight_norms > 0) & (update_norms > 0), ratios,
@@ -233,7 +262,7 @@ def clipped_optimizer(inner_optimizer: _Optimizer,
     inner_optimizer: a `tff.learning.optimizers.Optimizer` (SGD(M), Adam,
       LAMB, ...).
     clip_norm: a positive finite float, the bound on each step's gradient
-      norm.
+      norm; a normal float32 number (TensorFlow flushes subnormals to 0).
 
   Returns:
     A `tff.learning.optimizers.Optimizer`.
@@ -241,21 +270,25 @@ def clipped_optimizer(inner_optimizer: _Optimizer,
   Raises:
     TypeError: if `inner_optimizer` is not a TFF optimizer, or `clip_norm` is
       not a number.
-    ValueError: if `clip_norm` is not positive and finite.
+    ValueError: if `clip_norm` is not positive, finite and normal.
   """
   _check_optimizer(inner_optimizer, 'inner_optimizer')
   if tf.is_tensor(clip_norm):
     raise TypeError(
         f'`clip_norm` must be a Python float; got a tensor {clip_norm!r}.')
   _check_positive(clip_norm, 'clip_norm')
+  checks.normal_float(clip_norm, 'clip_norm')  # A subnormal one acts as 0.
   return _ClippedOptimizer(inner_optimizer, clip_norm)
 
 
 # ----------------------------------------------------------------------------
 # LAMB.
 
-_LAMB_HPARAMS_KEYS = (_LEARNING_RATE_KEY, _BETA_1_KEY, _BETA_2_KEY,
-                      _EPSILON_KEY, _WEIGHT_DECAY_KEY)
+_LAMB_HPARAMS_RULES = collections.OrderedDict(
+    ((_LEARNING_RATE_KEY, _check_non_negative), (_BETA_1_KEY, _check_decay),
+     (_BETA_2_KEY, _check_decay), (_EPSILON_KEY, _check_positive),
+     (_WEIGHT_DECAY_KEY, _check_non_negative)))
+_LAMB_HPARAMS_KEYS = tuple(_LAMB_HPARAMS_RULES)
 
 
 class _Lamb(_Optimizer):
@@ -290,30 +323,33 @@ class _Lamb(_Optimizer):
 
     directions = {}
     for i in present:
-      w, g = flat_w[i], flat_g[i]
+      # Half-precision leaves are stepped in float32 and rounded once: in
+      # float16, beta_2 = 0.9999 is 1, so 1 - beta_2 and the bias correction
+      # 1 - beta_2^t were 0 (optax forms them before any rounding too).
+      w, g = _widened(flat_w[i]), _widened(flat_g[i])
       beta_1, beta_2, epsilon, weight_decay, t = (
-          tf.cast(x, w.dtype) for x in (
+          _as(x, w.dtype) for x in (
               state[_BETA_1_KEY], state[_BETA_2_KEY], state[_EPSILON_KEY],
               state[_WEIGHT_DECAY_KEY], step))
       # Adam moments with bias correction (You et al., ICLR 2020, Algorithm 2;
       # optax `scale_by_adam`).
-      m = beta_1 * flat_m[i] + (1 - beta_1) * g
-      v = beta_2 * flat_v[i] + (1 - beta_2) * tf.square(g)
+      m = beta_1 * tf.cast(flat_m[i], w.dtype) + (1 - beta_1) * g
+      v = beta_2 * tf.cast(flat_v[i], w.dtype) + (1 - beta_2) * tf.square(g)
       m_hat = m / (1 - tf.pow(beta_1, t))
       v_hat = v / (1 - tf.pow(beta_2, t))
       # u_h + lambda theta_h of Pelikan et al. 2025 Eq. (E.7).
       directions[i] = m_hat / (tf.sqrt(v_hat) + epsilon) + weight_decay * w
-      flat_m[i], flat_v[i] = m, v
+      flat_m[i] = tf.cast(m, flat_m[i].dtype)
+      flat_v[i] = tf.cast(v, flat_v[i].dtype)
 
     if present:
-      ratios = _trust_ratios(
-          bounding.layer_l2_norms([flat_w[i] for i in present]),
-          bounding.layer_l2_norms([directions[i] for i in present]))
+      ratios = _trust_ratios([flat_w[i] for i in present],
+                             [directions[i] for i in present])
       for k, i in enumerate(present):
-        w = flat_w[i]
-        step_size = tf.cast(state[_LEARNING_RATE_KEY], w.dtype) * tf.cast(
+        w = _widened(flat_w[i])
+        step_size = _as(state[_LEARNING_RATE_KEY], w.dtype) * tf.cast(
             ratios[k], w.dtype)
-        flat_w[i] = w - step_size * directions[i]
+        flat_w[i] = tf.cast(w - step_size * directions[i], flat_w[i].dtype)
 
     new_state = collections.OrderedDict(
         (key, state[key]) for key in _LAMB_HPARAMS_KEYS)
@@ -328,7 +364,7 @@ class _Lamb(_Optimizer):
     return collections.OrderedDict((k, state[k]) for k in _LAMB_HPARAMS_KEYS)
 
   def set_hparams(self, state, hparams):
-    return _set_hparams(state, hparams, _LAMB_HPARAMS_KEYS)
+    return _set_hparams(state, hparams, _LAMB_HPARAMS_RULES)
 
 
 def build_lamb(learning_rate: float,
@@ -353,7 +389,9 @@ def build_lamb(learning_rate: float,
 
   (phi = identity in Eq. (E.7)). As in optax's `lamb`, the trust ratio
   ||theta_h|| / ||d_h|| is 1 when either norm is zero, the Adam moments are
-  bias-corrected, and the defaults are optax's.
+  bias-corrected, and the defaults are optax's. Float64 leaves are stepped
+  in float64; float16 and bfloat16 leaves in float32, rounded once (their
+  moments are stored in their own dtype).
 
   Args:
     learning_rate: a non-negative float.
@@ -366,21 +404,23 @@ def build_lamb(learning_rate: float,
     A `tff.learning.optimizers.Optimizer` whose state holds the
     hyperparameters (`learning_rate`, `beta_1`, `beta_2`, `epsilon`,
     `weight_decay`), the step count `step`, and the first (`accumulator`) and
-    second (`preconditioner`) moments.
+    second (`preconditioner`) moments. Its `set_hparams` refuses the values
+    refused here.
   """
-  _check_non_negative(learning_rate, 'learning_rate')
-  _check_decay(beta_1, 'beta_1')
-  _check_decay(beta_2, 'beta_2')
-  _check_positive(epsilon, 'epsilon')
-  _check_non_negative(weight_decay, 'weight_decay')
-  return _Lamb(learning_rate, beta_1, beta_2, epsilon, weight_decay)
+  hparams = (learning_rate, beta_1, beta_2, epsilon, weight_decay)
+  _check_hparams(_LAMB_HPARAMS_RULES, dict(zip(_LAMB_HPARAMS_KEYS, hparams)))
+  return _Lamb(*hparams)
 
 
 # ----------------------------------------------------------------------------
 # LARS.
 
-_LARS_HPARAMS_KEYS = (_LEARNING_RATE_KEY, _MOMENTUM_KEY, _WEIGHT_DECAY_KEY,
-                      _TRUST_COEFFICIENT_KEY, _EPSILON_KEY)
+_LARS_HPARAMS_RULES = collections.OrderedDict(
+    ((_LEARNING_RATE_KEY, _check_non_negative), (_MOMENTUM_KEY, _check_decay),
+     (_WEIGHT_DECAY_KEY, _check_non_negative),
+     (_TRUST_COEFFICIENT_KEY, _check_positive),
+     (_EPSILON_KEY, _check_non_negative)))
+_LARS_HPARAMS_KEYS = tuple(_LARS_HPARAMS_RULES)
 
 
 class _Lars(_Optimizer):
@@ -414,21 +454,20 @@ class _Lars(_Optimizer):
 
     if present:
       directions = [
-          flat_g[i] + tf.cast(state[_WEIGHT_DECAY_KEY], flat_w[i].dtype) *
+          flat_g[i] + _as(state[_WEIGHT_DECAY_KEY], flat_w[i].dtype) *
           flat_w[i] for i in present
       ]
       ratios = _trust_ratios(
-          bounding.layer_l2_norms([flat_w[i] for i in present]),
-          bounding.layer_l2_norms(directions),
+          [flat_w[i] for i in present], directions,
           trust_coefficient=state[_TRUST_COEFFICIENT_KEY],
           epsilon=state[_EPSILON_KEY])
       for k, i in enumerate(present):
         w = flat_w[i]
-        momentum = tf.cast(state[_MOMENTUM_KEY], w.dtype)
+        momentum = _as(state[_MOMENTUM_KEY], w.dtype)
         # optax's `lars` order: the learning rate scales the update *before*
         # the momentum trace (so a scheduled rate applies to new gradients
         # only), unlike TFF's SGDM, which scales the accumulated velocity.
-        scaled = (tf.cast(state[_LEARNING_RATE_KEY], w.dtype) *
+        scaled = (_as(state[_LEARNING_RATE_KEY], w.dtype) *
                   tf.cast(ratios[k], w.dtype) * directions[k])
         flat_a[i] = scaled + momentum * flat_a[i]
         update = scaled + momentum * flat_a[i] if self._nesterov else flat_a[i]
@@ -444,7 +483,7 @@ class _Lars(_Optimizer):
     return collections.OrderedDict((k, state[k]) for k in _LARS_HPARAMS_KEYS)
 
   def set_hparams(self, state, hparams):
-    return _set_hparams(state, hparams, _LARS_HPARAMS_KEYS)
+    return _set_hparams(state, hparams, _LARS_HPARAMS_RULES)
 
 
 def build_lars(learning_rate: float,
@@ -481,14 +520,12 @@ def build_lars(learning_rate: float,
     A `tff.learning.optimizers.Optimizer` whose state holds the
     hyperparameters (`learning_rate`, `momentum`, `weight_decay`,
     `trust_coefficient`, `epsilon`) and the momentum trace `accumulator`.
+    Its `set_hparams` refuses the values refused here.
   """
-  _check_non_negative(learning_rate, 'learning_rate')
-  _check_decay(momentum, 'momentum')
-  _check_non_negative(weight_decay, 'weight_decay')
-  _check_positive(trust_coefficient, 'trust_coefficient')
-  _check_non_negative(epsilon, 'epsilon')
-  return _Lars(learning_rate, momentum, weight_decay, trust_coefficient,
-               epsilon, checks.boolean(nesterov, 'nesterov'))
+  hparams = (learning_rate, momentum, weight_decay, trust_coefficient,
+             epsilon)
+  _check_hparams(_LARS_HPARAMS_RULES, dict(zip(_LARS_HPARAMS_KEYS, hparams)))
+  return _Lars(*hparams, checks.boolean(nesterov, 'nesterov'))
 
 
 # ----------------------------------------------------------------------------

@@ -31,24 +31,26 @@ def lus_scores(gradient, delta):
   Cheng et al. 2022, Eq. (11): zeroing the update entry of a weight w changes the loss
   by about |df_i/dw (w_0 - w)| (first-order Taylor, Eq. (10)), with the
   gradient at the locally trained weights w. `None` gradient leaves (weights
-  the loss does not depend on) score 0.
+  the loss does not depend on) score 0. The product is taken in float64,
+  whatever the leaves' dtype: in float16 (or float32) it can underflow to 0
+  or overflow to inf, and tied scores would pick entries by index.
 
   Args:
     gradient: a structure of float tensors, grad f_i(w_local).
     delta: the same structure, the update w_0 - w_local.
 
   Returns:
-    The structure of `delta`, float, >= 0.
+    The structure of `delta`, float64, >= 0.
   """
   flat_gradient, flat_delta = bounding.flatten_alike(
       gradient, delta, 'gradient', 'delta')
   scores = []
   for g, d in zip(flat_gradient, flat_delta):
-    d = tf.convert_to_tensor(d)
+    d = tf.cast(d, tf.float64)
     if g is None:
       scores.append(tf.zeros_like(d))
     else:
-      scores.append(tf.abs(tf.cast(g, d.dtype) * d))
+      scores.append(tf.abs(tf.cast(g, tf.float64) * d))
   return tf.nest.pack_sequence_as(delta, scores)
 
 
@@ -99,7 +101,8 @@ def lus_mask(scores, sparsity: Sparsity):
   Cheng et al. 2022, Eq. (12): M_j = 1 where T >= the s_j-th largest score of layer j.
   Here exactly s_h entries are kept (`lus_keep_counts`) even when scores tie
   (`tf.math.top_k` breaks ties towards the lower index), so the sparsity is
-  exact; a NaN score counts as 0.
+  exact; a NaN score counts as 0. Scores are ranked in float64 (float32
+  would tie float64 scores that differ below 1e-7 relative).
 
   Args:
     scores: a structure of float tensors with fully defined shapes, e.g.
@@ -117,7 +120,7 @@ def lus_mask(scores, sparsity: Sparsity):
     if keep == size:
       masks.append(tf.ones_like(score))
       continue
-    flat = tf.reshape(tf.cast(score, tf.float32), [-1])
+    flat = tf.reshape(tf.cast(score, tf.float64), [-1])
     flat = tf.where(tf.math.is_nan(flat), tf.zeros_like(flat), flat)
     _, kept = tf.math.top_k(flat, k=keep, sorted=False)
     mask = tf.scatter_nd(kept[:, tf.newaxis], tf.ones([keep], score.dtype),
@@ -143,4 +146,6 @@ def lus_sparsify(delta, gradient, sparsity: Sparsity):
     The structure of `delta`.
   """
   masks = lus_mask(lus_scores(gradient, delta), sparsity)
-  return tf.nest.map_structure(tf.multiply, delta, masks)
+  return tf.nest.map_structure(
+      lambda d, m: d * tf.cast(m, tf.convert_to_tensor(d).dtype), delta,
+      masks)
