@@ -281,6 +281,30 @@ def test_correlated_noise_with_an_adaptive_norm_spends_the_target(
       json.dumps(ids).encode()).hexdigest()
 
 
+def test_the_plot_draws_each_accountants_epsilon_the_run_released(
+    tmp_path, monkeypatch):
+  """A run whose accountant changed (PLD's figure void from round 4, RDP's
+  reported instead) released two epsilon columns: the plot's panel draws
+  each, named by its accountant and delta, not the first alone."""
+  from tff_clip.program import plotting  # pylint: disable=g-import-not-at-top
+  pld, rdp = 'epsilon_pld_delta_1e-05', 'epsilon_rdp_delta_1e-05'
+  csv_path = tmp_path / 'metrics.csv'
+  with open(csv_path, 'w', newline='') as f:
+    writer = csv.DictWriter(f, ['round', pld, rdp])
+    writer.writeheader()
+    for r in range(1, 6):
+      writer.writerow({'round': r, pld: 0.5 * r if r <= 3 else '',
+                       rdp: 0.7 * r if r > 3 else ''})
+  figures = []
+  monkeypatch.setattr(plotting.pyplot(), 'close', figures.append)
+  plotting.plot_metrics(str(csv_path), str(tmp_path / 'plot.png'))
+  (panel,) = [ax for ax in figures[0].axes if ax.get_ylabel() == 'epsilon']
+  assert {line.get_label(): list(line.get_xdata())
+          for line in panel.get_lines()} == {
+              'epsilon (PLD, delta 1e-05)': [1.0, 2.0, 3.0],
+              'epsilon (RDP, delta 1e-05)': [4.0, 5.0]}
+
+
 def _audited_summary(epsilon, accountant, delta):
   """A finished audited run's summary.json, as `scripts.train` writes it
   (`scripts.audit_table` reads it instead of running the row again)."""

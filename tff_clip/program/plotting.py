@@ -116,18 +116,29 @@ def plot_metrics(csv_path: str, png_path: str, title: str = '') -> str:
   fig, axes = plt.subplots(2, 2, figsize=(10, 7))
   for ax, (keys, label) in zip(axes.flat, PANELS):
     keys = (keys,) if isinstance(keys, str) else keys
-    if keys == (names.EPSILON,):  # Named by its accountant and delta.
-      keys = tuple(k for k in columns if names.is_epsilon_key(k))[:1] or keys
-      label = epsilon_axis_label(keys[0])
     key = next((k for k in keys if k in columns), keys[0])
-    if len(keys) > 1:
+    series = (key,)
+    if keys == (names.EPSILON,):
+      # Each accountant's column, named by it and its delta: a run whose
+      # accountant changed (PLD's figure void) has one of each.
+      series = tuple(k for k in columns if names.is_epsilon_key(k)) or keys
+      label = (epsilon_axis_label(series[0]) if len(series) == 1
+               else 'epsilon')
+    elif len(keys) > 1:
       label = key.replace('_', ' ')
-    points = [(r, v) for r, v in zip(rounds, columns.get(key, []))
-              if math.isfinite(v)]
-    if points:
-      xs, ys = zip(*points)
-      ax.plot(xs, ys, marker='o' if len(xs) < 30 else None, markersize=3)
-    else:
+    drawn = 0
+    for column in series:
+      points = [(r, v) for r, v in zip(rounds, columns.get(column, []))
+                if math.isfinite(v)]
+      if points:
+        xs, ys = zip(*points)
+        ax.plot(xs, ys, marker='o' if len(xs) < 30 else None, markersize=3,
+                label=epsilon_axis_label(column) if drawn or series[1:]
+                else None)
+        drawn += 1
+    if drawn > 1:
+      ax.legend(fontsize='small')
+    if not drawn:
       ax.text(0.5, 0.5, 'not recorded' if key != names.EPSILON else
               'no DP: epsilon = inf', ha='center', va='center',
               transform=ax.transAxes)
