@@ -143,3 +143,29 @@ def test_a_local_dp_run_is_refused_in_one_line_without_network_namespaces(
               result.stderr.splitlines() if line.startswith('import time:')}
   assert 'tensorflow' not in imported  # Refused before TensorFlow loads,
   assert 'tff_clip.runtime.worker_isolation' in imported  # by the probe.
+
+
+def test_a_worker_binary_the_program_started_itself_is_left_alone():
+  """Replacing TFF's default context terminates the worker a TFF context
+  started (its `__del__` would wait forever for it where SIGINT is ignored:
+  tests/test_quiet_imports.py), and no other child named worker_binary: one
+  the program started itself is its own. The child says which signal it got
+  before it reads the end of its input."""
+  child = subprocess.Popen(
+      ['bash', '-c', 'exec -a worker_binary "$0" -c "$1"', sys.executable,
+       'import signal, sys\n'
+       'signal.signal(signal.SIGTERM, lambda *_: print("TERM", flush=True))\n'
+       'print("ready", flush=True)\n'
+       'sys.stdin.read()\n'
+       'print("EOF", flush=True)\n'],
+      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  try:
+    assert child.stdout.readline() == 'ready\n'
+    with open(f'/proc/{child.pid}/cmdline', 'rb') as f:
+      assert f.read().split(b'\0')[0] == b'worker_binary'
+    execution.set_local_cpp_context()  # Replaces the default context.
+    child.stdin.close()
+    assert child.stdout.read().split() == ['EOF']
+  finally:
+    child.kill()
+    child.wait()

@@ -88,14 +88,16 @@ def _close_tff_context():
 
 
 def _terminate_tff_default_workers():
-  """SIGTERM to this process's own `worker_binary` children.
+  """SIGTERM to the `worker_binary` children TFF's own contexts started.
 
   TFF stops its default worker with SIGINT and waits for it. A process
   started with SIGINT ignored (nohup, a background job) passes that on to
-  the worker, which then never stops, and the wait blocks the exit forever.
-  Terminated first, the worker is reaped by that wait at once. tff_clip's
-  own workers are children of their launcher, not of this process, and are
-  stopped by `tff_clip.runtime.execution`.
+  the worker, which then never stops, and the wait blocks forever (at exit,
+  or where the context is replaced). Terminated first, the worker is reaped
+  by that wait at once. Only a child whose pid a TFF `ServiceManager` holds
+  is signalled: a worker the program started itself is left alone, and
+  tff_clip's own workers are children of their launcher, not of this
+  process (`tff_clip.runtime.execution` stops them).
   """
   import signal  # pylint: disable=g-import-not-at-top
   children = []
@@ -105,14 +107,32 @@ def _terminate_tff_default_workers():
         children += [int(pid) for pid in f.read().split()]
   except (OSError, ValueError):
     return  # Not Linux, or no children file: nothing to do here.
+  workers = []
   for pid in children:
     try:
       with open(f'/proc/{pid}/cmdline', 'rb') as f:
         program = f.read().split(b'\0', 1)[0]
-      if _os.path.basename(program) == b'worker_binary':
-        _os.kill(pid, signal.SIGTERM)
     except OSError:
-      pass  # Gone already.
+      continue  # Gone already.
+    if _os.path.basename(program) == b'worker_binary':
+      workers.append(pid)
+  if not workers:
+    return
+  import gc  # pylint: disable=g-import-not-at-top
+  owned = set()
+  for obj in gc.get_objects():  # About a second in a large program.
+    kind = type(obj)
+    if kind.__name__ == 'ServiceManager' and kind.__module__.startswith(
+        'tensorflow_federated.'):
+      pid = getattr(getattr(obj, '_process', None), 'pid', None)
+      if isinstance(pid, int):
+        owned.add(pid)
+  for pid in workers:
+    if pid in owned:
+      try:
+        _os.kill(pid, signal.SIGTERM)
+      except OSError:
+        pass  # Gone already.
 
 
 _atexit.register(_close_tff_context)
