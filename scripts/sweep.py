@@ -78,27 +78,29 @@ def cells(grid):
     yield label.replace('/', '-'), setting
 
 
-def _flag_file_text(arg) -> list:
-  """What a --flagfile argument says: the file's text (a changed file
-  makes new cells), or nothing for another argument."""
-  name, _, path = arg.partition('=')
-  if name.lstrip('-') != 'flagfile' or not os.path.isfile(path):
-    return []  # A missing file: train refuses the cell, by name.
-  with open(path, encoding='utf-8', errors='replace') as f:
-    return [f.read()]
+def _as_absl_reads(args) -> list:
+  """`args` with every --flagfile replaced, where it stands, by the flags
+  its file holds (and the files that one names), as absl reads them: a
+  later flag overrides a file's, and a file overrides an earlier flag. A
+  file that cannot be read stays as given (train refuses the cell, by
+  name)."""
+  try:
+    return flags.FlagValues().read_flags_from_files(list(args),
+                                                    force_gnu=False)
+  except flags.Error:
+    return list(args)
 
 
 def cell_name(label, seed, train_args, setting):
   """`label_seedN_HASH`: HASH covers every train flag of the cell as
-  absl reads them (a flag given twice: its last value), and the text of the
-  flag files it names."""
-  last = {}  # By flag name; every --flagfile counts.
-  for arg in train_args:
-    name = arg.lstrip('-').split('=')[0]
-    last[arg if name == 'flagfile' else name] = arg
-  flags_text = '\n'.join(sorted(last.values()) + [
-      f'--{k}={v}' for k, v in setting.items()] + [
-          text for arg in train_args for text in _flag_file_text(arg)])
+  absl reads them, flag files' flags where the files stand (a flag given
+  twice: its last value), then the grid's, so that an edited flag file, or
+  one moved before or after a flag it sets, makes a new cell."""
+  last = {}  # By flag name.
+  for arg in _as_absl_reads(train_args):
+    last[arg.lstrip('-').split('=')[0]] = arg
+  flags_text = '\n'.join(sorted(last.values()) + _as_absl_reads(
+      f'--{k}={v}' for k, v in setting.items()))
   digest = hashlib.sha256(flags_text.encode()).hexdigest()[:8]
   return f'{label}_seed{seed}_{digest}'
 

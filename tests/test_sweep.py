@@ -5,6 +5,7 @@ import json
 import re
 
 from absl import app
+from absl import flags
 import pytest
 
 from scripts import sweep
@@ -220,3 +221,49 @@ def test_another_grid_under_the_same_name_is_refused_not_overwritten(
   assert 'holds runs of another sweep (rounds=1_seed0_0123abcd)' in (
       result.stderr)
   assert (theirs.parent / 'summary.md').read_text() == 'theirs'
+
+
+def _absl_reads(args, flag_name):
+  """What absl makes of `args`: the value of `--flag_name` it parses."""
+  values = flags.FlagValues()
+  flags.DEFINE_string(flag_name, None, '', flag_values=values)
+  values(['prog', *args])
+  return values[flag_name].value
+
+
+def test_cells_whose_flag_and_flag_file_order_differ_are_different_runs(
+    tmp_path):
+  # absl reads a flag file where it stands: a later flag overrides it, and
+  # it overrides an earlier flag (docs/training.md). These two commands are
+  # an online and an offline run; one cell's results must not stand for
+  # the other's.
+  flag_file = tmp_path / 'setting.cfg'
+  flag_file.write_text('--data_source=online\n')
+  online = ['--data_source=offline', f'--flagfile={flag_file}']
+  offline = [f'--flagfile={flag_file}', '--data_source=offline']
+  assert _absl_reads(online, 'data_source') == 'online'
+  assert _absl_reads(offline, 'data_source') == 'offline'
+  setting = {'bounding': 'clip'}
+  assert (sweep.cell_name('b', 0, online, setting) !=
+          sweep.cell_name('b', 0, offline, setting))
+
+
+def test_an_edited_flag_file_a_flag_file_names_makes_a_new_cell(tmp_path):
+  inner = tmp_path / 'inner.cfg'
+  inner.write_text('--rounds=1\n')
+  outer = tmp_path / 'outer.cfg'
+  outer.write_text(f'--flagfile={inner}\n')
+  args, setting = [f'--flagfile={outer}'], {'bounding': 'clip'}
+  before = sweep.cell_name('b', 0, args, setting)
+  inner.write_text('--rounds=2\n')
+  assert _absl_reads(args, 'rounds') == '2'
+  assert sweep.cell_name('b', 0, args, setting) != before
+
+
+def test_an_edited_flag_file_the_grid_names_makes_a_new_cell(tmp_path):
+  flag_file = tmp_path / 'setting.cfg'
+  flag_file.write_text('--rounds=1\n')
+  setting = {'flagfile': str(flag_file)}
+  before = sweep.cell_name('flagfile=x', 0, ['--rounds=3'], setting)
+  flag_file.write_text('--rounds=2\n')
+  assert sweep.cell_name('flagfile=x', 0, ['--rounds=3'], setting) != before
