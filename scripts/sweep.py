@@ -43,6 +43,9 @@ _NAME = flags.DEFINE_string('sweep_name', 'sweep', 'Sweep directory name.')
 _DRY = flags.DEFINE_bool('dry_run', False, 'Print the cells; run and write '
                          'nothing.')
 
+# Train's flags that absl accumulates (every value counts), not overrides
+# (tests/test_sweep.py checks them against train's).
+REPEATABLE_FLAGS = ('task_option',)
 # Flags the sweep owns: a cell may not override them through --grid.
 _RESERVED = ('seed', 'experiment_name', 'root_output_dir')
 
@@ -94,11 +97,12 @@ def _as_absl_reads(args) -> list:
 def cell_name(label, seed, train_args, setting):
   """`label_seedN_HASH`: HASH covers every train flag of the cell as
   absl reads them, flag files' flags where the files stand (a flag given
-  twice: its last value), then the grid's, so that an edited flag file, or
+  twice: its last value; a repeatable one: every value), then the grid's, so that an edited flag file, or
   one moved before or after a flag it sets, makes a new cell."""
-  last = {}  # By flag name.
-  for arg in _as_absl_reads(train_args):
-    last[arg.lstrip('-').split('=')[0]] = arg
+  last = {}  # By flag name; every value of a repeatable flag counts.
+  for i, arg in enumerate(_as_absl_reads(train_args)):
+    name = arg.lstrip('-').split('=')[0]
+    last[(name, i) if name in REPEATABLE_FLAGS else name] = arg
   flags_text = '\n'.join(sorted(last.values()) + _as_absl_reads(
       f'--{k}={v}' for k, v in setting.items()))
   digest = hashlib.sha256(flags_text.encode()).hexdigest()[:8]

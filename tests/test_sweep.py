@@ -267,3 +267,32 @@ def test_an_edited_flag_file_the_grid_names_makes_a_new_cell(tmp_path):
   before = sweep.cell_name('flagfile=x', 0, ['--rounds=3'], setting)
   flag_file.write_text('--rounds=2\n')
   assert sweep.cell_name('flagfile=x', 0, ['--rounds=3'], setting) != before
+
+
+def test_cells_that_differ_in_any_value_of_a_repeatable_flag_differ():
+  # absl keeps every --task_option (a multi flag), not the last: these are
+  # Shakespeare runs of 40- and 80-character sequences.
+  forty = ['--task_option=sequence_length=40', '--task_option=min_speeches=5']
+  eighty = ['--task_option=sequence_length=80', '--task_option=min_speeches=5']
+  for args, length in ((forty, '40'), (eighty, '80')):
+    values = flags.FlagValues()
+    flags.DEFINE_multi_string('task_option', [], '', flag_values=values)
+    values(['prog', *args])
+    assert values.task_option == [f'sequence_length={length}',
+                                  'min_speeches=5']
+  setting = {'bounding': 'clip'}
+  assert (sweep.cell_name('b', 0, forty, setting) !=
+          sweep.cell_name('b', 0, eighty, setting))
+
+
+_TRAINS_REPEATABLE_FLAGS = (
+    'from absl import flags\n'
+    'from scripts import train\n'
+    'print(" ".join(sorted(f.name for f in flags.FLAGS.get_flags_for_module('
+    'train) if isinstance(f, flags.MultiFlag))))\n')
+
+
+def test_the_sweep_knows_every_repeatable_flag_of_train():
+  result = as_a_user.run(['-c', _TRAINS_REPEATABLE_FLAGS], timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert tuple(result.stdout.split()) == sweep.REPEATABLE_FLAGS
