@@ -126,6 +126,7 @@ def _cell_result(run_dir):
   none_to = lambda v, default: default if v is None else v
   return dict(
       accuracy=none_to(summary.get('final_eval_accuracy'), math.nan),
+      evaluation_withheld=bool(summary.get('evaluation_withheld')),
       epsilon=none_to(summary.get('epsilon'), math.inf),
       # The run's one accountant and delta, named with its epsilon.
       epsilon_by=(f"{str(summary.get('accountant', 'rdp')).upper()}, delta "
@@ -138,14 +139,15 @@ def _cell_result(run_dir):
 # Under the table: what the columns hold, and a cell without a figure.
 LEGEND = ("clip norm: the last round's (adaptive: where the estimate ended), "
           'mean over seeds; -: nothing is bounded. withheld: a DP run does '
-          'not release its round times, which reveal the cohort size '
-          '(--release_uncovered_metrics releases them). n/a: no seed '
-          'finished.')
+          'not release its round times, which reveal the cohort size, '
+          "nor its evaluation on the clients' own data (their held-out "
+          'examples) (--release_uncovered_metrics releases them). n/a: no '
+          'seed finished.')
 
 
 def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
   """Writes summary.csv and summary.md; returns the rows."""
-  rows = []
+  rows, withheld = [], []  # Withheld: a run withheld its evaluation.
   for label, setting in cells(grid):
     results = []
     failures = 0
@@ -155,13 +157,16 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
       failures += name in failed
       if os.path.exists(os.path.join(run_dir, 'summary.json')):
         results.append(_cell_result(run_dir))
-    accuracies = [r['accuracy'] for r in results]
+    # NaN: not evaluated, or withheld (statistics.stdev fails on NaN).
+    accuracies = [r['accuracy'] for r in results
+                  if math.isfinite(r['accuracy'])]
     row = collections.OrderedDict(setting)
     row['seeds_done'] = len(results)
     row['seeds_failed'] = failures
     row['accuracy_mean'] = _mean(accuracies)
     row['accuracy_std'] = (statistics.stdev(accuracies)
-                           if len(accuracies) > 1 else 0.0)
+                           if len(accuracies) > 1 else
+                           0.0 if accuracies else math.nan)
     row['epsilon'] = _mean([r['epsilon'] for r in results]) if results else (
         math.nan)
     row['epsilon_by'] = ('; '.join(sorted({r['epsilon_by'] for r in results
@@ -170,6 +175,7 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
     row['clip_norm'] = _mean([r['clip_norm'] for r in results])
     row['seconds_per_round'] = _mean([r['seconds_per_round'] for r in results])
     rows.append(row)
+    withheld.append(any(r['evaluation_withheld'] for r in results))
   if not rows:
     return rows
   outputs.write_csv(os.path.join(sweep_dir, 'summary.csv'), rows)
@@ -178,10 +184,11 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
       'seeds', 'failed', 'final accuracy', 'epsilon', 'clip norm',
       's / round']) + ' |',
            '|' + '---|' * (len(grid) + 6)]
-  for row in rows:
+  for row, evaluation_withheld in zip(rows, withheld):
     done = row['seeds_done'] > 0
     accuracy = (f'{row["accuracy_mean"]:.4f} ± {row["accuracy_std"]:.4f}'
-                if done else 'n/a')
+                if not math.isnan(row['accuracy_mean']) else
+                'withheld' if evaluation_withheld else 'n/a')
     private = done and math.isfinite(row['epsilon'])
     lines.append('| ' + ' | '.join(
         [str(row[k]) for k in grid] +

@@ -296,3 +296,26 @@ def test_the_sweep_knows_every_repeatable_flag_of_train():
   result = as_a_user.run(['-c', _TRAINS_REPEATABLE_FLAGS], timeout=120)
   assert result.returncode == 0, result.stderr
   assert tuple(result.stdout.split()) == sweep.REPEATABLE_FLAGS
+
+
+def test_a_dp_cells_withheld_evaluation_is_said_not_shown_as_nan(tmp_path):
+  # A DP run on EMNIST, Shakespeare or Stack Overflow withholds its
+  # evaluation (the training clients' own data): summary.json says so, and
+  # its final accuracy is null. The table showed 'nan ± 0.0000'.
+  grid = sweep.parse_grid(['bounding=clip'])
+  for seed in (0, 1):
+    run = tmp_path / sweep.cell_name('bounding=clip', seed, (),
+                                     {'bounding': 'clip'})
+    _fake_run(run, None, 3.0, seconds=None)
+    summary = json.loads((run / 'summary.json').read_text())
+    summary['evaluation_withheld'] = True
+    (run / 'summary.json').write_text(json.dumps(summary))
+  rows = sweep.summarise(str(tmp_path), grid, seeds=2)
+  table = (tmp_path / 'summary.md').read_text()
+  assert '| clip | 2 |  | withheld | 3 (PLD, delta 1e-05) |' in table
+  assert 'nan' not in table.lower()
+  assert 'its evaluation on the clients' in table  # The legend says why.
+  assert rows[0]['seeds_done'] == 2
+  with open(tmp_path / 'summary.csv', newline='') as f:
+    row = list(csv.DictReader(f))[0]
+  assert row['accuracy_mean'] == row['accuracy_std'] == 'nan'  # None.
