@@ -172,7 +172,8 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
     row['epsilon_by'] = ('; '.join(sorted({r['epsilon_by'] for r in results
                                            if math.isfinite(r['epsilon'])}))
                          if results else '')
-    row['clip_norm'] = _mean([r['clip_norm'] for r in results])
+    # Not 'clip_norm': a grid over --clip_norm has that column.
+    row['final_clip_norm'] = _mean([r['clip_norm'] for r in results])
     row['seconds_per_round'] = _mean([r['seconds_per_round'] for r in results])
     rows.append(row)
     withheld.append(any(r['evaluation_withheld'] for r in results))
@@ -197,7 +198,7 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
          accuracy, (fmt(row['epsilon'], 'n/a') + (
              f" ({row['epsilon_by']})" if row['epsilon_by'] else ''))
          if not done or private else 'no DP',
-         fmt(row['clip_norm'], '-' if done else 'n/a'),
+         fmt(row['final_clip_norm'], '-' if done else 'n/a'),
          fmt(row['seconds_per_round'],
              'withheld' if private else 'n/a')]) + ' |')
   lines += ['', LEGEND]

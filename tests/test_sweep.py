@@ -62,7 +62,7 @@ def test_summary_reports_mean_and_std_over_seeds(tmp_path):
   assert rows[0]['accuracy_mean'] == pytest.approx(0.7)
   assert rows[0]['accuracy_std'] == pytest.approx(0.1414, rel=1e-3)
   assert rows[0]['epsilon'] == pytest.approx(2.0)
-  assert rows[0]['clip_norm'] == pytest.approx(0.375)  # Last rounds' mean.
+  assert rows[0]['final_clip_norm'] == pytest.approx(0.375)  # Last rounds'.
   assert rows[0]['seconds_per_round'] == pytest.approx(2.0)
   assert '0.7000 ± 0.1414' in (tmp_path / 'summary.md').read_text()
   with open(tmp_path / 'summary.csv', newline='') as f:
@@ -319,3 +319,23 @@ def test_a_dp_cells_withheld_evaluation_is_said_not_shown_as_nan(tmp_path):
   with open(tmp_path / 'summary.csv', newline='') as f:
     row = list(csv.DictReader(f))[0]
   assert row['accuracy_mean'] == row['accuracy_std'] == 'nan'  # None.
+
+
+def test_a_grid_over_clip_norm_keeps_its_values_beside_the_final_norm(
+    tmp_path):
+  # The grid's clip_norm column held the measured final norm instead (the
+  # row's keys collided): an adaptive cell read '0.75', not 'adaptive'.
+  grid = sweep.parse_grid(['clip_norm=adaptive,1.0'])
+  for value, final in (('adaptive', 0.75), ('1.0', 1.0)):
+    _fake_run(tmp_path / sweep.cell_name(f'clip_norm={value}', 0, (),
+                                         {'clip_norm': value}),
+              0.5, 3.0, seconds=None, clip_norm=final)
+  sweep.summarise(str(tmp_path), grid, seeds=1)
+  table = (tmp_path / 'summary.md').read_text()
+  assert '| adaptive | 1 |  | 0.5000 ± 0.0000 | 3 (PLD, delta 1e-05) | 0.75 |' in (
+      table)
+  assert '| 1.0 | 1 |  | 0.5000 ± 0.0000 | 3 (PLD, delta 1e-05) | 1 |' in table
+  with open(tmp_path / 'summary.csv', newline='') as f:
+    rows = list(csv.DictReader(f))
+  assert [(r['clip_norm'], r['final_clip_norm']) for r in rows] == [
+      ('adaptive', '0.75'), ('1.0', '1.0')]
