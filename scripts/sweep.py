@@ -10,9 +10,10 @@ other, each in its own process, under `root_output_dir/sweep_name/`.
 
 A cell's identity is its full command: its directory is named by its grid
 values, seed and a hash of all its train flags, so changing any flag makes new
-cells instead of reusing old results. The sweep is resumable: every cell is
-handed to `scripts.train`, which reports a finished run without touching it
-and resumes an interrupted one. At the end it writes `summary.csv` and
+cells instead of reusing old results. The sweep is resumable: a finished cell
+(its summary.json readable) is skipped, every other is handed to
+`scripts.train`, which resumes an interrupted run and rebuilds a damaged
+summary from the run's records. At the end it writes `summary.csv` and
 `summary.md`: final accuracy mean +/- std over seeds, epsilon, the last
 round's clip norm, wall time per round (a DP run withholds it: round times
 reveal the cohort size), and the cells that failed. `--dry_run` prints the
@@ -119,6 +120,17 @@ def _mean(values):
   return statistics.fmean(values) if values else math.nan
 
 
+def finished(run_dir) -> bool:
+  """Whether the run wrote summary.json (last: it marks the run finished)
+  and it reads as one. A damaged one is not: the cell goes to train, which
+  rebuilds it from the run's records (the summary is a report, not them)."""
+  try:
+    with open(os.path.join(run_dir, 'summary.json'), encoding='utf-8') as f:
+      return isinstance(json.load(f), dict)
+  except (OSError, ValueError):
+    return False
+
+
 def _cell_result(run_dir):
   summary = json.load(open(os.path.join(run_dir, 'summary.json')))
   rows = _read_csv(os.path.join(run_dir, 'metrics.csv'))
@@ -155,7 +167,7 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
       name = cell_name(label, seed, train_args, setting)
       run_dir = os.path.join(sweep_dir, name)
       failures += name in failed
-      if os.path.exists(os.path.join(run_dir, 'summary.json')):
+      if finished(run_dir):
         results.append(_cell_result(run_dir))
     # NaN: not evaluated, or withheld (statistics.stdev fails on NaN).
     accuracies = [r['accuracy'] for r in results
@@ -250,18 +262,17 @@ def main(argv):
           f'--sweep_name={sweep_name}: {sweep_dir} holds runs of another sweep '
           f'({theirs[0]}{", ..." if len(theirs) > 1 else ""}), whose '
           'summary this one would overwrite; name a new sweep.')
-  finished = lambda name: os.path.exists(
-      os.path.join(sweep_dir, name, 'summary.json'))
+  done = lambda name: finished(os.path.join(sweep_dir, name))
   # Finished cells are skipped below, never run again: only the rest is
   # checked.
-  error = _first_refused([(n, a) for n, a in plan if not finished(n)])
+  error = _first_refused([(n, a) for n, a in plan if not done(n)])
   if error:
     raise app.UsageError(error)
   if not _DRY.value:
     os.makedirs(sweep_dir, exist_ok=True)
   failed = set()
   for i, (name, args) in enumerate(plan, 1):
-    if finished(name):
+    if done(name):
       print(f'[{i}/{len(plan)}] {name}: done, skipped', flush=True)
       continue
     print(f'[{i}/{len(plan)}] {name}: scripts.train {" ".join(args)}',
