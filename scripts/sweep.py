@@ -10,9 +10,10 @@ other, each in its own process, under `root_output_dir/sweep_name/`.
 
 A cell's identity is its full command: its directory is named by its grid
 values, seed and a hash of all its train flags, so changing any flag makes new
-cells instead of reusing old results. The sweep is resumable: every cell is
-handed to `scripts.train`, which reports a finished run without touching it
-and resumes an interrupted one. At the end it writes `summary.csv` and
+cells instead of reusing old results. The sweep is resumable: a finished cell
+(its summary.json readable) is skipped, every other is handed to
+`scripts.train`, which resumes an interrupted run and rebuilds a damaged
+summary from the run's records. At the end it writes `summary.csv` and
 `summary.md`: final accuracy mean +/- std over seeds, epsilon, the last
 round's clip norm, wall time per round (a DP run withholds it: round times
 reveal the cohort size), and the cells that failed. `--dry_run` prints the
@@ -43,6 +44,9 @@ _NAME = flags.DEFINE_string('sweep_name', 'sweep', 'Sweep directory name.')
 _DRY = flags.DEFINE_bool('dry_run', False, 'Print the cells; run and write '
                          'nothing.')
 
+# Train's flags that absl accumulates (every value counts), not overrides
+# (tests/test_sweep.py checks them against train's).
+REPEATABLE_FLAGS = ('task_option',)
 # Flags the sweep owns: a cell may not override them through --grid.
 _RESERVED = ('seed', 'experiment_name', 'root_output_dir')
 
@@ -78,27 +82,30 @@ def cells(grid):
     yield label.replace('/', '-'), setting
 
 
-def _flag_file_text(arg) -> list:
-  """What a --flagfile argument says: the file's text (a changed file
-  makes new cells), or nothing for another argument."""
-  name, _, path = arg.partition('=')
-  if name.lstrip('-') != 'flagfile' or not os.path.isfile(path):
-    return []  # A missing file: train refuses the cell, by name.
-  with open(path, encoding='utf-8', errors='replace') as f:
-    return [f.read()]
+def _as_absl_reads(args) -> list:
+  """`args` with every --flagfile replaced, where it stands, by the flags
+  its file holds (and the files that one names), as absl reads them: a
+  later flag overrides a file's, and a file overrides an earlier flag. A
+  file that cannot be read stays as given (train refuses the cell, by
+  name)."""
+  try:
+    return flags.FlagValues().read_flags_from_files(list(args),
+                                                    force_gnu=False)
+  except flags.Error:
+    return list(args)
 
 
 def cell_name(label, seed, train_args, setting):
   """`label_seedN_HASH`: HASH covers every train flag of the cell as
-  absl reads them (a flag given twice: its last value), and the text of the
-  flag files it names."""
-  last = {}  # By flag name; every --flagfile counts.
-  for arg in train_args:
+  absl reads them, flag files' flags where the files stand (a flag given
+  twice: its last value; a repeatable one: every value), then the grid's, so that an edited flag file, or
+  one moved before or after a flag it sets, makes a new cell."""
+  last = {}  # By flag name; every value of a repeatable flag counts.
+  for i, arg in enumerate(_as_absl_reads(train_args)):
     name = arg.lstrip('-').split('=')[0]
-    last[arg if name == 'flagfile' else name] = arg
-  flags_text = '\n'.join(sorted(last.values()) + [
-      f'--{k}={v}' for k, v in setting.items()] + [
-          text for arg in train_args for text in _flag_file_text(arg)])
+    last[(name, i) if name in REPEATABLE_FLAGS else name] = arg
+  flags_text = '\n'.join(sorted(last.values()) + _as_absl_reads(
+      f'--{k}={v}' for k, v in setting.items()))
   digest = hashlib.sha256(flags_text.encode()).hexdigest()[:8]
   return f'{label}_seed{seed}_{digest}'
 
@@ -113,6 +120,17 @@ def _mean(values):
   return statistics.fmean(values) if values else math.nan
 
 
+def finished(run_dir) -> bool:
+  """Whether the run wrote summary.json (last: it marks the run finished)
+  and it reads as one. A damaged one is not: the cell goes to train, which
+  rebuilds it from the run's records (the summary is a report, not them)."""
+  try:
+    with open(os.path.join(run_dir, 'summary.json'), encoding='utf-8') as f:
+      return isinstance(json.load(f), dict)
+  except (OSError, ValueError):
+    return False
+
+
 def _cell_result(run_dir):
   summary = json.load(open(os.path.join(run_dir, 'summary.json')))
   rows = _read_csv(os.path.join(run_dir, 'metrics.csv'))
@@ -120,6 +138,7 @@ def _cell_result(run_dir):
   none_to = lambda v, default: default if v is None else v
   return dict(
       accuracy=none_to(summary.get('final_eval_accuracy'), math.nan),
+      evaluation_withheld=bool(summary.get('evaluation_withheld')),
       epsilon=none_to(summary.get('epsilon'), math.inf),
       # The run's one accountant and delta, named with its epsilon.
       epsilon_by=(f"{str(summary.get('accountant', 'rdp')).upper()}, delta "
@@ -132,14 +151,15 @@ def _cell_result(run_dir):
 # Under the table: what the columns hold, and a cell without a figure.
 LEGEND = ("clip norm: the last round's (adaptive: where the estimate ended), "
           'mean over seeds; -: nothing is bounded. withheld: a DP run does '
-          'not release its round times, which reveal the cohort size '
-          '(--release_uncovered_metrics releases them). n/a: no seed '
-          'finished.')
+          'not release its round times, which reveal the cohort size, '
+          "nor its evaluation on the clients' own data (their held-out "
+          'examples) (--release_uncovered_metrics releases them). n/a: no '
+          'seed finished.')
 
 
 def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
   """Writes summary.csv and summary.md; returns the rows."""
-  rows = []
+  rows, withheld = [], []  # Withheld: a run withheld its evaluation.
   for label, setting in cells(grid):
     results = []
     failures = 0
@@ -147,23 +167,28 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
       name = cell_name(label, seed, train_args, setting)
       run_dir = os.path.join(sweep_dir, name)
       failures += name in failed
-      if os.path.exists(os.path.join(run_dir, 'summary.json')):
+      if finished(run_dir):
         results.append(_cell_result(run_dir))
-    accuracies = [r['accuracy'] for r in results]
+    # NaN: not evaluated, or withheld (statistics.stdev fails on NaN).
+    accuracies = [r['accuracy'] for r in results
+                  if math.isfinite(r['accuracy'])]
     row = collections.OrderedDict(setting)
     row['seeds_done'] = len(results)
     row['seeds_failed'] = failures
     row['accuracy_mean'] = _mean(accuracies)
     row['accuracy_std'] = (statistics.stdev(accuracies)
-                           if len(accuracies) > 1 else 0.0)
+                           if len(accuracies) > 1 else
+                           0.0 if accuracies else math.nan)
     row['epsilon'] = _mean([r['epsilon'] for r in results]) if results else (
         math.nan)
     row['epsilon_by'] = ('; '.join(sorted({r['epsilon_by'] for r in results
                                            if math.isfinite(r['epsilon'])}))
                          if results else '')
-    row['clip_norm'] = _mean([r['clip_norm'] for r in results])
+    # Not 'clip_norm': a grid over --clip_norm has that column.
+    row['final_clip_norm'] = _mean([r['clip_norm'] for r in results])
     row['seconds_per_round'] = _mean([r['seconds_per_round'] for r in results])
     rows.append(row)
+    withheld.append(any(r['evaluation_withheld'] for r in results))
   if not rows:
     return rows
   outputs.write_csv(os.path.join(sweep_dir, 'summary.csv'), rows)
@@ -172,10 +197,11 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
       'seeds', 'failed', 'final accuracy', 'epsilon', 'clip norm',
       's / round']) + ' |',
            '|' + '---|' * (len(grid) + 6)]
-  for row in rows:
+  for row, evaluation_withheld in zip(rows, withheld):
     done = row['seeds_done'] > 0
     accuracy = (f'{row["accuracy_mean"]:.4f} ± {row["accuracy_std"]:.4f}'
-                if done else 'n/a')
+                if not math.isnan(row['accuracy_mean']) else
+                'withheld' if evaluation_withheld else 'n/a')
     private = done and math.isfinite(row['epsilon'])
     lines.append('| ' + ' | '.join(
         [str(row[k]) for k in grid] +
@@ -184,7 +210,7 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
          accuracy, (fmt(row['epsilon'], 'n/a') + (
              f" ({row['epsilon_by']})" if row['epsilon_by'] else ''))
          if not done or private else 'no DP',
-         fmt(row['clip_norm'], '-' if done else 'n/a'),
+         fmt(row['final_clip_norm'], '-' if done else 'n/a'),
          fmt(row['seconds_per_round'],
              'withheld' if private else 'n/a')]) + ' |')
   lines += ['', LEGEND]
@@ -236,18 +262,17 @@ def main(argv):
           f'--sweep_name={sweep_name}: {sweep_dir} holds runs of another sweep '
           f'({theirs[0]}{", ..." if len(theirs) > 1 else ""}), whose '
           'summary this one would overwrite; name a new sweep.')
-  finished = lambda name: os.path.exists(
-      os.path.join(sweep_dir, name, 'summary.json'))
+  done = lambda name: finished(os.path.join(sweep_dir, name))
   # Finished cells are skipped below, never run again: only the rest is
   # checked.
-  error = _first_refused([(n, a) for n, a in plan if not finished(n)])
+  error = _first_refused([(n, a) for n, a in plan if not done(n)])
   if error:
     raise app.UsageError(error)
   if not _DRY.value:
     os.makedirs(sweep_dir, exist_ok=True)
   failed = set()
   for i, (name, args) in enumerate(plan, 1):
-    if finished(name):
+    if done(name):
       print(f'[{i}/{len(plan)}] {name}: done, skipped', flush=True)
       continue
     print(f'[{i}/{len(plan)}] {name}: scripts.train {" ".join(args)}',

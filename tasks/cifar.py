@@ -86,6 +86,9 @@ def build_cifar10(args: task_lib.BuildArgs, *,
     raise ValueError(f'Unknown CIFAR-10 model {model!r}; expected one of '
                      f'{CIFAR10_MODELS}.')
   crop_shape = _check_crop(crop_size)
+  # numpy splits a negative count from the end: -5 would be 995 - 5 images.
+  task_lib.check_positive(offline_train_examples, 'offline_train_examples')
+  task_lib.check_positive(offline_test_examples, 'offline_test_examples')
   if args.data_source == 'online':
     (train_x, train_y), (test_x, test_y) = sources.load_cifar10_arrays(
         args.cache_dir, args.download)

@@ -58,11 +58,6 @@ def extended_vocab_size(vocab_size: int, num_out_of_vocab_buckets: int = 1):
   return vocab_size + special.get_number_of_special_tokens()
 
 
-def _check_positive(value: int, name: str):
-  if value < 1:
-    raise ValueError(f'`{name}` must be a positive integer; got {value}.')
-
-
 def _load(args: task_lib.BuildArgs, word_vocab_size: int):
   """(train, validation, test, word_counts, tag_counts, description)."""
   if args.partition is not None:
@@ -94,7 +89,7 @@ def build_word_prediction(
     sequence_length: int = constants.DEFAULT_SEQUENCE_LENGTH,
     num_out_of_vocab_buckets: int = 1) -> task_lib.Task:
   """Next-word prediction: embedding 96, LSTM 670, dense 96, logits."""
-  _check_positive(vocab_size, 'vocab_size')
+  task_lib.check_positive(vocab_size, 'vocab_size')
   train, validation, test, word_counts, _, description = _load(
       args, vocab_size)
   vocab = list(word_counts)[:vocab_size]
@@ -117,8 +112,8 @@ def build_tag_prediction(
     word_vocab_size: int = constants.DEFAULT_WORD_VOCAB_SIZE,
     tag_vocab_size: int = constants.DEFAULT_TAG_VOCAB_SIZE) -> task_lib.Task:
   """Tag prediction: bag of words -> sigmoid over the tag vocabulary."""
-  _check_positive(word_vocab_size, 'word_vocab_size')
-  _check_positive(tag_vocab_size, 'tag_vocab_size')
+  task_lib.check_positive(word_vocab_size, 'word_vocab_size')
+  task_lib.check_positive(tag_vocab_size, 'tag_vocab_size')
   train, validation, test, word_counts, tag_counts, description = _load(
       args, word_vocab_size)
   word_vocab = list(word_counts)[:word_vocab_size]
@@ -155,7 +150,7 @@ _WORD_RANKS_PER_VOCAB_WORD = 10
 
 def generated_vocabulary(vocab_size: int) -> list[str]:
   """The words of `GeneratedClientData`, most frequent first: w0, w1, ..."""
-  _check_positive(vocab_size, 'vocab_size')
+  task_lib.check_positive(vocab_size, 'vocab_size')
   return [f'w{rank}' for rank in range(vocab_size)]
 
 
@@ -168,7 +163,7 @@ class GeneratedClientIds(Sequence):
   """
 
   def __init__(self, num_clients: int):
-    _check_positive(num_clients, 'num_clients')
+    task_lib.check_positive(num_clients, 'num_clients')
     self._num_clients = int(num_clients)
     self._width = len(str(self._num_clients - 1))
 
@@ -210,7 +205,7 @@ class GeneratedClientData(tff.simulation.datasets.ClientData):
                vocab_size: int = constants.DEFAULT_WORD_VOCAB_SIZE,
                seed: int = 0):
     super().__init__()
-    _check_positive(vocab_size, 'vocab_size')
+    task_lib.check_positive(vocab_size, 'vocab_size')
     self._client_ids = GeneratedClientIds(num_clients)
     self._seed = int(seed)
     self._word_ranks = _WORD_RANKS_PER_VOCAB_WORD * int(vocab_size)
@@ -264,7 +259,7 @@ def build_generated_word_prediction(
   The training users are `GeneratedClientData(num_clients, seed=seed)`; the
   test data are `test_clients` other users (seed + 1).
   """
-  _check_positive(test_clients, 'test_clients')
+  task_lib.check_positive(test_clients, 'test_clients')
   train = GeneratedClientData(num_clients, vocab_size=vocab_size, seed=seed)
   test = GeneratedClientData(test_clients, vocab_size=vocab_size,
                              seed=seed + 1)

@@ -34,6 +34,7 @@ __all__ = [
     'DATA_SOURCES',
     'Task',
     'centralized_dataset',
+    'check_positive',
     'classification_model_fn',
     'client_data_from_arrays',
     'count_parameters',
@@ -194,6 +195,12 @@ def stratified_split(labels: np.ndarray, test_fraction: float, seed: int):
     test.append(members[:num_test])
     train.append(members[num_test:])
   return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def check_positive(value: int, name: str):
+  """A count a task option gives: refused, by name, below 1."""
+  if value < 1:
+    raise ValueError(f'`{name}` must be a positive integer; got {value}.')
 
 
 def centralized_dataset(arrays: Mapping[str, np.ndarray]) -> tf.data.Dataset:

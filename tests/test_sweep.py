@@ -5,6 +5,7 @@ import json
 import re
 
 from absl import app
+from absl import flags
 import pytest
 
 from scripts import sweep
@@ -61,7 +62,7 @@ def test_summary_reports_mean_and_std_over_seeds(tmp_path):
   assert rows[0]['accuracy_mean'] == pytest.approx(0.7)
   assert rows[0]['accuracy_std'] == pytest.approx(0.1414, rel=1e-3)
   assert rows[0]['epsilon'] == pytest.approx(2.0)
-  assert rows[0]['clip_norm'] == pytest.approx(0.375)  # Last rounds' mean.
+  assert rows[0]['final_clip_norm'] == pytest.approx(0.375)  # Last rounds'.
   assert rows[0]['seconds_per_round'] == pytest.approx(2.0)
   assert '0.7000 ± 0.1414' in (tmp_path / 'summary.md').read_text()
   with open(tmp_path / 'summary.csv', newline='') as f:
@@ -220,3 +221,142 @@ def test_another_grid_under_the_same_name_is_refused_not_overwritten(
   assert 'holds runs of another sweep (rounds=1_seed0_0123abcd)' in (
       result.stderr)
   assert (theirs.parent / 'summary.md').read_text() == 'theirs'
+
+
+def _absl_reads(args, flag_name):
+  """What absl makes of `args`: the value of `--flag_name` it parses."""
+  values = flags.FlagValues()
+  flags.DEFINE_string(flag_name, None, '', flag_values=values)
+  values(['prog', *args])
+  return values[flag_name].value
+
+
+def test_cells_whose_flag_and_flag_file_order_differ_are_different_runs(
+    tmp_path):
+  # absl reads a flag file where it stands: a later flag overrides it, and
+  # it overrides an earlier flag (docs/training.md). These two commands are
+  # an online and an offline run; one cell's results must not stand for
+  # the other's.
+  flag_file = tmp_path / 'setting.cfg'
+  flag_file.write_text('--data_source=online\n')
+  online = ['--data_source=offline', f'--flagfile={flag_file}']
+  offline = [f'--flagfile={flag_file}', '--data_source=offline']
+  assert _absl_reads(online, 'data_source') == 'online'
+  assert _absl_reads(offline, 'data_source') == 'offline'
+  setting = {'bounding': 'clip'}
+  assert (sweep.cell_name('b', 0, online, setting) !=
+          sweep.cell_name('b', 0, offline, setting))
+
+
+def test_an_edited_flag_file_a_flag_file_names_makes_a_new_cell(tmp_path):
+  inner = tmp_path / 'inner.cfg'
+  inner.write_text('--rounds=1\n')
+  outer = tmp_path / 'outer.cfg'
+  outer.write_text(f'--flagfile={inner}\n')
+  args, setting = [f'--flagfile={outer}'], {'bounding': 'clip'}
+  before = sweep.cell_name('b', 0, args, setting)
+  inner.write_text('--rounds=2\n')
+  assert _absl_reads(args, 'rounds') == '2'
+  assert sweep.cell_name('b', 0, args, setting) != before
+
+
+def test_an_edited_flag_file_the_grid_names_makes_a_new_cell(tmp_path):
+  flag_file = tmp_path / 'setting.cfg'
+  flag_file.write_text('--rounds=1\n')
+  setting = {'flagfile': str(flag_file)}
+  before = sweep.cell_name('flagfile=x', 0, ['--rounds=3'], setting)
+  flag_file.write_text('--rounds=2\n')
+  assert sweep.cell_name('flagfile=x', 0, ['--rounds=3'], setting) != before
+
+
+def test_cells_that_differ_in_any_value_of_a_repeatable_flag_differ():
+  # absl keeps every --task_option (a multi flag), not the last: these are
+  # Shakespeare runs of 40- and 80-character sequences.
+  forty = ['--task_option=sequence_length=40', '--task_option=min_speeches=5']
+  eighty = ['--task_option=sequence_length=80', '--task_option=min_speeches=5']
+  for args, length in ((forty, '40'), (eighty, '80')):
+    values = flags.FlagValues()
+    flags.DEFINE_multi_string('task_option', [], '', flag_values=values)
+    values(['prog', *args])
+    assert values.task_option == [f'sequence_length={length}',
+                                  'min_speeches=5']
+  setting = {'bounding': 'clip'}
+  assert (sweep.cell_name('b', 0, forty, setting) !=
+          sweep.cell_name('b', 0, eighty, setting))
+
+
+_TRAINS_REPEATABLE_FLAGS = (
+    'from absl import flags\n'
+    'from scripts import train\n'
+    'print(" ".join(sorted(f.name for f in flags.FLAGS.get_flags_for_module('
+    'train) if isinstance(f, flags.MultiFlag))))\n')
+
+
+def test_the_sweep_knows_every_repeatable_flag_of_train():
+  result = as_a_user.run(['-c', _TRAINS_REPEATABLE_FLAGS], timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert tuple(result.stdout.split()) == sweep.REPEATABLE_FLAGS
+
+
+def test_a_dp_cells_withheld_evaluation_is_said_not_shown_as_nan(tmp_path):
+  # A DP run on EMNIST, Shakespeare or Stack Overflow withholds its
+  # evaluation (the training clients' own data): summary.json says so, and
+  # its final accuracy is null. The table showed 'nan ± 0.0000'.
+  grid = sweep.parse_grid(['bounding=clip'])
+  for seed in (0, 1):
+    run = tmp_path / sweep.cell_name('bounding=clip', seed, (),
+                                     {'bounding': 'clip'})
+    _fake_run(run, None, 3.0, seconds=None)
+    summary = json.loads((run / 'summary.json').read_text())
+    summary['evaluation_withheld'] = True
+    (run / 'summary.json').write_text(json.dumps(summary))
+  rows = sweep.summarise(str(tmp_path), grid, seeds=2)
+  table = (tmp_path / 'summary.md').read_text()
+  assert '| clip | 2 |  | withheld | 3 (PLD, delta 1e-05) |' in table
+  assert 'nan' not in table.lower()
+  assert 'its evaluation on the clients' in table  # The legend says why.
+  assert rows[0]['seeds_done'] == 2
+  with open(tmp_path / 'summary.csv', newline='') as f:
+    row = list(csv.DictReader(f))[0]
+  assert row['accuracy_mean'] == row['accuracy_std'] == 'nan'  # None.
+
+
+def test_a_grid_over_clip_norm_keeps_its_values_beside_the_final_norm(
+    tmp_path):
+  # The grid's clip_norm column held the measured final norm instead (the
+  # row's keys collided): an adaptive cell read '0.75', not 'adaptive'.
+  grid = sweep.parse_grid(['clip_norm=adaptive,1.0'])
+  for value, final in (('adaptive', 0.75), ('1.0', 1.0)):
+    _fake_run(tmp_path / sweep.cell_name(f'clip_norm={value}', 0, (),
+                                         {'clip_norm': value}),
+              0.5, 3.0, seconds=None, clip_norm=final)
+  sweep.summarise(str(tmp_path), grid, seeds=1)
+  table = (tmp_path / 'summary.md').read_text()
+  assert '| adaptive | 1 |  | 0.5000 ± 0.0000 | 3 (PLD, delta 1e-05) | 0.75 |' in (
+      table)
+  assert '| 1.0 | 1 |  | 0.5000 ± 0.0000 | 3 (PLD, delta 1e-05) | 1 |' in table
+  with open(tmp_path / 'summary.csv', newline='') as f:
+    rows = list(csv.DictReader(f))
+  assert [(r['clip_norm'], r['final_clip_norm']) for r in rows] == [
+      ('adaptive', '0.75'), ('1.0', '1.0')]
+
+
+@pytest.mark.slow
+def test_a_finished_cells_damaged_summary_is_rebuilt_from_its_records(
+    tmp_path):
+  # summary.json is a report; the run's records are the truth, and
+  # scripts.train rebuilds a damaged summary from them. The sweep skipped
+  # the cell as finished, then failed reading it, on every rerun.
+  command = ['-m', 'scripts.sweep', f'--root_output_dir={tmp_path}',
+             '--sweep_name=s', '--grid=bounding=clip', '--seeds=1', '--',
+             '--rounds=1', '--clients_per_round=6', '--clip_norm=1.0']
+  first = as_a_user.run(command)
+  assert first.returncode == 0, first.stdout + first.stderr
+  (cell,) = (tmp_path / 's').glob('bounding=clip_seed0_*')
+  summary = json.loads((cell / 'summary.json').read_text())
+  table = (tmp_path / 's' / 'summary.md').read_text()
+  (cell / 'summary.json').write_text('{"epsilon": 0.01')  # Cut short.
+  again = as_a_user.run(command)
+  assert again.returncode == 0, again.stdout + again.stderr
+  assert json.loads((cell / 'summary.json').read_text()) == summary
+  assert (tmp_path / 's' / 'summary.md').read_text() == table

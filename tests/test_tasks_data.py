@@ -417,3 +417,24 @@ def test_selecting_in_memory_clients_keeps_their_arrays():
     tf.nest.map_structure(np.testing.assert_array_equal,
                           selected.client_arrays(client_id),
                           tf.nest.map_structure(lambda t: t.numpy(), expected))
+
+
+@pytest.mark.parametrize('option', ['offline_train_examples',
+                                    'offline_test_examples'])
+@pytest.mark.parametrize('value', [0, -5])
+def test_offline_cifar10_example_counts_below_one_are_refused_by_name(
+    option, value):
+  # Accepted, -5 training examples were 990 and 5 test examples (numpy
+  # splits from the end), and 0 test examples an empty test set.
+  with pytest.raises(ValueError, match=(
+      f'`{option}` must be a positive integer; got {value}.')):
+    tasks.get_task('cifar10_cnn', num_clients=2, **{option: value})
+
+
+def test_offline_cifar10_has_the_example_counts_asked_for():
+  task = tasks.get_task('cifar10_cnn', num_clients=2,
+                        offline_train_examples=30, offline_test_examples=12)
+  train = task.datasets.train_data
+  assert sum(train.client_arrays(c)['label'].size
+             for c in train.client_ids) == 30
+  assert task.datasets.test_data.cardinality().numpy() == 12
