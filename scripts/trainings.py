@@ -72,8 +72,9 @@ def run_all(configs, jobs: int, label: str, groups=None,
   one run's result (a module-level function: workers import it).
   """
   def report(i, config, result):
+    accuracy = 'withheld' if result[0] is None else f'{result[0]:.4f}'
     print(f'[{label} {i}/{len(configs)}] {config.experiment_name}: '
-          f'{result[0]:.4f}', flush=True)
+          f'{accuracy}', flush=True)
 
   if jobs == 1 or len(configs) <= 1:
     results = []

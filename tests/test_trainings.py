@@ -36,3 +36,16 @@ def test_without_groups_each_training_is_its_own_and_one_job_runs_here():
       (i, [c]) for i, c in enumerate(configs)]
   results = trainings.run_all(configs, 1, 'test', train_fn=_pid_and_name)
   assert results == [(float(os.getpid()), f'run{i}') for i in range(3)]
+
+
+def _withheld(config):
+  """A DP run on a task whose test data is its clients' own: summary.json's
+  final_eval_accuracy is None (the evaluation is withheld)."""
+  return None, 2.0
+
+
+def test_a_withheld_accuracy_is_reported_as_withheld(capsys):
+  configs = [types.SimpleNamespace(experiment_name='dp_run')]
+  assert trainings.run_all(configs, 1, 'test', train_fn=_withheld) == [
+      (None, 2.0)]
+  assert capsys.readouterr().out == '[test 1/1] dp_run: withheld\n'
