@@ -122,8 +122,11 @@ def _mean(values):
 
 def finished(run_dir) -> bool:
   """Whether the run wrote summary.json (last: it marks the run finished)
-  and it reads as one. A damaged one is not: the cell goes to train, which
-  rebuilds it from the run's records (the summary is a report, not them)."""
+  and it reads as one, beside its metrics.csv. A damaged summary or a lost
+  metrics.csv is not: the cell goes to train, which rebuilds them from the
+  run's records (they are reports, not the records)."""
+  if not os.path.isfile(os.path.join(run_dir, 'metrics.csv')):
+    return False
   try:
     with open(os.path.join(run_dir, 'summary.json'), encoding='utf-8') as f:
       return isinstance(json.load(f), dict)

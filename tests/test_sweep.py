@@ -342,11 +342,13 @@ def test_a_grid_over_clip_norm_keeps_its_values_beside_the_final_norm(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('damaged', ['summary.json', 'metrics.csv'])
 def test_a_finished_cells_damaged_summary_is_rebuilt_from_its_records(
-    tmp_path):
-  # summary.json is a report; the run's records are the truth, and
-  # scripts.train rebuilds a damaged summary from them. The sweep skipped
-  # the cell as finished, then failed reading it, on every rerun.
+    tmp_path, damaged):
+  # summary.json and metrics.csv are reports; the run's records are the
+  # truth, and scripts.train rebuilds them. The sweep skipped the cell as
+  # finished, then failed reading the report (a cut summary.json, a lost
+  # metrics.csv: a traceback), on every rerun.
   command = ['-m', 'scripts.sweep', f'--root_output_dir={tmp_path}',
              '--sweep_name=s', '--grid=bounding=clip', '--seeds=1', '--',
              '--rounds=1', '--clients_per_round=6', '--clip_norm=1.0']
@@ -354,9 +356,14 @@ def test_a_finished_cells_damaged_summary_is_rebuilt_from_its_records(
   assert first.returncode == 0, first.stdout + first.stderr
   (cell,) = (tmp_path / 's').glob('bounding=clip_seed0_*')
   summary = json.loads((cell / 'summary.json').read_text())
+  metrics = (cell / 'metrics.csv').read_bytes()
   table = (tmp_path / 's' / 'summary.md').read_text()
-  (cell / 'summary.json').write_text('{"epsilon": 0.01')  # Cut short.
+  if damaged == 'summary.json':
+    (cell / 'summary.json').write_text('{"epsilon": 0.01')  # Cut short.
+  else:
+    (cell / 'metrics.csv').unlink()
   again = as_a_user.run(command)
   assert again.returncode == 0, again.stdout + again.stderr
   assert json.loads((cell / 'summary.json').read_text()) == summary
+  assert (cell / 'metrics.csv').read_bytes() == metrics
   assert (tmp_path / 's' / 'summary.md').read_text() == table
