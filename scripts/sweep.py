@@ -48,7 +48,9 @@ _DRY = flags.DEFINE_bool('dry_run', False, 'Print the cells; run and write '
 # (tests/test_sweep.py checks them against train's).
 REPEATABLE_FLAGS = ('task_option',)
 # Flags the sweep owns: a cell may not override them through --grid.
-_RESERVED = ('seed', 'experiment_name', 'root_output_dir')
+# What the sweep sets for every cell: given, it would change nothing.
+_RESERVED = ('seed', 'experiment_name', 'root_output_dir', 'progress',
+             'noprogress')
 
 
 def parse_grid(entries):

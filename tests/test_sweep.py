@@ -23,6 +23,9 @@ def test_grid_expands_to_every_combination():
 
 @pytest.mark.parametrize('entry,message', [
     ('bounding', 'must be name=v1,v2'), ('seed=1,2', 'cannot set --seed'),
+    # The sweep runs every cell with --progress=false: a grid of it would
+    # change nothing.
+    ('progress=true,false', 'cannot set --progress'),
     ('=1', 'must be name=v1,v2'),
     # An unset shell variable would drop a cell without a word ...
     ('noise_multiplier=0.5,,1', "--grid noise_multiplier: an empty value in "
@@ -34,6 +37,15 @@ def test_grid_expands_to_every_combination():
 def test_malformed_or_reserved_grid_is_a_usage_error(entry, message):
   with pytest.raises(app.UsageError, match=re.escape(message)):
     sweep.parse_grid([entry])
+
+
+@pytest.mark.parametrize('arg', ['--seed=3', '--progress', '--noprogress',
+                                 '--progress=true'])
+def test_a_train_flag_the_sweep_sets_is_a_usage_error(arg):
+  name = arg.lstrip('-').split('=')[0]
+  with pytest.raises(app.UsageError,
+                     match=re.escape(f'--{name} is set by the sweep')):
+    sweep.main(['sweep', arg])
 
 
 def _fake_run(directory, accuracy, epsilon, seconds, clip_norm=0.5):
