@@ -821,33 +821,35 @@ def test_a_start_that_another_start_of_the_run_overtook_changes_nothing(
 def test_a_separated_run_resumed_on_other_client_ids_is_refused(tmp_path):
   """Minimum separation deals the groups from the set of client ids: one
   more client re-ranks them all, and a client could then take part twice
-  within b rounds. A run records the set's SHA-256 (of the sorted ids as a
-  JSON list); resumed on another set it is refused, its directory
-  untouched; the same set in another order resumes."""
-  from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
+  within b rounds. The run's checkpoints keep the SHA-256 of the sorted ids
+  (as a JSON list) -- never config.json, which is released: the set is the
+  clients' own -- and restoring on another set is refused before anything
+  is written; the same set in another order restores."""
   config = _config(tmp_path, sampling='min_separation',
-                   noise_mechanism='banded', bands=2, clients_per_round=3)
-  ids = [f'client_{i}' for i in range(8)]
-  recorded_choices = assembly.resolved_choices(config, 0.5, 2410,
-                                               client_ids=ids)
-  assert recorded_choices['client_ids'] == hashlib.sha256(
-      json.dumps(sorted(ids)).encode()).hexdigest()
-  os.makedirs(config.output_dir)
-  run_records.write_json(os.path.join(config.output_dir, 'config.json'),
-                         dict(config.to_json(), resolved=recorded_choices))
-  before = _files(pathlib.Path(config.output_dir))
+                   noise_mechanism='banded', bands=2, rounds=2)
+  program.run(config)
+  run_dir = pathlib.Path(config.output_dir)
+  ids = list(program.build_task(config).datasets.train_data.client_ids)
+  digest = hashlib.sha256(json.dumps(sorted(map(str, ids))).encode())
+  headers = [_header(p) for p in (run_dir / 'checkpoints').iterdir()]
+  assert headers and all(h['client_ids'] == digest.hexdigest()
+                         for h in headers)
+  assert digest.hexdigest() not in ''.join(
+      p.read_text() for p in run_dir.glob('*') if p.suffix in (
+          '.json', '.jsonl', '.csv'))
+
+  def state(client_ids):
+    log = run_records.ReleaseLog(str(run_dir))
+    return run_directory.RunState(config, log, True, list, list, None,
+                                  client_ids)
+
+  before = _files(run_dir)
   with pytest.raises(training.ConfigError) as error:
-    run_directory.check_resolved(config, assembly.resolved_choices(
-        config, 0.5, 2410, client_ids=ids + ['client_8']))
+    state(ids + ['intruder']).restore(lambda: None)
   assert 'other client ids' in str(error.value)
   assert 'nothing was changed' in str(error.value)
-  assert _files(pathlib.Path(config.output_dir)) == before
-  run_directory.check_resolved(config, assembly.resolved_choices(
-      config, 0.5, 2410, client_ids=ids[::-1]))
-  # Poisson sampling deals no groups: nothing to record.
-  poisson = _config(tmp_path, clients_per_round=3)
-  assert 'client_ids' not in assembly.resolved_choices(poisson, 0.5, 2410,
-                                                       client_ids=ids)
+  assert _files(run_dir) == before
+  assert state(ids[::-1]).restore(lambda: None)[1] == 3  # Round 3 is next.
 
 
 # ----------------------------------------------------------------------------

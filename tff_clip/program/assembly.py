@@ -304,26 +304,20 @@ def resolve_mechanism(config: TrainConfig, noise_multiplier,
 
 
 def resolved_choices(config: TrainConfig, noise_multiplier,
-                     dimension: int, mechanism=None, client_ids=None) -> dict:
+                     dimension: int, mechanism=None) -> dict:
   """What this tff_clip resolves the run's defaults to, from public numbers:
   the mechanism (`resolve_mechanism`: the bounding, the tracked target
   quantile and its switch, with the z, d and n they were resolved from),
   the server step (--server_step=auto) and the client groups
   (`sampling.group_scheme`). A run records them when it starts
   (`run_directory.RESOLVED_KEY`): a rerun under another rule refuses.
-  `mechanism`: the session's resolution, else resolved from z, d and n.
-  `client_ids`: the population; under minimum separation its
-  `sampling.id_set_fingerprint` is recorded as `client_ids` (the groups are
-  dealt from that set)."""
+  `mechanism`: the session's resolution, else resolved from z, d and n."""
   if mechanism is None:
     mechanism = resolve_mechanism(config, noise_multiplier, dimension)
-  choices = collections.OrderedDict(
+  return collections.OrderedDict(
       mechanism.to_dict(),
       server_step=resolved_server_step(config, noise_multiplier),
       client_groups=sampling_lib.group_scheme(config.sampling))
-  if client_ids is not None and config.sampling == MIN_SEPARATION:
-    choices['client_ids'] = sampling_lib.id_set_fingerprint(client_ids)
-  return choices
 
 
 def _eval_dataset(task, split: str):
@@ -448,8 +442,7 @@ class Session:
           self.task, config.seed)
       # Recorded at start: RESOLVED_KEY.
       self.resolved = resolved_choices(config, self.noise_multiplier,
-                                       self.dimension, self.mechanism,
-                                       self.client_ids)
+                                       self.dimension, self.mechanism)
       self.bounding = self.resolved['bounding']
       self.target_quantile = self.resolved['target_quantile']
       self.server_step = self.resolved['server_step']

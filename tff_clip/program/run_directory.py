@@ -175,9 +175,8 @@ def check_writable(config: TrainConfig) -> None:
 
 def prepare_output_dir(config: TrainConfig,
                        resolved: Optional[dict] = None) -> bool:
-  """Creates the directory and config.json; True when a run can resume there.
-  A new run's config.json records `resolved` (`assembly.resolved_choices`)
-  under `RESOLVED_KEY`."""
+  """Creates the directory and config.json (with `resolved` under
+  `RESOLVED_KEY`); True when a run can resume there."""
   status = existing_run(config)
   # Each directory made writable by its owner only, then checked again:
   # one another user made meanwhile (in a sticky /tmp) is refused.
@@ -218,8 +217,7 @@ def check_resolved(config: TrainConfig, current: dict) -> None:
   one as the other. `ConfigError` naming both; nothing is changed. A run
   that did not record them is let through, but under minimum separation
   (hashed groups then; resumed with others, a client could take part twice
-  within b rounds), as is none whose `client_ids` (the set its groups were
-  dealt from) differ."""
+  within b rounds)."""
   recorded = recorded_resolution(config)
   if recorded is None:
     if config.sampling == MIN_SEPARATION:
@@ -231,13 +229,6 @@ def check_resolved(config: TrainConfig, current: dict) -> None:
           'change the groups mid-way and break the separation (nothing was '
           'changed). Choose another --experiment_name or --root_output_dir.')
     return
-  ids = recorded.get('client_ids'), current.get('client_ids')
-  if None not in ids and ids[0] != ids[1]:
-    raise ConfigError(
-        f'{config.output_dir!r} holds a --sampling=min_separation run whose '
-        "groups were dealt from other client ids than the task's now: going "
-        'on would deal them anew and let a client take part twice within '
-        '--min_separation rounds (nothing was changed).')
   differs = [k for k in _CHOICES if not _same(recorded.get(k),
                                               current.get(k))]
   if differs:
@@ -467,7 +458,7 @@ class RunState:
 
   def __init__(self, config: TrainConfig, log: run_records.ReleaseLog,
                private: bool, to_leaves, from_leaves,
-               model_layout: Optional[dict[str, int]]):
+               model_layout: Optional[dict[str, int]], client_ids=()):
     self._config = config
     self._log = log
     self._private = private
@@ -476,14 +467,16 @@ class RunState:
     self._model = model_layout
     self._checkpoints = checkpoints.Checkpoints(
         os.path.join(config.output_dir, 'checkpoints'))
-    # The secret key a private run of Poisson or fixed-size sampling draws
-    # its cohorts from (`sampling.ClientSampler.keyed`), set by `restore`:
-    # fresh, or the one its checkpoints keep (None: cohorts from --seed).
+    # The secret key a private Poisson/fixed-size run draws its cohorts from
+    # (`ClientSampler.keyed`), set by `restore` (None: from --seed).
     self._secret_sampling = (
         private and config.noise_seed is None and
         config.sampling in (sampling_lib.POISSON, sampling_lib.FIXED_SIZE))
     self.sampling_key = None
     self._run_id = _recorded(config, RUN_ID_KEY, str)  # None: an older run.
+    # Hash of the ids min. separation groups; in checkpoints only (clients').
+    self._ids = (sampling_lib.id_set_fingerprint(client_ids)
+                 if config.sampling == MIN_SEPARATION else None)
 
   def restore(self, initial_state):
     """(state, first round to train, pending [(round, row, event), ...]).
@@ -517,6 +510,11 @@ class RunState:
       raise refusal(config, log, f'the checkpoint of round {version} is '
                     'another run\'s (its run_id is not config.json\'s): it '
                     'holds that run\'s noise key')
+    if header.get('client_ids', self._ids) != self._ids:
+      raise ConfigError(
+          f'{config.output_dir!r}: the run\'s groups were dealt from other '
+          "client ids than the task's now; dealt anew, a client could take "
+          'part twice within --min_separation rounds (nothing was changed).')
     # Kept with the state: the resumed rounds draw the cohorts they would
     # have (a checkpoint of a run that drew them from --seed has none).
     self.sampling_key = header.get('sampling_key')
@@ -581,6 +579,8 @@ class RunState:
       header['sampling_key'] = self.sampling_key
     if self._run_id is not None:
       header['run_id'] = self._run_id
+    if self._ids is not None:
+      header['client_ids'] = self._ids
     self._checkpoints.save(round_num, self._to_leaves(state), header)
 
   def record(self, round_num: int, row, event) -> None:

@@ -174,7 +174,7 @@ def _train(config, session, log, resuming, extra_release_managers):
   out = config.output_dir
   state_manager = run_directory.RunState(
       config, log, session.private, session.state_leaves,
-      session.state_from_leaves, session.model_layout)
+      session.state_from_leaves, session.model_layout, session.client_ids)
   restored = state_manager.restore(session.initial_state)
   ledger = run_directory.ledger_of(log)
   views = [release_managers.MetricsCsvView(
