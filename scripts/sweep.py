@@ -11,9 +11,9 @@ other, each in its own process, under `root_output_dir/sweep_name/`.
 A cell's identity is its full command: its directory is named by its grid
 values, seed and a hash of all its train flags, so changing any flag makes new
 cells instead of reusing old results. The sweep is resumable: a finished cell
-(its summary.json readable) is skipped, every other is handed to
-`scripts.train`, which resumes an interrupted run and rebuilds a damaged
-summary from the run's records. At the end it writes `summary.csv` and
+(its summary.json readable, its metrics.csv there) is skipped, every other is
+handed to `scripts.train`, which resumes an interrupted run and rebuilds a
+damaged summary or a lost metrics.csv from the run's records. At the end it writes `summary.csv` and
 `summary.md`: final accuracy mean +/- std over seeds, epsilon, the last
 round's clip norm, wall time per round (a DP run withholds it: round times
 reveal the cohort size), and the cells that failed. `--dry_run` prints the
@@ -100,8 +100,9 @@ def _as_absl_reads(args) -> list:
 def cell_name(label, seed, train_args, setting):
   """`label_seedN_HASH`: HASH covers every train flag of the cell as
   absl reads them, flag files' flags where the files stand (a flag given
-  twice: its last value; a repeatable one: every value), then the grid's, so that an edited flag file, or
-  one moved before or after a flag it sets, makes a new cell."""
+  twice: its last value; a repeatable one: every value), then the grid's,
+  so that an edited flag file, or one moved before or after a flag it
+  sets, makes a new cell."""
   last = {}  # By flag name; every value of a repeatable flag counts.
   for i, arg in enumerate(_as_absl_reads(train_args)):
     name = arg.lstrip('-').split('=')[0]
