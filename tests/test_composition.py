@@ -111,6 +111,49 @@ def test_a_mean_as_the_record_sum_is_refused():
         tff.aggregators.UnweightedMeanFactory()), **DP)
 
 
+def test_tffs_secure_aggregator_as_the_record_sum_is_refused():
+  # TFF's test context runs it as given: [0.1, 0.1] for the mean [0.2, 0.2]
+  # of two clients (a mean, divided by the cohort again), with the zeroing
+  # and clipping counts and the clipping norm released without noise.
+  with pytest.raises(TypeError, match=(
+      r"got TFF's zeroing or clipping, UnweightedRobustFactory, .* without "
+      'noise')):
+    dp.dp_factory('clip', record_aggregation_factory=(
+        tff.learning.secure_aggregator(weighted=False)), **DP)
+
+
+@pytest.mark.parametrize('record, refused', [
+    (lambda: tff.aggregators.HadamardTransformFactory(
+        tff.aggregators.UnweightedMeanFactory()),
+     'a mean, UnweightedMeanFactory (inside HadamardTransformFactory)'),
+    (lambda: tff.learning.secure_aggregator(
+        zeroing=False, clipping=False, weighted=False),
+     'a mean, UnweightedMeanFactory.'),
+    (lambda: tff.aggregators.zeroing_factory(
+        10.0, tff.aggregators.SumFactory()),
+     "TFF's zeroing or clipping, UnweightedRobustFactory,"),
+    (lambda: tff.aggregators.clipping_factory(
+        10.0, tff.aggregators.SecureSumFactory(100.0)),
+     "TFF's zeroing or clipping, UnweightedRobustFactory,"),
+], ids=['mean-in-rotation', 'bare-mean', 'zeroing', 'clipping'])
+def test_a_record_sum_wrapping_a_mean_or_tffs_robust_wrappers_is_refused(
+    record, refused):
+  with pytest.raises(TypeError) as raised:
+    dp.dp_factory('clip', record_aggregation_factory=record(), **DP)
+  assert refused in str(raised.value)
+
+
+def test_a_secure_sum_inside_a_rotation_is_checked_as_one_given_alone():
+  # The rotation keeps the norm: each rotated coordinate still reaches C.
+  with pytest.raises(ValueError, match=r'inside the bounded values\' reach'):
+    dp.dp_factory('clip', record_aggregation_factory=(
+        tff.aggregators.HadamardTransformFactory(
+            tff.aggregators.SecureSumFactory(0.5))), **DP)
+  dp.dp_factory('clip', record_aggregation_factory=(
+      tff.aggregators.HadamardTransformFactory(
+          tff.aggregators.SecureSumFactory(1.0))), **DP)
+
+
 def test_an_int_is_taken_as_its_float_as_on_the_command_line():
   # `--clip_norm=1` parses to 1.0; so do the library's int arguments.
   spec = dp.dp_factory('clip', noise_multiplier=1, clients_per_round=3,
@@ -216,7 +259,9 @@ def test_zeroed_default_factory_in_unweighted_fed_avg_is_tffs_one_line():
 def test_the_documented_construction_refusals_are_what_is_raised():
   for start, record in [
       ('| `record_aggregation_factory=tff.aggregators.UnweightedMeanFactory()',
-       tff.aggregators.UnweightedMeanFactory())]:
+       tff.aggregators.UnweightedMeanFactory()),
+      ('| `record_aggregation_factory=tff.learning.secure_aggregator('
+       'weighted=False)`', tff.learning.secure_aggregator(weighted=False))]:
     with pytest.raises(TypeError) as raised:
       dp.dp_factory('clip', record_aggregation_factory=record, **DP)
     assert f'TypeError: {raised.value}' == _docs_line(start)

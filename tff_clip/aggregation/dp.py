@@ -375,19 +375,64 @@ def dp_factory(
       tff.aggregators.UnweightedAggregationFactory):
     raise TypeError('`record_aggregation_factory` must be an unweighted '
                     f'tff.aggregators factory; got {record_aggregation_factory!r}.')
-  if isinstance(record_aggregation_factory,
-                tff.aggregators.UnweightedMeanFactory):
-    # e.g. `tff.learning.secure_aggregator(zeroing=False, clipping=False,
-    # weighted=False)`: the records would be averaged, then divided again.
-    raise TypeError('`record_aggregation_factory` must sum the bounded '
-                    'records (e.g. tff.aggregators.SecureSumFactory); got a '
-                    f'mean, {type(record_aggregation_factory).__name__}.')
-  _check_secure_sum_range(spec, record_aggregation_factory)
+  nested = _nested_factories(record_aggregation_factory)
+  for inner in nested:
+    _check_record_sum(inner, record_aggregation_factory)
+    _check_secure_sum_range(spec, inner)
   if not isinstance(weighted, (bool, type(None))):
     raise TypeError('`weighted` must be None (both kinds), False (an '
                     'UnweightedAggregationFactory) or True (a '
                     f'WeightedAggregationFactory); got {weighted!r}.')
   return _WEIGHTINGS[weighted](spec, record_aggregation_factory)
+
+
+def _nested_factories(factory) -> list:
+  """`factory` and every factory it wraps, outermost first: those held as
+  attributes (`HadamardTransformFactory`'s inner one) and those TFF's
+  zeroing and clipping wrappers hold in the closure of their `create`."""
+  kinds = (tff.aggregators.UnweightedAggregationFactory,
+           tff.aggregators.WeightedAggregationFactory)
+  found, pending = [], [factory] if factory is not None else []
+  while pending:
+    current = pending.pop(0)
+    if any(current is seen for seen in found):
+      continue
+    found.append(current)
+    held = list(getattr(current, '__dict__', {}).values())
+    for cell in getattr(type(current).create, '__closure__', None) or ():
+      try:
+        held.append(cell.cell_contents)
+      except ValueError:  # A cell not filled yet.
+        pass
+    pending += [value for value in held if isinstance(value, kinds)]
+  return found
+
+
+def _check_record_sum(inner, outer) -> None:
+  """Refuses what would not sum the bounded records as they are: a mean
+  (`tff.learning.secure_aggregator(weighted=False)` ends in one: the
+  records would be averaged, then divided by the cohort again), or TFF's
+  zeroing and clipping wrappers, which change each client's record by its
+  norm and release, without noise, how many they zeroed or clipped and the
+  norm they estimated from the clients' records (epsilon covers none)."""
+  where = ('' if inner is outer else
+           f' (inside {type(outer).__name__})')
+  if isinstance(inner, (tff.aggregators.UnweightedMeanFactory,
+                        tff.aggregators.MeanFactory)):
+    raise TypeError('`record_aggregation_factory` must sum the bounded '
+                    'records (e.g. tff.aggregators.SecureSumFactory); got a '
+                    f'mean, {type(inner).__name__}{where}.')
+  if type(inner).__module__ == _TFF_ROBUST_MODULE:
+    raise TypeError(
+        '`record_aggregation_factory` must sum the bounded records as they '
+        f'are; got TFF\'s zeroing or clipping, {type(inner).__name__}{where}, '
+        'which changes each record by its norm and releases, without noise, '
+        'how many records it zeroed or clipped (epsilon does not cover them).'
+        ' The DP factory bounds every record already; give '
+        'tff.aggregators.SecureSumFactory.')
+
+
+_TFF_ROBUST_MODULE = tff.aggregators.zeroing_factory.__module__
 
 
 def _check_secure_sum_range(spec: spec_lib.DPSpec, factory) -> None:
