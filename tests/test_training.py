@@ -662,3 +662,15 @@ def test_a_run_ends_without_a_traceback(uninterrupted):
   _, output = uninterrupted
   assert 'Traceback' not in output and 'Exception ignored' not in output, (
       output[-3000:])
+
+
+def test_progress_lines_show_accuracy_only_once_it_is_measured(capsys):
+  # Evaluated every 2 rounds: round 1 has no accuracy yet (not `acc=nan`).
+  progress = training._Progress(  # pylint: disable=protected-access
+      training.TrainConfig(rounds=2, eval_every=2, progress=False), 1,
+      released=lambda path: True)
+  progress.update(1, {'clip_norm': 0.5}, {})
+  progress.update(2, {'clip_norm': 0.5}, {'eval_accuracy': 0.25})
+  first, second = capsys.readouterr().out.splitlines()
+  assert first == 'round 1/2 clip=0.5'
+  assert second == 'round 2/2 clip=0.5 acc=0.25'

@@ -241,8 +241,8 @@ class _Progress:
                        ('clip_norm', 'clip')):
       if key in row and self._released((key,)):
         shown[label] = row[key]
-    if self._released(('eval_accuracy',)):
-      shown['acc'] = last_eval.get('eval_accuracy', math.nan)
+    if 'eval_accuracy' in last_eval and self._released(('eval_accuracy',)):
+      shown['acc'] = last_eval['eval_accuracy']  # From its first evaluation.
     # The row's epsilon, its accountant and delta named (NOT private with
     # seeded noise), as metrics.csv, TensorBoard and the summary show it.
     epsilon = ('' if guarantee is None or self._accounting is None else
