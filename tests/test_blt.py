@@ -525,6 +525,30 @@ def test_blt_epsilon_is_one_gaussian_with_z_over_the_brute_force_sensitivity(
       oracle.get_epsilon(DELTA), rel=1e-6)
 
 
+@pytest.mark.parametrize('rounds,separation', [(9, 4), (30, 7)])
+def test_blt_epsilon_recorded_by_any_round_covers_the_rounds_released(
+    rounds, separation):
+  # A run stopped at round t has recorded ceil(t / b) participations (one
+  # per cycle): their epsilon must be at least that of the Gaussian with z
+  # over the brute-force sensitivity of the t released rounds. The last
+  # cycle being short, t = T is not where that sensitivity per
+  # participation is largest.
+  z = 3.0
+  mechanism = mechanisms.noise_mechanism('blt', rounds=rounds,
+                                         separation=separation)
+  strategy = _dense(mechanism.factorization.strategy.buffer_decays,
+                    mechanism.factorization.strategy.output_scales, rounds)
+  for released in range(1, rounds + 1):
+    cycles = -(-released // separation)
+    recorded = rdp_privacy_accountant.RdpAccountant(accounting.RDP_ORDERS)
+    recorded.compose(mechanism.participation_event(z), cycles)
+    oracle = rdp_privacy_accountant.RdpAccountant(accounting.RDP_ORDERS)
+    oracle.compose(dp_accounting.GaussianDpEvent(z / _brute_sensitivity(
+        strategy[:released, :released], separation, cycles)))
+    assert recorded.get_epsilon(DELTA) >= oracle.get_epsilon(DELTA) * (
+        1 - 1e-9), released
+
+
 def test_blt_calibration_meets_the_target():
   z = accounting.calibrate_correlated_noise_multiplier(
       4.0, 'blt', 1, 40, 5, DELTA, blt_buffers=2)

@@ -16,6 +16,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 import numpy as np
 import pytest
 import scipy.linalg
+import scipy.special
 import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_privacy.privacy.analysis import tree_aggregation_accountant
@@ -85,6 +86,21 @@ def test_sensitivity_is_the_max_over_every_participation_pattern(
     k = correlated_noise.participations(rounds, separation)
     if rounds >= (k - 1) * separation + bands:  # Every column can be full.
       assert worst == pytest.approx(bound, rel=1e-12)
+
+
+@pytest.mark.parametrize('bands', [5, 20, 342])
+def test_banded_accounts_the_float32_coefficients_its_noise_runs(bands):
+  # The recursion runs with c_j = binom(2j, j) / 4^j rounded to float32; the
+  # C whose inverse it applies has those coefficients, and rounded up they
+  # make its column norm larger than the float64 one (b = 342: 1e-9).
+  j = np.arange(bands)
+  running = (scipy.special.binom(2 * j, j) / 4.0**j).astype(np.float32)
+  column_norm = np.linalg.norm(running.astype(np.float64))
+  mechanism = mechanisms.noise_mechanism('banded', bands, rounds=2 * bands,
+                                         separation=bands)
+  assert mechanism.participation_sensitivity >= column_norm
+  assert mechanism.participation_sensitivity == pytest.approx(column_norm,
+                                                              rel=1e-13)
 
 
 def test_separation_below_bands_is_refused_because_the_bound_breaks():

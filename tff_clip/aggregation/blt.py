@@ -28,8 +28,8 @@ public names this module re-exports.
 `Blt` is the 'blt' noise mechanism of `tff_clip.aggregation.mechanisms`: the
 factorization optimized for the run's rounds and separation with at most
 `blt_buffers` buffers, noise from the run's secret key, state of (buffers x
-model) float32, and the exact sensitivity accounted as one Gaussian
-mechanism. No TensorFlow or dp_accounting import at module level: the
+model) float32, and each cycle of b rounds accounted as one Gaussian whose
+composition covers every prefix of the run. No TensorFlow or dp_accounting import at module level: the
 command line checks its flags with these classes before either loads.
 """
 
@@ -81,7 +81,10 @@ class Factorization:
 
   `noise` (C^{-1}) is what runs: its parameters are float32 numbers, the
   dtype TensorFlow generates noise in. `strategy` (C) is its exact inverse,
-  whose `sensitivity` (per unit of per-round sensitivity) is accounted.
+  whose `sensitivity` (per unit of per-round sensitivity) the loss weighs;
+  each cycle of b rounds is charged `participation_sensitivity`
+  (`blt_matrix.participation_sensitivity`: at least sens / sqrt(k), so that
+  every prefix of the run is covered, not only all T rounds).
   """
   strategy: BufferedToeplitz
   noise: BufferedToeplitz
@@ -91,6 +94,7 @@ class Factorization:
   error: str
   loss: float
   sensitivity: float
+  participation_sensitivity: float
 
   @property
   def buffers(self) -> int:
@@ -250,7 +254,9 @@ def _rounded_factorization(points, rounds, separation, participations, error):
       strategy=strategy, noise=noise, rounds=rounds, separation=separation,
       participations=participations, error=error,
       loss=sensitivity**2 * prefix_error(noise, rounds, error),
-      sensitivity=sensitivity)
+      sensitivity=sensitivity,
+      participation_sensitivity=blt_matrix.participation_sensitivity(
+          strategy.coefficients(rounds), separation))
 
 
 # ----------------------------------------------------------------------------
@@ -276,7 +282,10 @@ class Blt(noise_mechanisms.NoiseMechanism):
   `bands` plays no part (the separation is `separation`). The run is one
   Gaussian mechanism with noise multiplier z / sens(C) (the exact
   `min_separation_sensitivity`), recorded as k = ceil(T / b) participations
-  of z sqrt(k) / sens(C) each: the same Gaussian, composed.
+  of z / s each, s = max_t sens(C_t) / sqrt(ceil(t / b)) over the prefixes
+  (`blt_matrix.participation_sensitivity`): the same Gaussian, composed,
+  where T is a multiple of b, and a little more otherwise, so that a run
+  stopped at any round is covered by the participations it recorded.
   """
 
   name = 'blt'
@@ -352,11 +361,11 @@ class Blt(noise_mechanisms.NoiseMechanism):
 
   @property
   def participation_sensitivity(self) -> float:
-    # k Gaussians of noise multiplier z sqrt(k) / sens compose to the one
-    # Gaussian z / sens the whole run is (RDP and PLD alike).
-    factorization = self.factorization
-    return factorization.sensitivity / math.sqrt(
-        factorization.participations)
+    # k Gaussians of noise multiplier z sqrt(k) / sens would compose to the
+    # one Gaussian z / sens the whole run is, but the first k_t of them
+    # would understate a prefix of t rounds when the last cycle is short:
+    # the largest sens(C_t) / sqrt(k_t) over prefixes covers each.
+    return self.factorization.participation_sensitivity
 
   def whitening_weights(self, round_num):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top

@@ -44,7 +44,8 @@ from tff_clip import checks
 __all__ = ['ERRORS', 'MAX', 'MAX_PATTERNS', 'MEAN', 'BufferedToeplitz',
            'check_error', 'decay_powers', 'error_weights', 'from_decays',
            'initial_buffers', 'loss', 'max_participations',
-           'min_separation_sensitivity', 'partial_fractions', 'pattern_sum',
+           'min_separation_sensitivity', 'partial_fractions',
+           'participation_sensitivity', 'pattern_sum',
            'pattern_sum_adjoint', 'prefix_error', 'stream', 'stream_step']
 
 MEAN = 'mean'
@@ -313,6 +314,26 @@ def min_separation_sensitivity(coefficients, separation: int,
     total = pattern_sum(coefficients, separation, participations)
     return float(np.sqrt(total @ total))
   return _searched_sensitivity(coefficients, separation, participations)
+
+
+def participation_sensitivity(coefficients, separation: int) -> float:
+  """max over the run's prefixes of sens(C_t) / sqrt(k_t): C_t the first t
+  rounds of C (`min_separation_sensitivity` of `coefficients[:t]`), k_t =
+  ceil(t / b) the participations a ledger charging one per cycle of b
+  rounds has recorded by round t. A Gaussian of z over it, composed k_t
+  times, covers every prefix of the run, not only the whole: with
+  overlapping columns sens(C_t)^2 / k_t is not largest at t = T when the
+  last cycle is short (T = 9, b = 4: 8% above sens(C)^2 / k at t = 8), so
+  charging each cycle sens(C) / sqrt(k) understated the epsilon of a run
+  stopped early and of every round's report. The maximum lies at a
+  cycle's last round (within a cycle k_t is fixed and sens(C_t) grows)."""
+  coefficients = _vector(coefficients, 'coefficients')
+  separation = checks.integer(separation, 'separation', 1)
+  rounds = coefficients.size
+  return max(
+      min_separation_sensitivity(coefficients[:min(m * separation, rounds)],
+                                 separation) / math.sqrt(m)
+      for m in range(1, -(-rounds // separation) + 1))
 
 
 # ----------------------------------------------------------------------------

@@ -55,7 +55,8 @@ from tff_clip.aggregation import noise_mechanisms
 from tff_clip.aggregation.noise_mechanisms import participations  # pylint: disable=unused-import
 
 __all__ = ['Banded', 'Tree', 'banded_coefficients', 'banded_matrix',
-           'max_column_norm', 'participations', 'sensitivity', 'tree_levels']
+           'max_column_norm', 'participations', 'running_coefficients',
+           'sensitivity', 'tree_levels']
 
 
 def banded_coefficients(bands: int) -> np.ndarray:
@@ -68,6 +69,14 @@ def banded_coefficients(bands: int) -> np.ndarray:
   for j in range(1, bands):
     coeffs[j] = coeffs[j - 1] * (2 * j - 1) / (2 * j)
   return coeffs
+
+
+def running_coefficients(bands: int) -> np.ndarray:
+  """c_0..c_{b-1} as the noise runs them: rounded to float32 (nearest), the
+  dtype of the recursion in `Banded.unit_noise`. The accounting takes its
+  sensitivity from these, not from the float64 c_j: rounded up, they make
+  ||C e_0|| larger (by 1e-9 relative at b = 342)."""
+  return banded_coefficients(bands).astype(np.float32)
 
 
 def banded_matrix(bands: int, rounds: int) -> np.ndarray:
@@ -141,7 +150,7 @@ class Banded(noise_mechanisms.NoiseMechanism):
     if self.bands == 1:
       return draws, state
     bands = self.bands
-    coeffs = tf.constant(banded_coefficients(bands)[1:], tf.float32)
+    coeffs = tf.constant(running_coefficients(bands)[1:], tf.float32)
 
     def step_leaf(z, past):
       # w_t = z_t - sum_{j>=1} c_j w_{t-j}; past[0] is w_{t-1}.
@@ -158,8 +167,9 @@ class Banded(noise_mechanisms.NoiseMechanism):
   def participation_sensitivity(self) -> float:
     # One participation touches one column of C: max_j ||C e_j|| when
     # participations are >= `bands` rounds apart (Choquette-Choo et al.
-    # 2023, Thm. 2).
-    return max_column_norm(self.bands)
+    # 2023, Thm. 2), for the C whose inverse runs: float32 coefficients.
+    return float(np.linalg.norm(
+        running_coefficients(self.bands).astype(np.float64)))
 
   def whitening_weights(self, round_num):
     # sum_j c_j Delta_{t-j} = (C x)_t + s z_t (a release before round 0
