@@ -709,7 +709,8 @@ def test_a_run_records_what_its_defaults_resolved_to(finished):
       (0.5**-2 - (2 * sigma_b)**-2)**-0.5) == pytest.approx(0.55)
   assert recorded == dict(bounding='normalize', target_quantile=0.03,
                           quantile_switch=None, server_step='damped',
-                          client_groups=None, noise_multiplier=0.5,
+                          client_groups=None, noise_factorization=None,
+                          noise_multiplier=0.5,
                           dimension=2410, clients_per_round=6, layers=4)
   assert {k: summary[k] for k in ('bounding', 'target_quantile',
                                   'server_step', 'noise_multiplier')} == {
@@ -1523,3 +1524,47 @@ def test_share_run_leaves_a_directory_of_its_temporary_name_alone(copy,
   assert (tmp_path / 'shared' / 'config.json').is_file()
   assert sorted(p.name for p in tmp_path.iterdir()) == ['.shared.tmp', 'run',
                                                         'shared']
+
+
+def test_a_blt_run_resumed_under_another_factorization_is_refused(
+    tmp_path, monkeypatch):
+  """BLT's parameters come out of scipy's optimizer, which another version
+  may settle elsewhere: its checkpointed buffers would run on under other
+  decays and scales than the rounds it released were accounted for. A run
+  records the float32 parameters its noise runs and the sensitivity each
+  participation is charged, and one resumed under any other is refused;
+  a record made before the parameters were kept is let through."""
+  from tff_clip.aggregation import blt  # pylint: disable=g-import-not-at-top
+  from tff_clip.program import assembly  # pylint: disable=g-import-not-at-top
+  config = _config(tmp_path, sampling='min_separation',
+                   noise_mechanism='blt', bands=1, clients_per_round=3)
+  current = assembly.resolved_choices(config, 0.5, 2410)
+  factorization = config.noise.factorization
+  assert current['noise_factorization'] == dict(
+      buffer_decays=np.asarray(factorization.noise.buffer_decays,
+                               np.float32).tolist(),
+      output_scales=np.asarray(factorization.noise.output_scales,
+                               np.float32).tolist(),
+      participation_sensitivity=factorization.participation_sensitivity)
+  os.makedirs(config.output_dir)
+  recorded = dict(config.to_json(), resolved=current)
+  run_records.write_json(os.path.join(config.output_dir, 'config.json'),
+                         recorded)
+  run_directory.check_resolved(config, current)  # The same: resumes.
+  # Another optimum: the last output scale one float32 ulp higher.
+  scales = np.asarray(factorization.noise.output_scales, np.float32)
+  scales[-1] = np.nextafter(scales[-1], np.float32(np.inf))
+  other = dataclasses.replace(factorization, noise=dataclasses.replace(
+      factorization.noise, output_scales=scales))
+  monkeypatch.setattr(blt, '_run_factorization', lambda *args: other)
+  elsewhere = assembly.resolved_choices(config, 0.5, 2410)
+  before = _files(pathlib.Path(config.output_dir))
+  with pytest.raises(training.ConfigError) as error:
+    run_directory.check_resolved(config, elsewhere)
+  assert 'noise_factorization=' in str(error.value)
+  assert 'nothing was changed' in str(error.value)
+  assert _files(pathlib.Path(config.output_dir)) == before
+  del recorded['resolved']['noise_factorization']  # An older record.
+  run_records.write_json(os.path.join(config.output_dir, 'config.json'),
+                         recorded)
+  run_directory.check_resolved(config, elsewhere)

@@ -321,6 +321,15 @@ class Blt(noise_mechanisms.NoiseMechanism):
   def state_vectors(self) -> int:
     return self.factorization.buffers
 
+  def record(self) -> dict:
+    # Optimized by scipy: another version of it may settle elsewhere, and
+    # the checkpointed buffers would run on under other parameters.
+    factorization = self.factorization
+    return dict(
+        buffer_decays=[float(x) for x in factorization.noise.buffer_decays],
+        output_scales=[float(x) for x in factorization.noise.output_scales],
+        participation_sensitivity=factorization.participation_sensitivity)
+
   @property
   def whitening_depth(self) -> int:
     # C has no finite band: the audit undoes its first `separation`

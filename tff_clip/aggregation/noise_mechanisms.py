@@ -194,6 +194,12 @@ class NoiseMechanism:
     Gaussian mechanism one participation is."""
     raise NotImplementedError
 
+  def record(self):
+    """What the noise runs beyond its flags, as a run records it (JSON), or
+    None where the flags fix it: a resumed run compares it, so that it
+    never pairs its state with noise of another factorization."""
+    return None
+
   def participation_event(self, noise_multiplier):
     """The `DpEvent` of one participation, for noise multiplier z (a float
     or a tensor: the query records it from its state)."""

@@ -308,8 +308,9 @@ def resolved_choices(config: TrainConfig, noise_multiplier,
   """What this tff_clip resolves the run's defaults to, from public numbers:
   the mechanism (`resolve_mechanism`: the bounding, the tracked target
   quantile and its switch, with the z, d and n they were resolved from),
-  the server step (--server_step=auto) and the client groups
-  (`sampling.group_scheme`). A run records them when it starts
+  the server step (--server_step=auto), the client groups
+  (`sampling.group_scheme`) and an optimized noise's parameters
+  (`NoiseMechanism.record`). A run records them when it starts
   (`run_directory.RESOLVED_KEY`): a rerun under another rule refuses.
   `mechanism`: the session's resolution, else resolved from z, d and n."""
   if mechanism is None:
@@ -317,7 +318,9 @@ def resolved_choices(config: TrainConfig, noise_multiplier,
   return collections.OrderedDict(
       mechanism.to_dict(),
       server_step=resolved_server_step(config, noise_multiplier),
-      client_groups=sampling_lib.group_scheme(config.sampling))
+      client_groups=sampling_lib.group_scheme(config.sampling),
+      noise_factorization=(None if noise_multiplier is None
+                           else config.noise.record()))
 
 
 def _eval_dataset(task, split: str):

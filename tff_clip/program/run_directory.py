@@ -60,7 +60,7 @@ RESOLVED_KEY = 'resolved'
 RUN_ID_KEY = 'run_id'
 RECORD_KEYS = (RESOLVED_KEY, RUN_ID_KEY)  # Records, not configuration.
 _CHOICES = ('bounding', 'target_quantile', 'quantile_switch', 'server_step',
-            'client_groups')
+            'client_groups', 'noise_factorization')
 
 
 def _nearest_existing(path: str) -> str:
@@ -212,12 +212,11 @@ def recorded_resolution(config: TrainConfig) -> Optional[dict]:
 def check_resolved(config: TrainConfig, current: dict) -> None:
   """Refuses to resume or report a run whose defaults this tff_clip resolves
   otherwise than when it started (its bounding, target quantile, server
-  step, or how --sampling=min_separation groups the clients: a changed
-  default rule), which would mix two configurations in one run or report
-  one as the other. `ConfigError` naming both; nothing is changed. A run
-  that did not record them is let through, but under minimum separation
-  (hashed groups then; resumed with others, a client could take part twice
-  within b rounds)."""
+  step, client groups of --sampling=min_separation, BLT parameters), which
+  would mix two configurations in one run or report one as the other.
+  `ConfigError` naming both; nothing is changed. A run that did not record
+  them is let through, but under minimum separation (hashed groups then;
+  resumed with others, a client could take part twice within b rounds)."""
   recorded = recorded_resolution(config)
   if recorded is None:
     if config.sampling == MIN_SEPARATION:
@@ -230,7 +229,8 @@ def check_resolved(config: TrainConfig, current: dict) -> None:
           'changed). Choose another --experiment_name or --root_output_dir.')
     return
   differs = [k for k in _CHOICES if not _same(recorded.get(k),
-                                              current.get(k))]
+                                              current.get(k)) and (
+      k in recorded or k != 'noise_factorization')]  # Not in older records.
   if differs:
     was = ', '.join(f'{k}={recorded.get(k)!r}' for k in differs)
     now = ', '.join(f'{k}={current.get(k)!r}' for k in differs)
