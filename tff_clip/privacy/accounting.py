@@ -203,7 +203,10 @@ def training_event(noise_multiplier: float,
 def min_separation_round_event(noise_event: dp_accounting.DpEvent,
                                round_num: int,
                                separation: int) -> dp_accounting.DpEvent:
-  """Round `round_num` under participation with minimum separation b.
+  """Round `round_num` under participation with minimum separation b;
+  `round_num` counts from 0 (the program's round r is r - 1): counted from
+  1, rounds 1..T would charge floor(T / b) cycles where a client can take
+  part in ceil(T / b).
 
   A client takes part at most once in each cycle of b rounds
   (`tff_clip.privacy.sampling`), so each cycle is charged `noise_event` -- ONE
