@@ -48,6 +48,7 @@ from absl import flags
 import dp_accounting
 
 from scripts import cli
+from tff_clip import checks
 from tff_clip.aggregation import mechanisms
 from tff_clip.aggregation import spec
 from tff_clip.privacy import accounting
@@ -126,8 +127,9 @@ def _accountants() -> list[str]:
 
 
 def _floats(flag) -> list[float]:
+  # ASCII only, as every numeric flag (`cli`): float() reads '١' as 1.
   try:
-    return [float(value) for value in flag.value]
+    return [checks.ascii_number(value) for value in flag.value]
   except ValueError:
     raise ValueError(f'`{flag.name}` must be a comma-separated list of '
                      f'numbers; got {",".join(flag.value)!r}.') from None

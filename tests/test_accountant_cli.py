@@ -169,6 +169,14 @@ def test_cli_bad_input_fails_naming_the_argument():
       '--bands=0'], '--bands'),
     ([*EXAMPLE, '--extrapolate_cohort_scales=1,2'],
      'extrapolate_cohort_scales'),
+    # Look-alike digits and underscores, as every numeric flag: float()
+    # reads the Arabic-Indic '١' as 1 and '1_0' as 10.
+    ([*EXAMPLE, '--extrapolate',
+      '--extrapolate_cohort_scales=١,10,100,100,100'],
+     'extrapolate_cohort_scales'),
+    ([*EXAMPLE, '--extrapolate',
+      '--extrapolate_population_scales=1_0,10,100,1000,10000'],
+     'extrapolate_population_scales'),
 ])
 def test_cli_bad_flag_is_one_line_with_exit_code_2(args, name):
   result = _run(*args)

@@ -263,6 +263,32 @@ def test_pld_calibration_on_default_grid_meets_the_target_it_reports():
       8.0, N, K, 100, DELTA)  # PLD is tighter than RDP.
 
 
+def test_pld_calibration_where_sampling_alone_meets_delta_finishes(
+    monkeypatch):
+  # q = 1e-4 <= delta = 1e-3: the hockey stick at epsilon 0 is at most
+  # q (2 Phi(1 / 2z) - 1) < delta at every z, so PLD's epsilon is 0 and
+  # its search went on down to ever smaller z, whose PLDs grow as 1/z^2
+  # (this calibration did not finish in minutes).
+  built = []
+  real = pld_numpy.gaussian_round
+
+  def counted(noise_multiplier, sampling_probability, grid):
+    built.append(noise_multiplier)
+    assert len(built) <= 4, 'a PLD search past epsilon 0'
+    return real(noise_multiplier, sampling_probability, grid)
+
+  monkeypatch.setattr(pld_numpy, 'gaussian_round', counted)
+  monkeypatch.setattr(accountants, '_PLD_CACHE', collections.OrderedDict())
+  monkeypatch.setattr(accountants, '_GUARANTEE_CACHE',
+                      collections.OrderedDict())
+  noise_multiplier = accounting.calibrate_noise_multiplier(
+      1.0, 1, 10_000, 1, 1e-3, accountant='pld')
+
+  direct = pld.PLDAccountant(value_discretization_interval=1e-4).compose(
+      _poisson_rounds(noise_multiplier, 1e-4, 1))
+  assert direct.get_epsilon(1e-3) <= 1.0
+
+
 def test_calibration_refuses_pld_with_fixed_size_sampling():
   with pytest.raises(dp_accounting.UnsupportedEventError):
     accounting.calibrate_noise_multiplier(

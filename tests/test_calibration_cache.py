@@ -133,8 +133,12 @@ def test_an_entry_edited_to_raise_the_noise_is_recalibrated(cache, calibrated_z)
     lambda entry: json.dumps(dict(entry, noise_multiplier='NaN')),
     lambda entry: json.dumps(dict(entry, noise_multiplier=-1.0)),
     lambda entry: json.dumps([entry]),
+    # Beyond what training can add (float32 overflows, subnormal): the
+    # accountant refuses them, and the entry is recalibrated, not the run.
+    lambda entry: json.dumps(dict(entry, noise_multiplier=1e39)),
+    lambda entry: json.dumps(dict(entry, noise_multiplier=1e-300)),
 ], ids=['garbage', 'another_key', 'another_format', 'no_value', 'nan',
-        'negative', 'not_an_object'])
+        'negative', 'not_an_object', 'float32_overflow', 'subnormal'])
 def test_a_damaged_or_stale_entry_is_recalibrated(cache, calibrated_z, damage):
   path = _stored(calibrated_z)
   path.write_text(damage(json.loads(path.read_text())))

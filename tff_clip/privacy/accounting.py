@@ -335,21 +335,24 @@ def report_known(event: dp_accounting.DpEvent, delta: float) -> bool:
 
 
 def _bracket(epsilon_at, target_epsilon: float, start: float, floor: float,
-             factor: float = 2.0,
-             rdp_delta: Optional[float] = None) -> tuple[float, float]:
+             factor: float = 2.0, rdp_delta: Optional[float] = None,
+             stop_at_zero: bool = False) -> tuple[float, float]:
   """(lower, upper) z with epsilon(lower) > target >= epsilon(upper).
 
   Steps from `start` by `factor`; (z, z) when z ~ `floor` still meets the
-  target (the budget does not bind). `rdp_delta`: `epsilon_at` is RDP's
+  target (the budget does not bind), or, with `stop_at_zero`, at the first
+  z whose epsilon is 0. `rdp_delta`: `epsilon_at` is RDP's
   epsilon at this delta, so going up, a target below RDP's floor
   (`rdp_floor`) is refused at once, and the largest z is checked first
   (one cheap evaluation).
   """
-  if epsilon_at(start) <= target_epsilon:
+  epsilon = epsilon_at(start)
+  if epsilon <= target_epsilon:
     upper = start
-    while upper > floor:
+    while upper > floor and not (stop_at_zero and epsilon == 0):
       lower = upper / factor
-      if epsilon_at(lower) > target_epsilon:
+      epsilon = epsilon_at(lower)
+      if epsilon > target_epsilon:
         return lower, upper
       upper = lower
     return upper, upper
@@ -439,16 +442,20 @@ def _calibrate(view_for, relation, accountant: str, target_epsilon: float,
 
   if accountant == PLD:
     # PLD is usually a little below RDP: small steps down from RDP's upper
-    # end (PLD gets expensive as z, hence epsilon, grows).
+    # end (PLD gets expensive as z, hence epsilon, grows). Where PLD's epsilon
+    # is 0 (e.g. q <= delta: sampling alone meets delta, at every z) that z
+    # is kept: the PLDs of smaller z grow as 1/z^2 (minutes, then memory).
     lower, upper = _bracket(
         lambda z: make_fresh_accountant().compose(view_for(z)).get_epsilon(
-            delta), target_epsilon, upper, upper / 64, factor=1.25)
-    if lower == upper:
-      return upper
-  noise_multiplier = float(dp_accounting.calibrate_dp_mechanism(
-      make_fresh_accountant, view_for, target_epsilon, delta,
-      bracket_interval=dp_accounting.ExplicitBracketInterval(lower, upper),
-      tol=tolerance))
+            delta), target_epsilon, upper, upper / 64, factor=1.25,
+        stop_at_zero=True)
+  if lower == upper:  # Checked below on the grid reported.
+    noise_multiplier = upper
+  else:
+    noise_multiplier = float(dp_accounting.calibrate_dp_mechanism(
+        make_fresh_accountant, view_for, target_epsilon, delta,
+        bracket_interval=dp_accounting.ExplicitBracketInterval(lower, upper),
+        tol=tolerance))
 
   def reported(z: float) -> float:
     return accountants.guarantee(view_for(z), relation, delta, accountant,

@@ -12,8 +12,8 @@ An entry is a hint, never trusted: before a run uses a cached z the
 accountant computes its epsilon, which must meet the target, and the epsilon
 of z (1 - `TIGHTNESS`), which must not (else the cached z is looser than the
 calibration's own). Two evaluations instead of twenty; an entry that fails
-either check, names another key, or cannot be read or parsed is recalibrated
-and rewritten. So an entry edited to lower the noise cannot lower it, and
+either check, holds a z the accountant refuses (beyond float32), names
+another key, or cannot be read or parsed is recalibrated and rewritten. So an entry edited to lower the noise cannot lower it, and
 one edited to raise it costs a recalibration, not utility.
 
 Where: the `calibration/` folder of the graph cache
@@ -99,10 +99,15 @@ def _meets(noise_multiplier: float, epsilon_at: Callable[[float], float],
   (or it is the smallest z calibration returns)."""
   if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
     return False
-  if epsilon_at(noise_multiplier) > target_epsilon:
+  try:
+    if epsilon_at(noise_multiplier) > target_epsilon:
+      return False
+    return (noise_multiplier <= smallest * (1 + TIGHTNESS) or
+            epsilon_at(noise_multiplier * (1 - TIGHTNESS)) > target_epsilon)
+  except ValueError:
+    # A z the accountant refuses (beyond float32, subnormal): no
+    # calibration's. Recalibrating raises whatever is really wrong.
     return False
-  return (noise_multiplier <= smallest * (1 + TIGHTNESS) or
-          epsilon_at(noise_multiplier * (1 - TIGHTNESS)) > target_epsilon)
 
 
 def calibrated(name: str, arguments: Mapping[str, Any],
