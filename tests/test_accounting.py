@@ -715,3 +715,23 @@ def test_the_kept_round_plds_go_least_recently_used_first_within_a_budget(
       accountants._PLD_CACHE)
   assert sum(r.nbytes for r in accountants._PLD_CACHE.values()) <= budget
   _assert_same_bits(_round_pld(1.5, 0.05, 1e-3), again.pld)
+
+
+@pytest.mark.parametrize('accountant', ['pld', 'rdp'])
+def test_an_event_composed_no_times_adds_nothing(accountant):
+  # `SelfComposedDpEvent(e, 0)` is accepted (a run of 0 rounds) and spends
+  # nothing; PLD divided by sqrt(0) on it. Oracle: dp_accounting's own
+  # accountant on the events without it (dp_accounting refuses count 0).
+  gaussian = dp_accounting.GaussianDpEvent(1.0)
+  sampled = dp_accounting.PoissonSampledDpEvent(0.1, gaussian)
+  none = dp_accounting.SelfComposedDpEvent
+  assert accounting.compute_epsilon(
+      none(sampled, 0), 1e-5, accountant=accountant).epsilon == 0.0
+  oracle = (dp_accounting.pld.PLDAccountant if accountant == 'pld' else
+            dp_accounting.rdp.RdpAccountant)
+  for rest in (gaussian, none(sampled, 3)):
+    event = dp_accounting.ComposedDpEvent(
+        [rest, none(gaussian, 0), none(sampled, 0)])
+    assert accounting.compute_epsilon(
+        event, 1e-5, accountant=accountant).epsilon == pytest.approx(
+            oracle().compose(rest).get_epsilon(1e-5), rel=1e-6)

@@ -308,6 +308,9 @@ class _PldAccountant(pld.PLDAccountant):
 
   @_locked  # A kept round (its compositions) is used by one thread at once.
   def _maybe_compose(self, event, count, do_compose):
+    if count == 0 and isinstance(event, (dp_accounting.PoissonSampledDpEvent,
+                                         dp_accounting.GaussianDpEvent)):
+      return None  # Composed no times: nothing, as RDP's sum skips it.
     if (do_compose and isinstance(event, dp_accounting.PoissonSampledDpEvent)
         and isinstance(event.event, dp_accounting.GaussianDpEvent) and
         event.sampling_probability != 0 and
