@@ -735,3 +735,18 @@ def test_an_event_composed_no_times_adds_nothing(accountant):
     assert accounting.compute_epsilon(
         event, 1e-5, accountant=accountant).epsilon == pytest.approx(
             oracle().compose(rest).get_epsilon(1e-5), rel=1e-6)
+
+
+@pytest.mark.parametrize('parameter', [-1.0, 0.0, math.nan, math.inf])
+@pytest.mark.parametrize('accountant', ['pld', 'rdp'])
+def test_a_laplace_event_without_a_positive_scale_is_refused_naming_it(
+    parameter, accountant):
+  # RDP gave epsilon 0.0035 for a scale of -1 and 0 for NaN; PLD and RDP
+  # divided by 0 for 0 (a Laplace mechanism's epsilon is 1 / scale > 0).
+  with pytest.raises(ValueError, match='laplace noise_multiplier'):
+    accounting.compute_epsilon(dp_accounting.LaplaceDpEvent(parameter), 1e-5,
+                               accountant=accountant)
+  # A positive scale b: about its closed form 1 / b (RDP a little above).
+  assert 0.499 <= accounting.compute_epsilon(
+      dp_accounting.LaplaceDpEvent(2.0), 1e-5,
+      accountant=accountant).epsilon <= 0.51

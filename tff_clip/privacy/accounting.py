@@ -137,6 +137,10 @@ def _check_event(event, name: str = 'event') -> None:
         f'`{name}` must be a dp_accounting.DpEvent; got {type(event)}.')
   if isinstance(event, dp_accounting.GaussianDpEvent):
     _noise_multiplier(event.noise_multiplier)
+  elif isinstance(event, dp_accounting.LaplaceDpEvent):
+    # RDP read -1 as a Laplace of scale 1 and NaN as epsilon 0.
+    checks.positive_float(event.noise_multiplier, 'laplace noise_multiplier',
+                          np.float64)
   elif isinstance(event, dp_accounting.PoissonSampledDpEvent):
     checks.probability(event.sampling_probability, 'sampling_probability',
                        high_open=False)
