@@ -85,3 +85,22 @@ def test_a_dp_run_withholds_an_evaluation_of_its_clients_data(tmp_path):
   assert released_metric(('eval_loss',))
   assert set(program_logic.EVALUATION) <= set(
       program_logic.not_covered(task))
+
+
+def test_a_task_that_does_not_say_where_it_evaluates_has_its_evaluation_withheld():
+  """A TFF baseline task (no `evaluates_on_clients_data`) is taken to evaluate
+  on its clients' data: TFF's synthetic EMNIST task tests on the very
+  examples its training clients hold (the oracle: the examples themselves),
+  and a DP run of it released that evaluation as covered by epsilon."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  task = tff.simulation.baselines.emnist.create_character_recognition_task(
+      tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=4),
+      model_id='cnn', only_digits=True, use_synthetic_data=True)
+  assert not hasattr(task, 'evaluates_on_clients_data')
+  datasets = task.datasets
+  trained = _examples(datasets.train_data)
+  assert _examples(datasets.test_data) & trained  # Its clients' own examples.
+  released_metric = program_logic.released_metric(
+      True, False, program_logic.not_covered(task))
+  assert not released_metric(('eval_loss',))
+  assert not released_metric(('eval_accuracy',))

@@ -90,7 +90,10 @@ def run(config: TrainConfig, task_builder: TaskBuilder,
       `tff.simulation.baselines.BaselineTask` (its `datasets.train_data`,
       `train_preprocess_fn`, `test_data`, `eval_preprocess_fn` and
       `model_fn`), optionally with `round_train_data(client_id, seed)` (data
-      drawn afresh every round) and `problem` (a synthetic objective). It is
+      drawn afresh every round), `problem` (a synthetic objective) and
+      `evaluates_on_clients_data` (False: its test data is no training
+      client's, and a DP run releases its evaluation; without it, withheld
+      as for `tasks.Task`s that say True). It is
       called only when the run trains and this process holds no session
       built from the same configuration and builder (`assembly.session`);
       a `ValueError` it raises is reported as a `ConfigError`.
