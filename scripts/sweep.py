@@ -16,7 +16,8 @@ handed to `scripts.train`, which resumes an interrupted run and rebuilds a
 damaged summary or a lost metrics.csv from the run's records. At the end it writes `summary.csv` and
 `summary.md`: final accuracy mean +/- std over seeds, epsilon, the last
 round's clip norm, wall time per round (a DP run withholds it: round times
-reveal the cohort size), and the cells that failed. `--dry_run` prints the
+reveal the cohort size; released on request, it and a DP run's evaluation of
+its clients' data are marked "not covered"), and the cells that failed. `--dry_run` prints the
 cells and writes nothing.
 """
 
@@ -151,7 +152,9 @@ def _cell_result(run_dir):
                   f"{summary.get('delta', math.nan):g}" +
                   ('' if summary.get('private', True) else ', NOT private')),
       clip_norm=as_float(rows[-1], 'clip_norm') if rows else math.nan,
-      seconds_per_round=_mean([as_float(r, 'seconds') for r in rows]))
+      seconds_per_round=_mean([as_float(r, 'seconds') for r in rows]),
+      # A DP run's columns released on request (--release_uncovered_metrics).
+      not_covered=set(summary.get('not_covered_by_epsilon') or ()))
 
 
 # Under the table: what the columns hold, and a cell without a figure.
@@ -159,13 +162,19 @@ LEGEND = ("clip norm: the last round's (adaptive: where the estimate ended), "
           'mean over seeds; -: nothing is bounded. withheld: a DP run does '
           'not release its round times, which reveal the cohort size, '
           "nor its evaluation on the clients' own data (their held-out "
-          'examples) (--release_uncovered_metrics releases them). n/a: no '
+          'examples) (--release_uncovered_metrics releases them). not '
+          'covered: released with --release_uncovered_metrics; epsilon does '
+          "not cover it (summary.json's not_covered_by_epsilon). n/a: no "
           'seed finished.')
+# The table's figures a DP run may release beyond epsilon: their columns.
+_UNCOVERED = (('accuracy_mean', 'eval_accuracy'),
+              ('seconds_per_round', 'seconds'))
 
 
 def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
   """Writes summary.csv and summary.md; returns the rows."""
   rows, withheld = [], []  # Withheld: a run withheld its evaluation.
+  uncovered = []  # The table's figures epsilon does not cover, by row.
   for label, setting in cells(grid):
     results = []
     failures = 0
@@ -193,6 +202,10 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
     # Not 'clip_norm': a grid over --clip_norm has that column.
     row['final_clip_norm'] = _mean([r['clip_norm'] for r in results])
     row['seconds_per_round'] = _mean([r['seconds_per_round'] for r in results])
+    columns = set().union(*(r['not_covered'] for r in results))
+    uncovered.append({key for key, column in _UNCOVERED if column in columns})
+    row['not_covered_by_epsilon'] = '; '.join(
+        sorted(column for _, column in _UNCOVERED if column in columns))
     rows.append(row)
     withheld.append(any(r['evaluation_withheld'] for r in results))
   if not rows:
@@ -203,9 +216,12 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
       'seeds', 'failed', 'final accuracy', 'epsilon', 'clip norm',
       's / round']) + ' |',
            '|' + '---|' * (len(grid) + 6)]
-  for row, evaluation_withheld in zip(rows, withheld):
+  for row, evaluation_withheld, marked in zip(rows, withheld, uncovered):
+    mark = lambda key, text: (f'{text} (not covered)' if key in marked
+                              else text)
     done = row['seeds_done'] > 0
-    accuracy = (f'{row["accuracy_mean"]:.4f} ± {row["accuracy_std"]:.4f}'
+    accuracy = (mark('accuracy_mean', f'{row["accuracy_mean"]:.4f} ± '
+                     f'{row["accuracy_std"]:.4f}')
                 if not math.isnan(row['accuracy_mean']) else
                 'withheld' if evaluation_withheld else 'n/a')
     private = done and math.isfinite(row['epsilon'])
@@ -217,8 +233,9 @@ def summarise(sweep_dir, grid, seeds, train_args=(), failed=()):
              f" ({row['epsilon_by']})" if row['epsilon_by'] else ''))
          if not done or private else 'no DP',
          fmt(row['final_clip_norm'], '-' if done else 'n/a'),
-         fmt(row['seconds_per_round'],
-             'withheld' if private else 'n/a')]) + ' |')
+         mark('seconds_per_round', fmt(row['seconds_per_round'],
+                                       'withheld' if private else 'n/a'))]
+    ) + ' |')
   lines += ['', LEGEND]
   with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
     f.write('\n'.join(lines) + '\n')

@@ -379,3 +379,25 @@ def test_a_finished_cells_damaged_summary_is_rebuilt_from_its_records(
   assert json.loads((cell / 'summary.json').read_text()) == summary
   assert (cell / 'metrics.csv').read_bytes() == metrics
   assert (tmp_path / 's' / 'summary.md').read_text() == table
+
+
+def test_a_dp_cells_uncovered_figures_are_labelled_not_covered_by_epsilon(
+    tmp_path):
+  # A DP run with --release_uncovered_metrics on a task that evaluates on its
+  # clients' data: summary.json lists its round seconds and evaluation under
+  # not_covered_by_epsilon. The table showed them beside epsilon unmarked.
+  grid = sweep.parse_grid(['bounding=clip'])
+  run = tmp_path / sweep.cell_name('bounding=clip', 0, (), {'bounding': 'clip'})
+  _fake_run(run, 0.5, 3.0, seconds=2.0)
+  summary = json.loads((run / 'summary.json').read_text())
+  summary['not_covered_by_epsilon'] = ['clients', 'train_loss', 'seconds',
+                                       'eval_loss', 'eval_accuracy']
+  (run / 'summary.json').write_text(json.dumps(summary))
+  sweep.summarise(str(tmp_path), grid, seeds=1)
+  table = (tmp_path / 'summary.md').read_text()
+  assert ('| clip | 1 |  | 0.5000 ± 0.0000 (not covered) | '
+          '3 (PLD, delta 1e-05) | 0.5 | 2 (not covered) |') in table
+  assert 'not covered: released with --release_uncovered_metrics' in table
+  with open(tmp_path / 'summary.csv', newline='') as f:
+    row = list(csv.DictReader(f))[0]
+  assert row['not_covered_by_epsilon'] == 'eval_accuracy; seconds'
