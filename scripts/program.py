@@ -293,8 +293,10 @@ def format_summary(summary) -> str:
     lines.append(
         f'final eval accuracy: {summary["final_eval_accuracy"]:.4f}')
   elif summary.get('evaluation_withheld'):
-    lines.append('final eval accuracy: withheld (the test data is the '
-                 "clients' own, which epsilon does not cover; "
+    # A task that does not say its test data is no client's counts as one
+    # whose data is (`program_logic.not_covered`).
+    lines.append('final eval accuracy: withheld (the test data is, or may '
+                 "be, the clients' own, which epsilon does not cover; "
                  '--release_uncovered_metrics releases it)')
   epsilon = summary['epsilon']
   private = summary.get('private', True)
