@@ -129,7 +129,8 @@ def build_cifar10(args: task_lib.BuildArgs, *,
                                        datasets.element_type_structure),
       name=f'cifar10_{model}', data_source=args.data_source,
       model_description=description,
-      data_description=f'{source}, {partition}')
+      data_description=f'{source}, {partition}',
+      evaluates_on_clients_data=False)  # The test split: no client's.
 
 
 def build_cifar100(args: task_lib.BuildArgs, *,

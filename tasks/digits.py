@@ -62,4 +62,5 @@ def build(args: task_lib.BuildArgs, *,
       datasets, model_fn, name='digits', data_source=args.data_source,
       model_description=f'MLP 64-{hidden_units}-10',
       data_description=(
-          f'scikit-learn digits (1,797 real 8x8 images), {partition}'))
+          f'scikit-learn digits (1,797 real 8x8 images), {partition}'),
+      evaluates_on_clients_data=False)  # A held-out split of its own.

@@ -274,4 +274,5 @@ def build_generated_word_prediction(
                          f'{extended_vocab_size(vocab_size) - vocab_size} '
                          'special tokens'),
       data_description=(f'{num_clients:,} generated Stack Overflow users '
-                        f'(seed {seed})'))
+                        f'(seed {seed})'),
+      evaluates_on_clients_data=False)  # Other users (seed + 1).

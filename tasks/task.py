@@ -90,7 +90,9 @@ class Task(tff.simulation.baselines.BaselineTask):
   data_description: str = attrs.field(kw_only=True)
   problem: Optional[Any] = attrs.field(default=None, kw_only=True)
   round_train_data: Optional[Any] = attrs.field(default=None, kw_only=True)
-  evaluates_on_clients_data: bool = attrs.field(default=False, kw_only=True)
+  # No default: a task says whose its test data is (forgotten, a DP run
+  # would release an evaluation of the clients' data as covered).
+  evaluates_on_clients_data: bool = attrs.field(kw_only=True)
 
   def __attrs_post_init__(self):
     """TFF's check that the model's input spec is the data's element spec.

@@ -104,3 +104,14 @@ def test_a_task_that_does_not_say_where_it_evaluates_has_its_evaluation_withheld
       True, False, program_logic.not_covered(task))
   assert not released_metric(('eval_loss',))
   assert not released_metric(('eval_accuracy',))
+
+
+def test_a_task_that_does_not_say_whose_its_test_data_is_cannot_be_built():
+  # Fails closed: a builder that forgot to say would have released its
+  # evaluation of the clients' data as covered by epsilon.
+  from tasks import task as task_lib  # pylint: disable=g-import-not-at-top
+  digits = program.build_task(training.TrainConfig(num_clients=5))
+  with pytest.raises(TypeError, match='evaluates_on_clients_data'):
+    task_lib.Task(digits.datasets, digits.model_fn, name='digits',
+                  data_source='offline', model_description='',
+                  data_description='')

@@ -424,7 +424,8 @@ def _spec_task(model_fn, element_spec):
       train_preprocess_fn=lambda d: d.batch(2)
       .map(lambda e: (e['x'], e['y'])))
   return task_lib.Task(datasets, model_fn, name='t', data_source='offline',
-                       model_description='', data_description='')
+                       model_description='', data_description='',
+                       evaluates_on_clients_data=True)
 
 
 def test_a_declared_input_spec_is_checked_as_tff_checks_it_without_a_model():
