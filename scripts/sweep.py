@@ -17,8 +17,8 @@ damaged summary or a lost metrics.csv from the run's records. At the end it writ
 `summary.md`: final accuracy mean +/- std over seeds, epsilon, the last
 round's clip norm, wall time per round (a DP run withholds it: round times
 reveal the cohort size; released on request, it and a DP run's evaluation of
-its clients' data are marked "not covered"), and the cells that failed. `--dry_run` prints the
-cells and writes nothing.
+its clients' data are marked "not covered"), and the cells that failed.
+`--dry_run` prints the cells and writes nothing.
 """
 
 import collections

@@ -29,8 +29,9 @@ public names this module re-exports.
 factorization optimized for the run's rounds and separation with at most
 `blt_buffers` buffers, noise from the run's secret key, state of (buffers x
 model) float32, and each cycle of b rounds accounted as one Gaussian whose
-composition covers every prefix of the run. No TensorFlow or dp_accounting import at module level: the
-command line checks its flags with these classes before either loads.
+composition covers every prefix of the run. No TensorFlow or dp_accounting
+import at module level: the command line checks its flags with these
+classes before either loads.
 """
 
 from __future__ import annotations

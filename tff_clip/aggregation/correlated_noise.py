@@ -90,8 +90,9 @@ def banded_matrix(bands: int, rounds: int) -> np.ndarray:
 
 def max_column_norm(bands: int) -> float:
   """max_j ||C e_j||: the first column's norm, sqrt(sum_j c_j^2) (C Toeplitz
-  with nonnegative coefficients, any number of rounds >= bands)."""
-  return float(np.sqrt(np.sum(banded_coefficients(bands)**2)))
+  with nonnegative coefficients, any number of rounds >= bands), of the C
+  whose inverse runs (`running_coefficients`)."""
+  return float(np.linalg.norm(running_coefficients(bands).astype(np.float64)))
 
 
 def sensitivity(bands: int, rounds: int, separation: int) -> float:
@@ -168,8 +169,7 @@ class Banded(noise_mechanisms.NoiseMechanism):
     # One participation touches one column of C: max_j ||C e_j|| when
     # participations are >= `bands` rounds apart (Choquette-Choo et al.
     # 2023, Thm. 2), for the C whose inverse runs: float32 coefficients.
-    return float(np.linalg.norm(
-        running_coefficients(self.bands).astype(np.float64)))
+    return max_column_norm(self.bands)
 
   def whitening_weights(self, round_num):
     # sum_j c_j Delta_{t-j} = (C x)_t + s z_t (a release before round 0

@@ -13,8 +13,9 @@ accountant computes its epsilon, which must meet the target, and the epsilon
 of z (1 - `TIGHTNESS`), which must not (else the cached z is looser than the
 calibration's own). Two evaluations instead of twenty; an entry that fails
 either check, holds a z the accountant refuses (beyond float32), names
-another key, or cannot be read or parsed is recalibrated and rewritten. So an entry edited to lower the noise cannot lower it, and
-one edited to raise it costs a recalibration, not utility.
+another key, or cannot be read or parsed is recalibrated and rewritten. So
+an entry edited to lower the noise cannot lower it, and one edited to raise
+it costs a recalibration, not utility.
 
 Where: the `calibration/` folder of the graph cache
 (`tff_clip.runtime.graph_cache.directory()`; off where that is off); files
