@@ -6,9 +6,10 @@ A run directory holds two kinds of files. What its rounds released
 what epsilon covers. `checkpoints/` must never be shared: a DP run's
 checkpoints hold the noise key, from which every round's noise can be
 regenerated and subtracted from the released model (docs/privacy.md).
-This command copies the first kind only, regular files alone (never
-through a symbolic link; what it leaves out it names), into a directory
-that must not exist yet, and refuses a run a process is training:
+This command copies the first kind only, regular files alone (never through
+a symbolic link; of a noised run's `tensorboard/`, only event files stamped
+with their rounds, never a clock; what it leaves out it names), into a
+directory that must not exist yet, and refuses a run a process is training:
 
   python -m scripts.share_run --run_dir=runs/digits_demo \
       --output_dir=runs/digits_demo_shared

@@ -611,6 +611,43 @@ def test_a_run_being_trained_is_not_shared(copy, tmp_path):
   assert 'releases.jsonl' in names
 
 
+def test_a_noised_runs_tensorboard_files_stamped_with_a_clock_are_not_shared(
+    copy, tmp_path):
+  """A noised run's TensorBoard view stamps each event with its round, never
+  a time (`release_managers.round_clock`). An event file TensorFlow's own
+  writer made in its tensorboard/ (as an older tff_clip wrote them, or
+  another program) holds the times each value was written: share_run
+  leaves it out, naming it, as it does a file that is no event file. The
+  run's own event files are copied as they are. Without noise nothing is
+  withheld, and the same file is shared."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  written = tmp_path / 'written'
+  with tf.summary.create_file_writer(str(written)).as_default():
+    for step in (1, 2):
+      tf.summary.scalar('train_loss', 0.5, step=step)
+  (stamped,) = written.iterdir()
+  own = sorted(p.name for p in (copy / 'tensorboard').iterdir())
+  shutil.copy(stamped, copy / 'tensorboard' / stamped.name)
+  (copy / 'tensorboard' / 'notes.txt').write_text('round 1 took 3 s\n')
+  names, skipped = checkpoints.share(str(copy), str(tmp_path / 'shared'))
+  assert 'tensorboard' in names
+  assert sorted(p.name for p in (tmp_path / 'shared' / 'tensorboard')
+                .iterdir()) == own
+  for name in own:
+    assert ((tmp_path / 'shared' / 'tensorboard' / name).read_bytes() ==
+            (copy / 'tensorboard' / name).read_bytes())
+  for name in (stamped.name, 'notes.txt'):
+    (line,) = [s for s in skipped if s.startswith(f'tensorboard/{name} ')]
+    assert 'holds no clock' in line
+
+  config = json.loads((copy / 'config.json').read_text())
+  config.update(noise_multiplier=None, target_epsilon=None)
+  (copy / 'config.json').write_text(json.dumps(config))
+  checkpoints.share(str(copy), str(tmp_path / 'plain'))
+  assert ((tmp_path / 'plain' / 'tensorboard' / stamped.name).read_bytes() ==
+          stamped.read_bytes())
+
+
 def test_released_files_are_readable_by_others(finished):
   """What a run releases stays readable by others (the umask may narrow it),
   and writable by its owner only."""

@@ -436,6 +436,55 @@ def _idle_run(run_dir: str):
   return lock
 
 
+def _added_noise(shared: str) -> bool:
+  """Whether the run copied to `shared` added noise: its config.json sets
+  --noise_multiplier or --target_epsilon. One that cannot be read counts as
+  noised (its TensorBoard files are then checked, never waved through)."""
+  try:
+    with open(os.path.join(shared, 'config.json'), encoding='utf-8') as f:
+      config = json.load(f)
+    return (config.get('noise_multiplier') is not None or
+            config.get('target_epsilon') is not None)
+  except (OSError, ValueError, AttributeError):
+    return True
+
+
+def _on_the_round_clock(path: str) -> bool:
+  """Whether `path` is a TensorBoard event file as a noised run's view
+  writes it (`release_managers.round_clock`): named `events.out.tfevents.*`,
+  holding events only, each with its step as its wall_time. TensorFlow's
+  writer (and an older tff_clip's) stamps every event with the time it was
+  written: their differences show the round times, which a noised run
+  withholds (they grow with the cohort, outside epsilon)."""
+  from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  if not os.path.basename(path).startswith('events.out.tfevents.'):
+    return False
+  records = list(run_records.tfrecords(path))
+  if not records and os.path.getsize(path):
+    return False  # Bytes that are no TFRecord: nothing read is no proof.
+  for record in records:
+    try:
+      event = event_pb2.Event.FromString(record)
+    except Exception:  # pylint: disable=broad-except
+      return False  # A record that is no event.
+    if event.wall_time != float(event.step):
+      return False
+  return True
+
+
+def _leave_out_clocked_events(shared: str, copied: list[str],
+                              skipped: list[str]) -> None:
+  """Removes from the copy `shared` of a noised run each file under
+  `tensorboard/` that is not on the round clock (`_on_the_round_clock`),
+  naming it in `skipped`."""
+  for name in [n for n in copied if n.startswith('tensorboard/')]:
+    if not _on_the_round_clock(os.path.join(shared, name)):
+      os.remove(os.path.join(shared, name))
+      copied.remove(name)
+      skipped.append(f'{name} (not events stamped with their round: a '
+                     "noised run's TensorBoard holds no clock)")
+
+
 def share(run_dir: str, destination: str) -> tuple[list[str], list[str]]:
   """Copies a run's released outputs, and nothing secret, to `destination`.
 
@@ -480,6 +529,8 @@ def share(run_dir: str, destination: str) -> tuple[list[str], list[str]]:
       _copy_regular(source, os.path.join(tmp, name), name, copied, skipped)
       if len(copied) > before or os.path.isdir(os.path.join(tmp, name)):
         names.append(name)
+    if _added_noise(tmp):
+      _leave_out_clocked_events(tmp, copied, skipped)
     if _write_released_model(run_dir, os.path.join(tmp, MODEL)):
       names.append(MODEL)
     os.rename(tmp, destination)
