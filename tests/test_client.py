@@ -169,6 +169,8 @@ def test_blur_penalty_rejects_structures_of_different_sizes():
     (0.7, [10, 6, 2], [3, 2, 1]),  # ceil(0.3 d), never 0 entries.
     (0.0, [10, 6, 2], [10, 6, 2]),
     (0.29, [100], [71]),  # 0.29 * 100 = 28.999999999999996 in floats.
+    # floor(2.9999996) = 2 zeroed: not 3, which is sparser than asked.
+    (0.29999996, [10], [8]),
     ([0.5, 0.9, 0.0], [10, 10, 4], [5, 1, 4]),  # One sparsity per layer.
 ])
 def test_lus_keeps_ceil_of_one_minus_sparsity_times_size_per_layer(

@@ -12,6 +12,7 @@ order.
 
 from __future__ import annotations
 
+import fractions
 import math
 
 import tensorflow as tf
@@ -60,9 +61,10 @@ def lus_keep_counts(structure_or_type_spec, sparsity: Sparsity) -> list[int]:
   Cheng et al. 2022 sets the sparsity c = 1 - s/d (Section 6, experiment settings).
   For d_h entries and sparsity c_h the layer keeps s_h = d_h - floor(c_h d_h)
   = ceil((1 - c_h) d_h) entries, and at least one: LUS is never sparser than
-  asked, and never silences a layer. (c_h d_h is rounded to 6 decimals
-  first: c = 0.29, d = 100 keeps 71, although 0.29 * 100 is
-  28.999999999999996 in floats.)
+  asked, and never silences a layer. (c_h d_h is exact, with c_h the decimal
+  a float's repr writes: c = 0.29, d = 100 keeps 71, although 0.29 * 100 is
+  28.999999999999996 in floats; and c = 0.29999996, d = 10 keeps 8, where
+  rounding the float product to a few decimals would have zeroed 3.)
 
   Args:
     structure_or_type_spec: a structure of tensors / `tf.TensorSpec`s, or a
@@ -90,7 +92,7 @@ def lus_keep_counts(structure_or_type_spec, sparsity: Sparsity) -> list[int]:
   counts = []
   for size, c in zip(sizes, per_layer):
     size = int(size)
-    zeroed = math.floor(round(c * size, 6))
+    zeroed = math.floor(fractions.Fraction(repr(float(c))) * size)
     counts.append(max(size - zeroed, 1) if size > 0 else 0)
   return counts
 
