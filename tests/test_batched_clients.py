@@ -387,6 +387,22 @@ def test_no_other_clients_example_enters_a_clients_padding():
       cohorts=[cohort, cohort[1:]], metrics=False)
 
 
+def test_a_diverged_clients_training_metrics_are_left_out_as_per_client():
+  # Client 1's features are inf: its update is not finite, and the client
+  # work resets its metrics (TFF's and tff_clip's: loss, accuracy, examples,
+  # batches), which the round then leaves out; the other clients' count.
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=[sum(SIZES), 2, 2]).astype(np.float32)
+  y = rng.integers(0, 3, size=[sum(SIZES)]).astype(np.int32)
+  x[SIZES[0]:SIZES[0] + SIZES[1]] = np.inf
+  output = _assert_batched_equals_per_client(
+      _mlp_model_fn(), _task(x, y, batch_size=3), _dp('normalize', 0.2), None,
+      rounds=1)
+  train = output.metrics['client_work']['train']
+  assert train['num_examples'] == sum(SIZES) - SIZES[1]
+  assert np.isfinite(train['loss'])
+
+
 @pytest.mark.parametrize('weighting', [_BY_EXAMPLES, _UNIFORM])
 def test_mean_without_dp_equals_per_client_path(weighting):
   # TFF's weighted mean: sum(w u) and sum(w), by examples or uniform.

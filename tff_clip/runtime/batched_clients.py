@@ -423,8 +423,14 @@ class BatchedRunner:
         tf.reduce_all(finite), lambda: deltas,
         lambda: [tf.where(tf.reshape(finite, [-1] + [1] * (d.shape.rank - 1)),
                           d, tf.zeros_like(d)) for d in deltas])
-    num_examples = tf.reduce_sum(batch_sizes, axis=1)  # [C] int64
-    num_batches = tf.reduce_sum(tf.cast(batch_sizes > 0, tf.int64), axis=1)
+    # A client whose update is not finite reports no training metrics: TFF's
+    # client work resets them (`model.reset_metrics()`), as tff_clip's does.
+    kept = lambda v: tf.where(finite, v, tf.zeros_like(v))
+    num_examples = kept(tf.reduce_sum(batch_sizes, axis=1))  # [C] int64
+    num_batches = kept(
+        tf.reduce_sum(tf.cast(batch_sizes > 0, tf.int64), axis=1))
+    loss_total, loss_count = kept(loss_total), kept(loss_count)
+    metric_sums = [(kept(total), kept(count)) for total, count in metric_sums]
 
     metrics = collections.OrderedDict()
     for name in p.metric_names:
