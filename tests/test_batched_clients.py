@@ -632,6 +632,28 @@ def test_layers_it_cannot_batch_are_refused(layer, why):
     batched_clients.BatchedRunner(runner, model_fn)
 
 
+def test_a_model_with_a_prediction_per_token_is_refused():
+  # Predictions [B, T, classes] (an Embedding, then a Dense on every token):
+  # the loss and metrics have a value per token, which the cohort call's
+  # per-example masks do not cover (it failed, or with T == B mixed the
+  # masks with the client axis); the per-client path runs such models.
+  def model_fn():
+    keras_model = tf.keras.Sequential([
+        tf.keras.layers.InputLayer(input_shape=(4,), dtype=tf.int32),
+        tf.keras.layers.Embedding(7, 3),
+        tf.keras.layers.Dense(3, activation='softmax')])
+    return tff.learning.models.from_keras_model(
+        keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(),
+        input_spec=collections.OrderedDict(
+            x=tf.TensorSpec([None, 4], tf.int32),
+            y=tf.TensorSpec([None, 4], tf.int32)))
+  process = algorithms.build_fedavg(
+      model_fn, client_optimizer=_sgd(0.1), server_optimizer=_sgd(1.0))
+  runner = simulation.InProcessRunner(process, client_threads=1)
+  with pytest.raises(batched_clients.Unsupported, match='one vector per'):
+    batched_clients.BatchedRunner(runner, model_fn)
+
+
 def test_momentum_and_client_noise_are_unsupported():
   process = algorithms.build_fedavg(
       tiny_model.model_fn, client_optimizer=_sgd(0.1),

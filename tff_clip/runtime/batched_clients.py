@@ -31,7 +31,8 @@ What is supported (`check_supported` says why not, in one line):
   `Conv2D` (channels last, valid or same padding, any strides and
   dilations), `Embedding` (without `mask_zero`) layers with any Keras
   activation, and weightless examplewise layers (`Flatten`, `Reshape`,
-  `Activation`, `ReLU`, `Softmax`, max, average and global pooling), with
+  `Activation`, `ReLU`, `Softmax`, max, average and global pooling), whose
+  predictions are one vector per example (not one per token), with
   no non-trainable weights (no batch normalization), no dropout and no
   regularization losses, one loss (a Keras `LossFunctionWrapper`, e.g.
   sparse categorical cross-entropy or mean squared error) and metrics that
@@ -159,6 +160,13 @@ def _layer_plan(keras_model) -> list:
       plan.append(('examplewise', layer, []))
     else:
       raise Unsupported(f'the model has a {kind} layer')
+  # The cohort call masks and counts a loss or metric value per example
+  # [C, B]; a model with more predictions per example (a token's, [B, T,
+  # ...]) would mix its masks up with the client axis, or fail.
+  if len(keras_model.output_shape) != 2:
+    raise Unsupported(f'the model predicts a tensor of shape '
+                      f'{keras_model.output_shape} per batch, not one vector '
+                      'per example')
   return plan
 
 
