@@ -31,7 +31,8 @@ What is supported (`check_supported` says why not, in one line):
   `Conv2D` (channels last, valid or same padding, any strides and
   dilations), `Embedding` (without `mask_zero`) layers with any Keras
   activation, and weightless examplewise layers (`Flatten`, `Reshape`,
-  `Activation`, `ReLU`, `Softmax`, max, average and global pooling), with
+  `Activation`, `ReLU`, `Softmax`, max, average and global pooling), whose
+  predictions are one vector per example (not one per token), with
   no non-trainable weights (no batch normalization), no dropout and no
   regularization losses, one loss (a Keras `LossFunctionWrapper`, e.g.
   sparse categorical cross-entropy or mean squared error) and metrics that
@@ -159,6 +160,13 @@ def _layer_plan(keras_model) -> list:
       plan.append(('examplewise', layer, []))
     else:
       raise Unsupported(f'the model has a {kind} layer')
+  # The cohort call masks and counts a loss or metric value per example
+  # [C, B]; a model with more predictions per example (a token's, [B, T,
+  # ...]) would mix its masks up with the client axis, or fail.
+  if len(keras_model.output_shape) != 2:
+    raise Unsupported(f'the model predicts a tensor of shape '
+                      f'{keras_model.output_shape} per batch, not one vector '
+                      'per example')
   return plan
 
 
@@ -423,8 +431,14 @@ class BatchedRunner:
         tf.reduce_all(finite), lambda: deltas,
         lambda: [tf.where(tf.reshape(finite, [-1] + [1] * (d.shape.rank - 1)),
                           d, tf.zeros_like(d)) for d in deltas])
-    num_examples = tf.reduce_sum(batch_sizes, axis=1)  # [C] int64
-    num_batches = tf.reduce_sum(tf.cast(batch_sizes > 0, tf.int64), axis=1)
+    # A client whose update is not finite reports no training metrics: TFF's
+    # client work resets them (`model.reset_metrics()`), as tff_clip's does.
+    kept = lambda v: tf.where(finite, v, tf.zeros_like(v))
+    num_examples = kept(tf.reduce_sum(batch_sizes, axis=1))  # [C] int64
+    num_batches = kept(
+        tf.reduce_sum(tf.cast(batch_sizes > 0, tf.int64), axis=1))
+    loss_total, loss_count = kept(loss_total), kept(loss_count)
+    metric_sums = [(kept(total), kept(count)) for total, count in metric_sums]
 
     metrics = collections.OrderedDict()
     for name in p.metric_names:

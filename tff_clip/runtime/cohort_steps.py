@@ -104,6 +104,20 @@ def _shared_gradients(layers, dz, count):
   return gradients
 
 
+def _own_examples(examples, rows):
+  """[K, B, ...] rows of `examples`, zeros where a row is -1."""
+  taken = tf.gather(examples, tf.maximum(rows, 0))
+  keep = tf.reshape(rows >= 0, tf.concat(
+      [tf.shape(rows), tf.ones([taken.shape.rank - 2], tf.int32)], 0))
+  return tf.where(keep, taken, tf.zeros_like(taken))
+
+
+def _masked(values, step_mask):
+  """`values` [K, B] with padding slots 0 (selected, not multiplied: a
+  slot's value may be inf, and inf * 0 is NaN)."""
+  return tf.where(step_mask > 0, values, tf.zeros_like(values))
+
+
 def local_steps(plan, loss, metrics, trainable, learning_rate, x_all, y_all,
                 index):
   """Every client's local SGD steps on its batches.
@@ -123,7 +137,14 @@ def local_steps(plan, loss, metrics, trainable, learning_rate, x_all, y_all,
     int64).
   """
   mask = index >= 0  # [C, S, B]
-  gather_index = tf.maximum(index, 0)
+  # A padding slot holds the client's own first example of that batch
+  # (-1, then zeros, where it has no such batch: step 0 of an empty
+  # client), never another client's: a slot's contribution is masked out,
+  # but 0 times a non-finite gradient is NaN, so an inf or NaN example of
+  # any client of the population in the slot would have made this client's
+  # update non-finite and zeroed it (its DP record a function of another
+  # client's data).
+  gather_index = tf.where(mask, index, index[:, :, :1])
   num_clients = tf.shape(index)[0]
   num_steps = tf.shape(index)[1]
   batch_sizes = tf.reduce_sum(tf.cast(mask, tf.int64), axis=2)  # [C, S]
@@ -133,7 +154,7 @@ def local_steps(plan, loss, metrics, trainable, learning_rate, x_all, y_all,
     """One step of some clients: weights [K, ...] (`shared`: unstacked, the
     same for all), rows and step_mask [K, B], size [K] -> (new weights [K,
     ...], loss sums, [(metric sums, counts)])."""
-    x, y = tf.gather(x_all, rows), tf.gather(y_all, rows)
+    x, y = _own_examples(x_all, rows), _own_examples(y_all, rows)
     with tf.GradientTape() as tape:
       if shared:
         predictions, layers = _shared_forward(plan, weights, x, tape)
@@ -143,7 +164,7 @@ def local_steps(plan, loss, metrics, trainable, learning_rate, x_all, y_all,
       per_example = tf.cast(loss.call(y, predictions), tf.float32)
       # Keras's SUM_OVER_BATCH_SIZE over the client's real examples.
       client_loss = tf.math.divide_no_nan(
-          tf.reduce_sum(per_example * step_mask, axis=1), size)
+          tf.reduce_sum(_masked(per_example, step_mask), axis=1), size)
       total = tf.reduce_sum(client_loss)
     if shared:
       gradients = _shared_gradients(
@@ -158,7 +179,7 @@ def local_steps(plan, loss, metrics, trainable, learning_rate, x_all, y_all,
     for metric in metrics.values():
       values = tf.cast(metric._fn(  # pylint: disable=protected-access
           y, predictions, **metric._fn_kwargs), tf.float32)  # pylint: disable=protected-access
-      sums.append((tf.reduce_sum(values * step_mask, axis=1),
+      sums.append((tf.reduce_sum(_masked(values, step_mask), axis=1),
                    tf.reduce_sum(step_mask, axis=1)))
     # TFF's loss metric: Mean(batch loss, sample_weight=batch size).
     return weights, client_loss * size, sums
