@@ -274,10 +274,18 @@ def client_data_from_arrays(arrays: Mapping[str, np.ndarray],
 
 def pool_client_data(client_data: tff.simulation.datasets.ClientData
                     ) -> collections.OrderedDict:
-  """All examples of all clients, as numpy arrays (in client-id order)."""
+  """All examples of all clients, as numpy arrays (in client-id order).
+
+  Not `create_tf_dataset_from_all_clients()`: it visits the clients in an
+  unseeded random order, and a partition of the pooled examples by index
+  would then differ at every build under one seed.
+  """
   spec = client_data.element_type_structure
   parts = collections.OrderedDict((key, []) for key in spec)
-  for batch in client_data.create_tf_dataset_from_all_clients().batch(4096):
+  pooled = tf.data.Dataset.from_tensor_slices(
+      sorted(client_data.client_ids)).flat_map(
+          client_data.serializable_dataset_fn)
+  for batch in pooled.batch(4096):
     for key in spec:
       parts[key].append(batch[key].numpy())
   if not parts or not next(iter(parts.values())):
