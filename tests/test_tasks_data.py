@@ -147,7 +147,6 @@ def test_online_emnist_can_be_pooled_and_repartitioned(tff_cache):
   assert sorted(sizes) == [3, 3, 3, 3]  # The 12 written examples, re-split.
 
 
-
 def test_online_emnist_repartitioned_under_one_seed_is_the_same_every_build(
     tff_cache):
   # The pooled writers' examples are split by index: pooled in a random
@@ -163,6 +162,7 @@ def test_online_emnist_repartitioned_under_one_seed_is_the_same_every_build(
             for c in data.client_ids]
   first = clients()
   assert all(clients() == first for _ in range(4))
+
 
 def test_online_natural_clients_subset_is_seeded(tff_cache):
   pick = lambda seed: tasks.get_task(
