@@ -225,7 +225,8 @@ def classes_per_client_partition(labels,
   Args:
     labels: 1-D integer class ids, one per example.
     num_clients: number of clients; num_clients * classes_per_client must be
-      at least the number of classes, or some class would be dropped.
+      at least the number of classes, or some class would be dropped, and
+      each class needs an example for every client that holds it.
     classes_per_client: the p of Yang et al. 2022.
     seed: seed of the generator.
 
@@ -252,6 +253,14 @@ def classes_per_client_partition(labels,
   for k in range(num_clients):
     for j in range(classes_per_client):
       holders[order[(k * classes_per_client + j) % classes.size]].append(k)
+  short = [c for c in classes if np.sum(labels == c) < len(holders[c])]
+  if short:
+    c = short[0]
+    raise ValueError(
+        f'`classes_per_client`={classes_per_client}: class {c} has '
+        f'{np.sum(labels == c)} example(s) for the {len(holders[c])} clients '
+        'that hold it, so some would hold fewer classes; use fewer clients '
+        'or fewer classes per client.')
   clients = [[] for _ in range(num_clients)]
   for c in classes:
     members = rng.permutation(np.flatnonzero(labels == c))

@@ -1,7 +1,7 @@
-"""The published benchmark settings as absl flag files (`scripts/flags/`).
+"""The benchmark settings as absl flag files (`scripts/flags/`).
 
-Each published setting (EMNIST, Shakespeare, Stack Overflow) has a file
-that, alone, is that setting on its real data (`--data_source=online`), and
+Each setting (EMNIST, Shakespeare, Stack Overflow) has a file that, alone,
+is that setting on its real data (`--data_source=online`), and
 a `_smoke` file that, after it, runs the same setting offline at a size the
 offline stand-in has (its clients, from docs/tasks.md's table: an
 independent count, which the slow suite checks against the tasks). Both
@@ -77,6 +77,32 @@ def test_the_published_file_is_the_setting_on_its_real_data(configs, name):
   assert fits_offline == (name == 'shakespeare')
 
 
+# The data sets each paper a flag file may cite trained on, from the papers
+# (../shared/seeds for Das et al. and Pelikan et al.: synthetic problems,
+# MNIST, CIFAR and LibriSpeech; Reddi et al. 2021 and Andrew et al. 2021
+# ran all three of these).
+TRAINED_ON = {
+    'Reddi et al.': {'emnist', 'shakespeare', 'stackoverflow'},
+    'Andrew et al.': {'emnist', 'shakespeare', 'stackoverflow'},
+    'Das et al.': set(),
+    'Pelikan et al.': set(),
+}
+
+
+@pytest.mark.parametrize('name', SETTINGS)
+def test_a_file_credits_a_published_setting_only_to_papers_run_on_its_data(
+    name):
+  lines = (FLAGS_DIR / f'{name}.cfg').read_text().splitlines()
+  head = ' '.join(line.lstrip('# ') for line in lines
+                  if line.startswith('#'))
+  cited = {paper for paper in TRAINED_ON if paper in head}
+  assert cited, head  # Every file says where its setting comes from.
+  if 'not a published one' in head:
+    return
+  assert 'the published setting' in head, head
+  assert all(name in TRAINED_ON[paper] for paper in cited), (name, cited)
+
+
 @pytest.mark.parametrize('name', SETTINGS)
 def test_the_smoke_file_runs_the_setting_offline_at_a_size_that_fits(
     configs, name):
@@ -84,7 +110,7 @@ def test_the_smoke_file_runs_the_setting_offline_at_a_size_that_fits(
   assert smoke['data_source'] == 'offline'
   assert smoke['clients_per_round'] <= _offline_clients(SETTINGS[name])
   assert smoke['rounds'] <= 2
-  # Everything else is the published setting's.
+  # Everything else is the full-size setting's.
   changed = {key for key in published if published[key] != smoke[key]}
   assert changed <= {'data_source', 'clients_per_round', 'rounds',
                      'eval_every', 'local_steps', 'max_concurrent_clients',

@@ -159,6 +159,19 @@ def test_too_few_clients_to_cover_every_class_is_rejected():
     partitions.classes_per_client_partition(_LABELS, 4, 2)
 
 
+def test_a_class_smaller_than_its_holders_is_rejected_not_dropped():
+  # 10 clients x 2 classes over 4 classes: each class is held by 5 clients,
+  # and class 3 has 4 examples, so one of its holders would hold 1 class.
+  labels = np.repeat(np.arange(4), [50, 50, 50, 4])
+  with pytest.raises(ValueError,
+                     match=r'`classes_per_client`=2: class 3 has 4 exam'):
+    partitions.classes_per_client_partition(labels, 10, 2)
+  # With a fifth example there is one for every holder: exactly 2 each.
+  labels = np.repeat(np.arange(4), [50, 50, 50, 5])
+  clients = partitions.classes_per_client_partition(labels, 10, 2)
+  assert [len(c) for c in _classes_of(clients, labels)] == [2] * 10
+
+
 def test_non_integer_labels_are_rejected():
   with pytest.raises(TypeError, match='integer class ids'):
     partitions.iid_partition(np.array([0.5, 1.5]), 1)
