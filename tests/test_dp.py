@@ -796,3 +796,32 @@ def test_4096_low_precision_records_sum_in_float32(dtype):
                              atol=num_clients * 2**-24 * np.abs(bounded).sum(0).max())
   mean, _, _ = query.get_noised_result(sample, state)
   assert tf.nest.flatten(mean)[0].dtype == dtype
+
+
+def test_extract_dp_event_from_a_state_around_the_dp_one_names_where_it_is():
+  # A user's two slips: the learning process's whole state, and the state of
+  # TFF's zeroing_factory around the DP factory (docs/composition.md). TFF's
+  # own extraction of the DP state the message points at is the oracle.
+  zeroed = tff.aggregators.zeroing_factory(10.0, dp.dp_factory(
+      'clip', noise_multiplier=0.5, clients_per_round=2.0, clip_norm=1.0,
+      weighted=False)).create(tff.TensorType(np.float32, [3]))
+  state = zeroed.next(zeroed.initialize(),
+                      [np.ones(3, np.float32)] * 2).state
+  learning_state = tff.learning.templates.LearningAlgorithmState(
+      global_model_weights=(), distributor=(), client_work=(),
+      aggregator=state, finalizer=())
+  expected = tff.aggregators.differential_privacy.extract_dp_event_from_state(
+      learning_state.aggregator['inner_agg'])
+  assert expected == dp_accounting.GaussianDpEvent(0.5)
+  for wrong, path, inside in [
+      (state, "['inner_agg']", lambda s: s['inner_agg']),
+      (learning_state, ".aggregator['inner_agg']",
+       lambda s: s.aggregator['inner_agg'])]:
+    with pytest.raises(TypeError) as error:
+      dp.extract_dp_event(wrong)
+    message = str(error.value)
+    assert '\n' not in message and message.startswith('`aggregator_state`')
+    assert f'dp.extract_dp_event(state{path})' in message
+    assert dp.extract_dp_event(inside(wrong)) == expected
+  with pytest.raises(TypeError, match='holds no DP aggregator state'):
+    dp.extract_dp_event(collections.OrderedDict(clip_norm=1.0, inner=()))

@@ -548,6 +548,43 @@ _signature_from_spec(dp_factory)
 
 
 def extract_dp_event(aggregator_state) -> dp_accounting.DpEvent:
-  """The `DpEvent` of the last round, from a DP aggregator's state."""
+  """The `DpEvent` of the last round, from a DP aggregator's state.
+
+  Raises TypeError, naming where the DP state is, for any other state: a
+  learning process's whole state (the DP state is `state.aggregator`), a
+  wrapper's (TFF's `zeroing_factory` holds it at `['inner_agg']`) or a
+  non-private factory's.
+  """
+  if not _is_dp_state(aggregator_state):
+    found = list(_dp_state_paths(aggregator_state, ''))
+    where = (f'; its DP aggregator state is at `{found[0]}`: '
+             f'dp.extract_dp_event(state{found[0]})' if len(found) == 1 else
+             f'; it holds DP aggregator states at {found}: pick one'
+             if found else ', which holds no DP aggregator state (a '
+             'non-private factory\'s?)')
+    raise TypeError('`aggregator_state` must be the state of a DP '
+                    'aggregator (`state.aggregator` of a process built with '
+                    f'dp_factory); got {type(aggregator_state).__name__}'
+                    f'{where}.')
   return tff.aggregators.differential_privacy.extract_dp_event_from_state(
       aggregator_state)
+
+
+def _is_dp_state(value) -> bool:
+  # TFF's `DPAggregatorState`, or the same fields as a runtime returns them.
+  return hasattr(value, 'dp_event') and hasattr(value, 'is_init_state')
+
+
+def _dp_state_paths(value, path: str):
+  """The paths (`.aggregator['inner_agg']`) of the DP states in `value`."""
+  if _is_dp_state(value):
+    yield path
+  elif isinstance(value, dict):
+    for key, item in value.items():
+      yield from _dp_state_paths(item, f'{path}[{key!r}]')
+  elif hasattr(value, '_fields'):  # A NamedTuple (LearningAlgorithmState).
+    for name in value._fields:
+      yield from _dp_state_paths(getattr(value, name), f'{path}.{name}')
+  elif isinstance(value, (list, tuple)):
+    for index, item in enumerate(value):
+      yield from _dp_state_paths(item, f'{path}[{index}]')
