@@ -40,3 +40,21 @@ def epsilon_key(accountant: str, delta: float, private: bool = True) -> str:
 def is_epsilon_key(key: str) -> bool:
   return key == EPSILON or (key.startswith(EPSILON + '_') and
                             '_delta_' in key)
+
+# Training choices (`tff_clip.program.config.TrainConfig`'s flags).
+CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
+# Server optimizers, each with its learning rate where --server_learning_rate
+# is not given. SGD and LARS: FedAvg's 1.0 (Pelikan et al. 2025 tuned LARS at
+# 0.3-3.4, App. G Tables 8-9). Adam and LAMB step each coordinate (layer) by
+# about eta whatever the update's scale, and diverge at 1.0: 0.01 (Pelikan et
+# al. tuned them at 0.0005-0.009). Measured in docs/training.md.
+SERVER_LEARNING_RATES = {'sgd': 1.0, 'sgdm': 1.0, 'adam': 0.01, 'lamb': 0.01,
+                         'lars': 1.0}
+SERVER_OPTIMIZERS = tuple(SERVER_LEARNING_RATES)
+SERVER_STEPS = ('auto', 'damped', 'held', 'fixed')
+EXECUTORS = ('inprocess', 'local', 'gpu', 'remote')
+# --client_execution: the batched path (`tff_clip.runtime.batched_clients`)
+# where the model allows it, or either path forced.
+CLIENT_EXECUTIONS = ('auto', 'batched', 'per_client')
+DATA_SOURCES = ('offline', 'online', 'synthetic')
+EVAL_SPLITS = ('test', 'validation')

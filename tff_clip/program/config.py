@@ -27,23 +27,14 @@ from tff_clip.aggregation import noise_following
 from tff_clip.aggregation import spec
 from tff_clip.aggregation.baselines import BASELINES, NO_BOUNDING, TFF_GAUSSIAN, TFF_TREE, Baseline, baseline  # pylint: disable=unused-import
 
-__all__ = [
-    'BOUNDINGS', 'CLIENT_OPTIMIZERS', 'EXECUTION_KEYS', 'EXECUTORS',
-    'ConfigError', 'SERVER_OPTIMIZERS', 'TrainConfig', 'blur_clip_norm',
-    'check_noise', 'default_experiment_name', 'fields', 'flag_error', 'validate',
-]
+__all__ = ['BOUNDINGS', 'EXECUTION_KEYS', 'ConfigError', 'TrainConfig',
+           'blur_clip_norm', 'check_noise', 'default_experiment_name',
+           'fields', 'flag_error', 'validate']
 
 # The --bounding values: tff_clip's registered boundings and the baselines
 # (`tff_clip.aggregation.baselines`: none and TFF's own aggregators).
 BOUNDINGS = ((NO_BOUNDING,) + mechanisms.BOUNDINGS.names +
              (TFF_GAUSSIAN, TFF_TREE))
-CLIENT_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
-SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'lamb', 'lars')
-SERVER_STEPS = ('auto', 'damped', 'held', 'fixed')
-EXECUTORS = ('inprocess', 'local', 'gpu', 'remote')
-CLIENT_EXECUTIONS = ('auto', 'batched', 'per_client')
-DATA_SOURCES = ('offline', 'online', 'synthetic')
-EVAL_SPLITS = ('test', 'validation')
 
 # How a run is executed, not what it computes: these may change on resume.
 EXECUTION_KEYS = ('executor', 'max_concurrent_clients', 'client_execution',
@@ -89,7 +80,7 @@ class TrainConfig:
   data_source: str = _field(
       'offline', 'offline: no network (digits, tinyshakespeare, generated); '
       'online: the real data set, downloaded once into --cache_dir; '
-      "synthetic: TFF's get_synthetic().", DATA_SOURCES)
+      "synthetic: TFF's get_synthetic().", names.DATA_SOURCES)
   task_options: tuple = _field(
       (), 'A task option as key=value (repeat the flag for several), e.g. '
       '--task_option=noise=student_t --task_option=tail_index=1.5 for '
@@ -108,7 +99,7 @@ class TrainConfig:
   eval_split: str = _field(
       'test', 'What centralized evaluation measures: test, or validation '
       "(the task's validation data; see --validation_fraction).",
-      EVAL_SPLITS)
+      names.EVAL_SPLITS)
   # Bounding. tff_clip's default: clipping or normalization, and the adaptive
   # norm's target quantile, chosen from the run's public noise numbers
   # (`tff_clip.aggregation.noise_following`; docs/frontier_history_2.md).
@@ -155,10 +146,14 @@ class TrainConfig:
       'most every b rounds (default: --bands).')
   # Training.
   rounds: int = _field(30, 'Training rounds, at most 100,000.')
-  client_optimizer: str = _field('sgd', 'Client optimizer.', CLIENT_OPTIMIZERS)
+  client_optimizer: str = _field('sgd', 'Client optimizer.',
+                                 names.CLIENT_OPTIMIZERS)
   client_learning_rate: float = _field(0.1, 'Client learning rate eta_L.')
-  server_optimizer: str = _field('sgd', 'Server optimizer.', SERVER_OPTIMIZERS)
-  server_learning_rate: float = _field(1.0, 'Server learning rate eta.')
+  server_optimizer: str = _field('sgd', 'Server optimizer.',
+                                 names.SERVER_OPTIMIZERS)
+  server_learning_rate: Optional[float] = _field(
+      None, 'Server learning rate eta (default: ' + ', '.join(
+          f'{lr} for {o}' for o, lr in names.SERVER_LEARNING_RATES.items()) + ')')
   server_momentum: float = _field(0.9, 'Momentum of --server_optimizer=sgdm.')
   server_step: str = _field(
       'auto', 'damped: halve the server learning rate when consecutive '
@@ -168,7 +163,7 @@ class TrainConfig:
       '(server_step.growth_held); both post-processing, no privacy cost; '
       'fixed: neither. auto: damped in DP runs of tff_clip\'s boundings '
       'with independent noise, else fixed.',
-      SERVER_STEPS)
+      names.SERVER_STEPS)
   local_epochs: int = _field(1, 'Passes over the client data per round.')
   local_steps: Optional[int] = _field(
       None, 'If set, exactly this many local steps (batches).')
@@ -195,14 +190,15 @@ class TrainConfig:
       'inprocess', "inprocess: TFF's MapReduceForm run in this process "
       "(tff_clip.runtime.simulation; fastest on one machine); local: TFF's C++ "
       'runtime; gpu: the same, refusing to run without a visible GPU; '
-      'remote: TFF workers (--workers).', EXECUTORS)
+      'remote: TFF workers (--workers).', names.EXECUTORS)
   max_concurrent_clients: Optional[int] = _field(
       None, 'Clients trained at once: the in-process executor\'s threads '
       '(default: one per CPU core, at most 4), the local worker\'s limit '
       '(default: none).')
   client_execution: str = _field(
       'auto', "batched: a round's clients in one TensorFlow call; per_client: "
-      'one by one; auto: batched where the run allows it.', CLIENT_EXECUTIONS)
+      'one by one; auto: batched where the run allows it.',
+      names.CLIENT_EXECUTIONS)
   workers: tuple = _field((), 'Remote executor: host:port of each TFF '
                           'worker_binary, comma-separated.')
   worker_timeout_s: float = _field(
@@ -214,8 +210,7 @@ class TrainConfig:
   checkpoint_interval_s: float = _field(
       0.0, "Skip a round's checkpoint while the last one is younger than "
       'this (0: every --checkpoint_every rounds). A killed run then re-runs '
-      'up to that many seconds. '
-      'Runs without DP only.')
+      'up to that many seconds. Runs without DP only.')
   cache_dir: Optional[str] = _field(None, 'Online data cache directory.')
   progress: bool = _field(True, 'Show a progress bar (off: one line a round).')
   plot: bool = _field(True, 'Draw plot.png from metrics.csv at the end.')
@@ -227,8 +222,9 @@ class TrainConfig:
       0.95, "Confidence of the audit's epsilon lower bound.")
 
   def __post_init__(self):
-    if self.clients_per_round is None and not self.participation_separation:
-      object.__setattr__(self, 'clients_per_round', DEFAULT_CLIENTS_PER_ROUND)
+    for name, default in _resolved_defaults(self).items():
+      if getattr(self, name) is None:
+        object.__setattr__(self, name, default)
     if not self.experiment_name:
       object.__setattr__(self, 'experiment_name',
                          default_experiment_name(self))
@@ -306,9 +302,15 @@ def _canonical(value):
   """`value` as hashed: numbers as floats (`--clip_norm=1` is 1.0), lists."""
   if isinstance(value, (tuple, list)):
     return [_canonical(v) for v in value]
-  if isinstance(value, (int, float)) and not isinstance(value, bool):
-    return float(value)
-  return value
+  numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+  return float(value) if numeric else value
+
+
+def _resolved_defaults(config: TrainConfig) -> dict[str, Any]:
+  """The defaults that follow other fields (None: separated, or unknown)."""
+  return {'clients_per_round': None if config.participation_separation else
+          DEFAULT_CLIENTS_PER_ROUND, 'server_learning_rate':
+          names.SERVER_LEARNING_RATES.get(config.server_optimizer)}
 
 
 def default_experiment_name(config: TrainConfig) -> str:
@@ -321,13 +323,12 @@ def default_experiment_name(config: TrainConfig) -> str:
   compute get different directories, and the same command (or the same
   flags in another order, or a default given explicitly) finds its run again.
   """
-  changed = {
-      field.name: _canonical(getattr(config, field.name))
-      for field in dataclasses.fields(config)
-      if field.name not in _NAMED + EXECUTION_KEYS
-      and getattr(config, field.name) != field.default and not (
-          field.name == 'clients_per_round' and config.clients_per_round ==
-          DEFAULT_CLIENTS_PER_ROUND and not config.participation_separation)}
+  defaults = {field.name: field.default for field in dataclasses.fields(config)
+              } | _resolved_defaults(config)
+  changed = {name: _canonical(getattr(config, name))
+             for name, default in defaults.items()
+             if name not in _NAMED + EXECUTION_KEYS
+             and getattr(config, name) != default}
   if changed.get('noise_multiplier', 0) is None:
     del changed['noise_multiplier']  # No `_dp`, or --target_epsilon.
   name = (f'{config.task}_{config.bounding}{"_dp" if config.private else ""}'
@@ -374,9 +375,8 @@ def one_of(value, name, choices):
 
 def _check_choices(config):
   for field, _ in fields():
-    choices = field.metadata.get('choices')
-    if choices:
-      one_of(getattr(config, field.name), field.name, choices)
+    if field.metadata.get('choices'):
+      one_of(getattr(config, field.name), field.name, field.metadata['choices'])
 
 
 _FLAG_NAMES = {'separation': 'min_separation'}  # Library name: flag name.

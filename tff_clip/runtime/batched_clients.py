@@ -73,12 +73,7 @@ from tff_clip.runtime import graph_cache
 from tff_clip.runtime import runner_cache
 from tff_clip.runtime import tf_graphs
 
-__all__ = ['CLIENT_EXECUTIONS', 'SMALL_MODEL', 'BatchedRunner',
-           'Unsupported', 'check_supported']
-
-# --client_execution: the batched path where the model allows it, or
-# either path forced.
-CLIENT_EXECUTIONS = ('auto', 'batched', 'per_client')
+__all__ = ['SMALL_MODEL', 'BatchedRunner', 'Unsupported', 'check_supported']
 
 
 # The most trainable parameters of a model whose cohort `auto` batches: above
