@@ -171,3 +171,33 @@ def test_another_users_link_cannot_make_a_dp_run_train_from_round_1_again(
   program.run(config)
   released = (first / 'x' / 'releases.jsonl').read_text().splitlines()
   assert [json.loads(line)['round'] for line in released] == [1, 2]
+
+
+@pytest.mark.parametrize('name', ['.lock', 'releases.jsonl', 'metrics.csv'])
+def test_a_run_file_hard_linked_to_another_file_is_never_written_through(
+    tmp_path, name):
+  """A hard link is a link too: a `.lock` (or a log a run appends to) that
+  is another name of a file elsewhere (planted while the directory was
+  open to others, where the kernel lets anyone link a file they can name,
+  fs.protected_hardlinks=0) passes `O_NOFOLLOW` and `fstat`'s owner and
+  mode, and truncating or appending to it changes that file. Refused in one
+  line naming it; the other file keeps every byte. Oracle: the file's bytes
+  and `os.stat`'s link count (POSIX: two names, one inode)."""
+  run_dir = tmp_path / 'run'
+  run_dir.mkdir(mode=0o755)
+  precious = tmp_path / 'precious'
+  precious.write_bytes(b"the victim's file\n")
+  os.chmod(precious, 0o644)
+  os.link(precious, run_dir / name)
+  assert os.stat(precious).st_nlink == 2
+  with pytest.raises(ownership.UnsafeFileError, match='hard link') as error:
+    if name == '.lock':
+      with run_records.exclusive(str(run_dir)):
+        pass
+    else:
+      with ownership.open_file(str(run_dir / name), 'ab') as f:
+        f.write(b'a released round\n')
+  assert '\n' not in str(error.value) and name in str(error.value)
+  assert precious.read_bytes() == b"the victim's file\n"
+  # Read-only opens stay allowed: reading changes no file.
+  assert ownership.read_bytes(str(run_dir / name)) == b"the victim's file\n"

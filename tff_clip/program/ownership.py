@@ -276,8 +276,8 @@ def open_file(path: str, mode: str = 'rb', *, create_mode: int = FILE_MODE,
   with 'b' for bytes. Opened with `O_NOFOLLOW` (a symbolic link, even one
   that points nowhere, is refused and nothing is created through it) and
   `O_NONBLOCK` (a FIFO does not hang the open), then checked with `fstat`:
-  a regular file, owned by this user or root, writable by no one else.
-  `RunRecordError` (one line naming the file) otherwise; `OSError` as
+  a regular file, owned by this user or root, writable by no one else,
+  and, opened to write, of one name (no hard link). `RunRecordError` (one line naming the file) otherwise; `OSError` as
   `os.open` raises it (a missing file).
   """
   flags = _OPEN_FLAGS[mode.replace('b', '')]
@@ -293,6 +293,10 @@ def open_file(path: str, mode: str = 'rb', *, create_mode: int = FILE_MODE,
     if not stat.S_ISREG(st.st_mode):
       raise _refused(path, 'is not a regular file')
     reason = _others_control(st, acl_of=fd)
+    if reason is None and flags != os.O_RDONLY and st.st_nlink != 1:
+      # A hard link passes O_NOFOLLOW and the owner's checks, yet a write
+      # (the lock's truncation, an append) changes the file's other name.
+      reason = f'is a hard link ({st.st_nlink} names of one file)'
     if reason is not None:
       raise _refused(path, reason)
     os.set_blocking(fd, True)
