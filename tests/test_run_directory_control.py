@@ -201,3 +201,46 @@ def test_a_run_file_hard_linked_to_another_file_is_never_written_through(
   assert precious.read_bytes() == b"the victim's file\n"
   # Read-only opens stay allowed: reading changes no file.
   assert ownership.read_bytes(str(run_dir / name)) == b"the victim's file\n"
+
+
+def _dp_run_to_share(run_dir):
+  """A DP run directory as share_run finds it: its config, a released
+  ledger, and a checkpoint (the noise key: random bytes, 0600 in 0700)."""
+  run_dir.mkdir(mode=0o755)
+  (run_dir / 'config.json').write_text(json.dumps({'noise_multiplier': 1.0}))
+  (run_dir / 'ledger.json').write_text('{"epsilon_per_round": [[1, 0.5]]}')
+  (run_dir / 'checkpoints').mkdir(mode=0o700)
+  secret = run_dir / 'checkpoints' / 'round_000001.npz'
+  secret.write_bytes(os.urandom(64))
+  os.chmod(secret, 0o600)
+  for path in run_dir.rglob('*'):
+    if path.is_file() and path != secret:
+      os.chmod(path, 0o644)
+  return secret.read_bytes()
+
+
+def test_share_run_refuses_a_run_directory_another_user_may_write(shared):
+  """Another user who may write the run directory cannot read checkpoints/
+  (0700), but may rename it (a rename within one directory needs no write
+  on the directory moved): to `ledger.json`, a name share_run copies. Had
+  share_run copied that run, the noise key would be in the shared copy.
+  A run directory another user may write is refused, as training refuses
+  it (StrictModes), in one line; nothing is created. Oracle: what that
+  user can really do (setpriv), checked first."""
+  from tff_clip.program import checkpoints  # pylint: disable=g-import-not-at-top
+  run_dir = shared / 'run'
+  secret = _dp_run_to_share(run_dir)
+  os.chmod(run_dir, 0o777)
+  key = run_dir / 'checkpoints' / 'round_000001.npz'
+  assert _as_nobody('cat', str(key)).returncode != 0  # Not theirs to read.
+  renamed = _as_nobody('sh', '-c', f'rm {run_dir}/ledger.json && '
+                       f'mv {run_dir}/checkpoints {run_dir}/ledger.json')
+  assert renamed.returncode == 0, renamed.stderr
+  destination = shared / 'out'
+  with pytest.raises(run_records.LocationError) as error:
+    checkpoints.share(str(run_dir), str(destination))
+  message = str(error.value)
+  assert '\n' not in message and 'writable by others (mode 0777' in message
+  assert repr(str(run_dir)) in message
+  assert sorted(p.name for p in shared.iterdir()) == ['run']
+  assert (run_dir / 'ledger.json' / key.name).read_bytes() == secret

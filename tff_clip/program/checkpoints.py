@@ -496,8 +496,12 @@ def share(run_dir: str, destination: str) -> tuple[list[str], list[str]]:
   not name stay behind; of what it names only regular files are copied,
   never through a symbolic link (a link in `tensorboard/` to a checkpoint
   copies nothing of it): links, hidden files and anything else are left
-  out and named.
+  out and named. A run directory another user could change is refused
+  (`run_records.check_location`), as training refuses it.
   """
+  # As training does (StrictModes): whoever else may write the run
+  # directory may rename its checkpoints/ to a name copied here.
+  run_records.check_location(run_dir, '--run_dir')
   config = os.path.join(run_dir, 'config.json')
   if not os.path.isfile(config) or os.path.islink(config):
     raise run_records.RunRecordError(f'{run_dir!r} holds no tff_clip run (no '
