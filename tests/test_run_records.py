@@ -1563,6 +1563,47 @@ def test_share_run_leaves_a_directory_of_its_temporary_name_alone(copy,
                                                         'shared']
 
 
+def _dp_run_to_share(run_dir):
+  """A DP run directory as share_run finds it, made by hand (no training):
+  its config, a released ledger and metrics, and a checkpoint (the noise
+  key: random bytes, 0600 in 0700). Returns the checkpoint's bytes."""
+  run_dir.mkdir(mode=0o755)
+  (run_dir / 'config.json').write_text(json.dumps({'noise_multiplier': 1.0}))
+  (run_dir / 'ledger.json').write_text('{"epsilon_per_round": [[1, 0.5]]}')
+  (run_dir / 'metrics.csv').write_text('round,epsilon_pld_delta_1e-05\n1,0.5\n')
+  (run_dir / 'checkpoints').mkdir(mode=0o700)
+  secret = run_dir / 'checkpoints' / 'round_000001.npz'
+  secret.write_bytes(os.urandom(64))
+  for path in run_dir.rglob('*'):
+    if path.is_file():
+      os.chmod(path, 0o600 if path == secret else 0o644)
+  return secret.read_bytes()
+
+
+@pytest.mark.parametrize('name', ['ledger.json', 'metrics.csv'])
+def test_share_run_copies_no_directory_in_the_place_of_a_released_file(
+    tmp_path, name):
+  """A run writes `ledger.json`, `metrics.csv` (every shared name but
+  `tensorboard/`) as regular files. A directory there (checkpoints/ renamed
+  to it, as another user who could once write the run directory may do
+  without reading it: a rename within one directory needs no write on the
+  directory moved) is left out and named, whatever it holds; no shared
+  file holds the checkpoint's bytes. Oracle: the bytes of every shared
+  file against the checkpoint's."""
+  run_dir = tmp_path / 'run'
+  secret = _dp_run_to_share(run_dir)
+  (run_dir / name).unlink()
+  (run_dir / 'checkpoints').rename(run_dir / name)
+  names, skipped = checkpoints.share(str(run_dir), str(tmp_path / 'shared'))
+  assert name not in names
+  assert [s for s in skipped if s.startswith(name)] == [
+      f'{name} (a directory, where a run writes a file)']
+  shared = tmp_path / 'shared'
+  assert not (shared / name).exists()
+  for path in shared.rglob('*'):
+    assert not path.is_file() or path.read_bytes() != secret, path
+
+
 def test_a_blt_run_resumed_under_another_factorization_is_refused(
     tmp_path, monkeypatch):
   """BLT's parameters come out of scipy's optimizer, which another version

@@ -368,17 +368,26 @@ def _write_released_model(run_dir: str, path: str) -> bool:
   return True
 
 
+# What a run writes as a directory of released files; every other shared
+# name is a file (a directory there, checkpoints/ renamed, is no release).
+_RELEASED_DIRS = ('tensorboard',)
+
+
 def _copy_regular(source: str, target: str, name: str,
                   copied: list[str], skipped: list[str]) -> None:
   """Copies the regular files under `source` to `target`, never through a
   link: a link, or anything but a regular file or a directory, is left out
-  and named in `skipped` (as `name`, the path within the run directory)."""
+  and named in `skipped` (as `name`, the path within the run directory),
+  as is a directory outside `_RELEASED_DIRS`."""
   try:
     st = os.lstat(source)
   except OSError as e:
     skipped.append(f'{name} ({e.strerror})')
     return
   if stat.S_ISDIR(st.st_mode):
+    if name.split('/')[0] not in _RELEASED_DIRS:
+      skipped.append(f'{name} (a directory, where a run writes a file)')
+      return
     os.mkdir(target, 0o755)
     for entry in sorted(os.listdir(source)):
       _copy_regular(os.path.join(source, entry), os.path.join(target, entry),
