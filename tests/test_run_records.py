@@ -1604,6 +1604,44 @@ def test_share_run_copies_no_directory_in_the_place_of_a_released_file(
     assert not path.is_file() or path.read_bytes() != secret, path
 
 
+def test_share_run_copies_no_file_of_another_user(tmp_path):
+  """A file another user owns (planted while the run directory was open to
+  them; it stays theirs after the owner's chmod go-w) is theirs to write:
+  here a config.json that says the DP run had no noise, so that its
+  TensorBoard files stamped with the times of writing (the withheld round
+  seconds) would be shared. Training refuses such a file; share_run leaves
+  it out and names it, counts the run as noised (its configuration unread)
+  and leaves out the clocked events. Oracle: `os.stat`'s owner, and each
+  event's wall_time read back with TensorBoard's protocol buffers."""
+  _as_root_only('A file of another owner')
+  from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  from tensorboard.summary.writer import record_writer  # pylint: disable=g-import-not-at-top
+  run_dir = tmp_path / 'run'
+  _dp_run_to_share(run_dir)
+  (run_dir / 'tensorboard').mkdir(mode=0o755)
+  clocked = run_dir / 'tensorboard' / 'events.out.tfevents.1700000000.host'
+  with open(clocked, 'wb') as f:
+    writer = record_writer.RecordWriter(f)
+    for step, seconds in ((1, 1700000000.0), (2, 1700000007.5)):
+      writer.write(event_pb2.Event(step=step, wall_time=seconds)
+                   .SerializeToString())
+  os.chmod(clocked, 0o644)
+  (run_dir / 'config.json').unlink()
+  (run_dir / 'config.json').write_text(json.dumps({'noise_multiplier': None}))
+  os.chmod(run_dir / 'config.json', 0o644)
+  os.chown(run_dir / 'config.json', 65534, 65534)
+  assert os.stat(run_dir / 'config.json').st_uid == 65534
+  names, skipped = checkpoints.share(str(run_dir), str(tmp_path / 'shared'))
+  assert 'config.json' not in names
+  assert any(s.startswith('config.json (') for s in skipped), skipped
+  shared = tmp_path / 'shared'
+  assert not (shared / 'config.json').exists()
+  for path in (shared / 'tensorboard').rglob('*'):
+    for record in run_records.tfrecords(str(path)):
+      event = event_pb2.Event.FromString(record)
+      assert event.wall_time == float(event.step), path
+
+
 def test_a_blt_run_resumed_under_another_factorization_is_refused(
     tmp_path, monkeypatch):
   """BLT's parameters come out of scipy's optimizer, which another version

@@ -378,7 +378,8 @@ def _copy_regular(source: str, target: str, name: str,
   """Copies the regular files under `source` to `target`, never through a
   link: a link, or anything but a regular file or a directory, is left out
   and named in `skipped` (as `name`, the path within the run directory),
-  as is a directory outside `_RELEASED_DIRS`."""
+  as is a directory outside `_RELEASED_DIRS` and a file another user owns
+  or may write (`run_records.open_file`)."""
   try:
     st = os.lstat(source)
   except OSError as e:
@@ -403,16 +404,18 @@ def _copy_regular(source: str, target: str, name: str,
     skipped.append(f'{name} (a hidden file)')
     return
   try:
-    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK |
-                 os.O_CLOEXEC)
-  except OSError as e:  # Replaced by a link meanwhile: ELOOP.
+    # As a run opens its files: no link, a regular file of the user's (or
+    # root's) no one else may write; another's is theirs to have written.
+    f = run_records.open_file(source, 'rb')
+  except run_records.UnsafeFileError:
+    skipped.append(f'{name} (not a regular file of yours that no one else '
+                   'may write)')
+    return
+  except OSError as e:
     skipped.append(f'{name} ({e.strerror})')
     return
-  with open(fd, 'rb') as f:
+  with f:
     st = os.fstat(f.fileno())
-    if not stat.S_ISREG(st.st_mode):
-      skipped.append(f'{name} (not a regular file)')
-      return
     out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL |
                   os.O_NOFOLLOW | os.O_CLOEXEC, stat.S_IMODE(st.st_mode))
     with open(out, 'wb') as g:
