@@ -244,3 +244,29 @@ def test_share_run_refuses_a_run_directory_another_user_may_write(shared):
   assert repr(str(run_dir)) in message
   assert sorted(p.name for p in shared.iterdir()) == ['run']
   assert (run_dir / 'ledger.json' / key.name).read_bytes() == secret
+
+
+def test_a_dot_dot_after_a_link_is_checked_where_the_kernel_takes_it(
+    tmp_path):
+  """`runs/link/../x`: the kernel follows `link` first, then goes to the
+  parent of where it leads, not to `runs/x` as `os.path.abspath` spells it.
+  The directory checked must be the one a run's files are opened in: here
+  one others may write (0777, where another user could have made the run
+  directory and its files theirs to swap), refused in one line; nothing is
+  made where the spelling points. Oracle: `os.stat` of the path as given
+  (the kernel's resolution) against the open directory's."""
+  home, open_to_all = tmp_path / 'home', tmp_path / 'open'
+  home.mkdir(mode=0o755)
+  (open_to_all / 'sub').mkdir(parents=True)
+  os.chmod(open_to_all, 0o777)
+  (home / 'link').symlink_to(open_to_all / 'sub')
+  given = f'{home}/link/../runs'
+  (open_to_all / 'runs').mkdir(mode=0o755)
+  assert os.stat(given).st_ino == os.stat(open_to_all / 'runs').st_ino
+  for check in (run_records.check_location, run_records.ensure_dir):
+    with pytest.raises(run_records.LocationError) as error:
+      check(f'{given}/x')
+    assert '\n' not in str(error.value)
+    assert repr(str(open_to_all)) in str(error.value)
+    assert 'mode 0777' in str(error.value)
+  assert not (home / 'runs').exists()

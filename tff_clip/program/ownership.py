@@ -174,6 +174,19 @@ def _links(path: str) -> list[tuple[str, os.stat_result]]:
   return found
 
 
+def _absolute(path: str) -> str:
+  """`path` made absolute, each '..' taken as the kernel takes it: the
+  parent of where the path so far leads, its links followed (`abspath`
+  drops the component before it, a link's parent instead)."""
+  resolved = '/' if path.startswith('/') else os.getcwd()
+  for part in path.split('/'):
+    if part == '..':
+      resolved = os.path.dirname(os.path.realpath(resolved))
+    elif part not in ('', '.'):
+      resolved = os.path.join(resolved, part)
+  return resolved
+
+
 def _chain(path: str) -> list[str]:
   """`path` and every directory above it, deepest first."""
   chain = [path]
@@ -195,8 +208,8 @@ def check_location(directory: str, argument: str = '--root_output_dir'
   nothing; `LocationError` (one line naming the directory and its owner or
   mode) where another user could change it.
   """
-  path = os.path.abspath(directory)
-  for link, st in _links(path):
+  path = _absolute(directory)
+  for link, st in _links(os.path.join(os.getcwd(), directory)):
     # Its owner may point it elsewhere at any time (even in a sticky /tmp):
     # which directory is the run's would be theirs to choose.
     if not _trusted_owner(st.st_uid):
@@ -234,7 +247,7 @@ def ensure_dir(path: str, argument: str = '--root_output_dir') -> None:
   """Creates `path` and the directories above it that are missing, each
   writable by its owner only (`DIR_MODE`), then `check_location`."""
   missing = []
-  at = os.path.abspath(path)
+  at = _absolute(path)
   while not os.path.lexists(at):
     missing.append(at)
     at = os.path.dirname(at)
