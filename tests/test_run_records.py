@@ -1642,6 +1642,27 @@ def test_share_run_copies_no_file_of_another_user(tmp_path):
       assert event.wall_time == float(event.step), path
 
 
+def test_share_run_never_writes_into_the_run_through_a_dot_dot(tmp_path):
+  """`elsewhere/link/../shared`, `link` leading into the run's
+  checkpoints/: the kernel follows `link`, then takes its target's parent,
+  so the copy would land in the run directory, whose records it would
+  change (refused when spelled plainly). `os.path.abspath` spells it
+  `elsewhere/shared`: refused all the same, nothing written in the run.
+  Oracle: the run directory's entries before and after (`os.listdir`)."""
+  run_dir = tmp_path / 'run'
+  _dp_run_to_share(run_dir)
+  elsewhere = tmp_path / 'elsewhere'
+  elsewhere.mkdir()
+  (elsewhere / 'link').symlink_to(run_dir / 'checkpoints')
+  destination = f'{elsewhere}/link/../shared'
+  before = sorted(os.listdir(run_dir))
+  with pytest.raises(run_records.RunRecordError,
+                     match='inside the run directory'):
+    checkpoints.share(str(run_dir), destination)
+  assert sorted(os.listdir(run_dir)) == before
+  assert sorted(os.listdir(elsewhere)) == ['link']
+
+
 def test_a_blt_run_resumed_under_another_factorization_is_refused(
     tmp_path, monkeypatch):
   """BLT's parameters come out of scipy's optimizer, which another version

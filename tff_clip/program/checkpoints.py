@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from tff_clip.program import ownership
 from tff_clip.program import run_records
 
 __all__ = ['Checkpoints', 'SECRET_DIR_MODE', 'SECRET_FILE_MODE',
@@ -521,7 +522,8 @@ def share(run_dir: str, destination: str) -> tuple[list[str], list[str]]:
   if os.path.lexists(destination):
     raise run_records.RunRecordError(f'{destination!r} exists; nothing was copied or '
                          'overwritten. Name a new directory.')
-  parent = os.path.dirname(os.path.abspath(destination))
+  # Where the kernel puts it: a '..' after a link is its target's parent.
+  parent = os.path.dirname(ownership.absolute_path(destination))
   inside = os.path.realpath(parent)
   if os.path.commonpath([inside, os.path.realpath(run_dir)]) == (
       os.path.realpath(run_dir)):

@@ -31,8 +31,8 @@ from typing import Optional
 
 __all__ = [
     'DIR_MODE', 'FILE_MODE', 'LocationError', 'RunRecordError',
-    'UnsafeFileError', 'check_location', 'check_tree', 'ensure_dir',
-    'open_file', 'read_bytes', 'tfrecords',
+    'UnsafeFileError', 'absolute_path', 'check_location', 'check_tree',
+    'ensure_dir', 'open_file', 'read_bytes', 'tfrecords',
 ]
 
 
@@ -174,7 +174,7 @@ def _links(path: str) -> list[tuple[str, os.stat_result]]:
   return found
 
 
-def _absolute(path: str) -> str:
+def absolute_path(path: str) -> str:
   """`path` made absolute, each '..' taken as the kernel takes it: the
   parent of where the path so far leads, its links followed (`abspath`
   drops the component before it, a link's parent instead)."""
@@ -208,7 +208,7 @@ def check_location(directory: str, argument: str = '--root_output_dir'
   nothing; `LocationError` (one line naming the directory and its owner or
   mode) where another user could change it.
   """
-  path = _absolute(directory)
+  path = absolute_path(directory)
   for link, st in _links(os.path.join(os.getcwd(), directory)):
     # Its owner may point it elsewhere at any time (even in a sticky /tmp):
     # which directory is the run's would be theirs to choose.
@@ -247,7 +247,7 @@ def ensure_dir(path: str, argument: str = '--root_output_dir') -> None:
   """Creates `path` and the directories above it that are missing, each
   writable by its owner only (`DIR_MODE`), then `check_location`."""
   missing = []
-  at = _absolute(path)
+  at = absolute_path(path)
   while not os.path.lexists(at):
     missing.append(at)
     at = os.path.dirname(at)
