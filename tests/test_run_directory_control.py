@@ -171,3 +171,102 @@ def test_another_users_link_cannot_make_a_dp_run_train_from_round_1_again(
   program.run(config)
   released = (first / 'x' / 'releases.jsonl').read_text().splitlines()
   assert [json.loads(line)['round'] for line in released] == [1, 2]
+
+
+@pytest.mark.parametrize('name', ['.lock', 'releases.jsonl', 'metrics.csv'])
+def test_a_run_file_hard_linked_to_another_file_is_never_written_through(
+    tmp_path, name):
+  """A hard link is a link too: a `.lock` (or a log a run appends to) that
+  is another name of a file elsewhere (planted while the directory was
+  open to others, where the kernel lets anyone link a file they can name,
+  fs.protected_hardlinks=0) passes `O_NOFOLLOW` and `fstat`'s owner and
+  mode, and truncating or appending to it changes that file. Refused in one
+  line naming it; the other file keeps every byte. Oracle: the file's bytes
+  and `os.stat`'s link count (POSIX: two names, one inode)."""
+  run_dir = tmp_path / 'run'
+  run_dir.mkdir(mode=0o755)
+  precious = tmp_path / 'precious'
+  precious.write_bytes(b"the victim's file\n")
+  os.chmod(precious, 0o644)
+  os.link(precious, run_dir / name)
+  assert os.stat(precious).st_nlink == 2
+  with pytest.raises(ownership.UnsafeFileError, match='hard link') as error:
+    if name == '.lock':
+      with run_records.exclusive(str(run_dir)):
+        pass
+    else:
+      with ownership.open_file(str(run_dir / name), 'ab') as f:
+        f.write(b'a released round\n')
+  assert '\n' not in str(error.value) and name in str(error.value)
+  assert precious.read_bytes() == b"the victim's file\n"
+  # Read-only opens stay allowed: reading changes no file.
+  assert ownership.read_bytes(str(run_dir / name)) == b"the victim's file\n"
+
+
+def _dp_run_to_share(run_dir):
+  """A DP run directory as share_run finds it: its config, a released
+  ledger, and a checkpoint (the noise key: random bytes, 0600 in 0700)."""
+  run_dir.mkdir(mode=0o755)
+  (run_dir / 'config.json').write_text(json.dumps({'noise_multiplier': 1.0}))
+  (run_dir / 'ledger.json').write_text('{"epsilon_per_round": [[1, 0.5]]}')
+  (run_dir / 'checkpoints').mkdir(mode=0o700)
+  secret = run_dir / 'checkpoints' / 'round_000001.npz'
+  secret.write_bytes(os.urandom(64))
+  os.chmod(secret, 0o600)
+  for path in run_dir.rglob('*'):
+    if path.is_file() and path != secret:
+      os.chmod(path, 0o644)
+  return secret.read_bytes()
+
+
+def test_share_run_refuses_a_run_directory_another_user_may_write(shared):
+  """Another user who may write the run directory cannot read checkpoints/
+  (0700), but may rename it (a rename within one directory needs no write
+  on the directory moved): to `ledger.json`, a name share_run copies. Had
+  share_run copied that run, the noise key would be in the shared copy.
+  A run directory another user may write is refused, as training refuses
+  it (StrictModes), in one line; nothing is created. Oracle: what that
+  user can really do (setpriv), checked first."""
+  from tff_clip.program import checkpoints  # pylint: disable=g-import-not-at-top
+  run_dir = shared / 'run'
+  secret = _dp_run_to_share(run_dir)
+  os.chmod(run_dir, 0o777)
+  key = run_dir / 'checkpoints' / 'round_000001.npz'
+  assert _as_nobody('cat', str(key)).returncode != 0  # Not theirs to read.
+  renamed = _as_nobody('sh', '-c', f'rm {run_dir}/ledger.json && '
+                       f'mv {run_dir}/checkpoints {run_dir}/ledger.json')
+  assert renamed.returncode == 0, renamed.stderr
+  destination = shared / 'out'
+  with pytest.raises(run_records.LocationError) as error:
+    checkpoints.share(str(run_dir), str(destination))
+  message = str(error.value)
+  assert '\n' not in message and 'writable by others (mode 0777' in message
+  assert repr(str(run_dir)) in message
+  assert sorted(p.name for p in shared.iterdir()) == ['run']
+  assert (run_dir / 'ledger.json' / key.name).read_bytes() == secret
+
+
+def test_a_dot_dot_after_a_link_is_checked_where_the_kernel_takes_it(
+    tmp_path):
+  """`runs/link/../x`: the kernel follows `link` first, then goes to the
+  parent of where it leads, not to `runs/x` as `os.path.abspath` spells it.
+  The directory checked must be the one a run's files are opened in: here
+  one others may write (0777, where another user could have made the run
+  directory and its files theirs to swap), refused in one line; nothing is
+  made where the spelling points. Oracle: `os.stat` of the path as given
+  (the kernel's resolution) against the open directory's."""
+  home, open_to_all = tmp_path / 'home', tmp_path / 'open'
+  home.mkdir(mode=0o755)
+  (open_to_all / 'sub').mkdir(parents=True)
+  os.chmod(open_to_all, 0o777)
+  (home / 'link').symlink_to(open_to_all / 'sub')
+  given = f'{home}/link/../runs'
+  (open_to_all / 'runs').mkdir(mode=0o755)
+  assert os.stat(given).st_ino == os.stat(open_to_all / 'runs').st_ino
+  for check in (run_records.check_location, run_records.ensure_dir):
+    with pytest.raises(run_records.LocationError) as error:
+      check(f'{given}/x')
+    assert '\n' not in str(error.value)
+    assert repr(str(open_to_all)) in str(error.value)
+    assert 'mode 0777' in str(error.value)
+  assert not (home / 'runs').exists()

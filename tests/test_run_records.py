@@ -1563,6 +1563,106 @@ def test_share_run_leaves_a_directory_of_its_temporary_name_alone(copy,
                                                         'shared']
 
 
+def _dp_run_to_share(run_dir):
+  """A DP run directory as share_run finds it, made by hand (no training):
+  its config, a released ledger and metrics, and a checkpoint (the noise
+  key: random bytes, 0600 in 0700). Returns the checkpoint's bytes."""
+  run_dir.mkdir(mode=0o755)
+  (run_dir / 'config.json').write_text(json.dumps({'noise_multiplier': 1.0}))
+  (run_dir / 'ledger.json').write_text('{"epsilon_per_round": [[1, 0.5]]}')
+  (run_dir / 'metrics.csv').write_text('round,epsilon_pld_delta_1e-05\n1,0.5\n')
+  (run_dir / 'checkpoints').mkdir(mode=0o700)
+  secret = run_dir / 'checkpoints' / 'round_000001.npz'
+  secret.write_bytes(os.urandom(64))
+  for path in run_dir.rglob('*'):
+    if path.is_file():
+      os.chmod(path, 0o600 if path == secret else 0o644)
+  return secret.read_bytes()
+
+
+@pytest.mark.parametrize('name', ['ledger.json', 'metrics.csv'])
+def test_share_run_copies_no_directory_in_the_place_of_a_released_file(
+    tmp_path, name):
+  """A run writes `ledger.json`, `metrics.csv` (every shared name but
+  `tensorboard/`) as regular files. A directory there (checkpoints/ renamed
+  to it, as another user who could once write the run directory may do
+  without reading it: a rename within one directory needs no write on the
+  directory moved) is left out and named, whatever it holds; no shared
+  file holds the checkpoint's bytes. Oracle: the bytes of every shared
+  file against the checkpoint's."""
+  run_dir = tmp_path / 'run'
+  secret = _dp_run_to_share(run_dir)
+  (run_dir / name).unlink()
+  (run_dir / 'checkpoints').rename(run_dir / name)
+  names, skipped = checkpoints.share(str(run_dir), str(tmp_path / 'shared'))
+  assert name not in names
+  assert [s for s in skipped if s.startswith(name)] == [
+      f'{name} (a directory, where a run writes a file)']
+  shared = tmp_path / 'shared'
+  assert not (shared / name).exists()
+  for path in shared.rglob('*'):
+    assert not path.is_file() or path.read_bytes() != secret, path
+
+
+def test_share_run_copies_no_file_of_another_user(tmp_path):
+  """A file another user owns (planted while the run directory was open to
+  them; it stays theirs after the owner's chmod go-w) is theirs to write:
+  here a config.json that says the DP run had no noise, so that its
+  TensorBoard files stamped with the times of writing (the withheld round
+  seconds) would be shared. Training refuses such a file; share_run leaves
+  it out and names it, counts the run as noised (its configuration unread)
+  and leaves out the clocked events. Oracle: `os.stat`'s owner, and each
+  event's wall_time read back with TensorBoard's protocol buffers."""
+  _as_root_only('A file of another owner')
+  from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  from tensorboard.summary.writer import record_writer  # pylint: disable=g-import-not-at-top
+  run_dir = tmp_path / 'run'
+  _dp_run_to_share(run_dir)
+  (run_dir / 'tensorboard').mkdir(mode=0o755)
+  clocked = run_dir / 'tensorboard' / 'events.out.tfevents.1700000000.host'
+  with open(clocked, 'wb') as f:
+    writer = record_writer.RecordWriter(f)
+    for step, seconds in ((1, 1700000000.0), (2, 1700000007.5)):
+      writer.write(event_pb2.Event(step=step, wall_time=seconds)
+                   .SerializeToString())
+  os.chmod(clocked, 0o644)
+  (run_dir / 'config.json').unlink()
+  (run_dir / 'config.json').write_text(json.dumps({'noise_multiplier': None}))
+  os.chmod(run_dir / 'config.json', 0o644)
+  os.chown(run_dir / 'config.json', 65534, 65534)
+  assert os.stat(run_dir / 'config.json').st_uid == 65534
+  names, skipped = checkpoints.share(str(run_dir), str(tmp_path / 'shared'))
+  assert 'config.json' not in names
+  assert any(s.startswith('config.json (') for s in skipped), skipped
+  shared = tmp_path / 'shared'
+  assert not (shared / 'config.json').exists()
+  for path in (shared / 'tensorboard').rglob('*'):
+    for record in run_records.tfrecords(str(path)):
+      event = event_pb2.Event.FromString(record)
+      assert event.wall_time == float(event.step), path
+
+
+def test_share_run_never_writes_into_the_run_through_a_dot_dot(tmp_path):
+  """`elsewhere/link/../shared`, `link` leading into the run's
+  checkpoints/: the kernel follows `link`, then takes its target's parent,
+  so the copy would land in the run directory, whose records it would
+  change (refused when spelled plainly). `os.path.abspath` spells it
+  `elsewhere/shared`: refused all the same, nothing written in the run.
+  Oracle: the run directory's entries before and after (`os.listdir`)."""
+  run_dir = tmp_path / 'run'
+  _dp_run_to_share(run_dir)
+  elsewhere = tmp_path / 'elsewhere'
+  elsewhere.mkdir()
+  (elsewhere / 'link').symlink_to(run_dir / 'checkpoints')
+  destination = f'{elsewhere}/link/../shared'
+  before = sorted(os.listdir(run_dir))
+  with pytest.raises(run_records.RunRecordError,
+                     match='inside the run directory'):
+    checkpoints.share(str(run_dir), destination)
+  assert sorted(os.listdir(run_dir)) == before
+  assert sorted(os.listdir(elsewhere)) == ['link']
+
+
 def test_a_blt_run_resumed_under_another_factorization_is_refused(
     tmp_path, monkeypatch):
   """BLT's parameters come out of scipy's optimizer, which another version

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from tff_clip.program import ownership
 from tff_clip.program import run_records
 
 __all__ = ['Checkpoints', 'SECRET_DIR_MODE', 'SECRET_FILE_MODE',
@@ -368,17 +369,27 @@ def _write_released_model(run_dir: str, path: str) -> bool:
   return True
 
 
+# What a run writes as a directory of released files; every other shared
+# name is a file (a directory there, checkpoints/ renamed, is no release).
+_RELEASED_DIRS = ('tensorboard',)
+
+
 def _copy_regular(source: str, target: str, name: str,
                   copied: list[str], skipped: list[str]) -> None:
   """Copies the regular files under `source` to `target`, never through a
   link: a link, or anything but a regular file or a directory, is left out
-  and named in `skipped` (as `name`, the path within the run directory)."""
+  and named in `skipped` (as `name`, the path within the run directory),
+  as is a directory outside `_RELEASED_DIRS` and a file another user owns
+  or may write (`run_records.open_file`)."""
   try:
     st = os.lstat(source)
   except OSError as e:
     skipped.append(f'{name} ({e.strerror})')
     return
   if stat.S_ISDIR(st.st_mode):
+    if name.split('/')[0] not in _RELEASED_DIRS:
+      skipped.append(f'{name} (a directory, where a run writes a file)')
+      return
     os.mkdir(target, 0o755)
     for entry in sorted(os.listdir(source)):
       _copy_regular(os.path.join(source, entry), os.path.join(target, entry),
@@ -394,16 +405,18 @@ def _copy_regular(source: str, target: str, name: str,
     skipped.append(f'{name} (a hidden file)')
     return
   try:
-    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK |
-                 os.O_CLOEXEC)
-  except OSError as e:  # Replaced by a link meanwhile: ELOOP.
+    # As a run opens its files: no link, a regular file of the user's (or
+    # root's) no one else may write; another's is theirs to have written.
+    f = run_records.open_file(source, 'rb')
+  except run_records.UnsafeFileError:
+    skipped.append(f'{name} (not a regular file of yours that no one else '
+                   'may write)')
+    return
+  except OSError as e:
     skipped.append(f'{name} ({e.strerror})')
     return
-  with open(fd, 'rb') as f:
+  with f:
     st = os.fstat(f.fileno())
-    if not stat.S_ISREG(st.st_mode):
-      skipped.append(f'{name} (not a regular file)')
-      return
     out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL |
                   os.O_NOFOLLOW | os.O_CLOEXEC, stat.S_IMODE(st.st_mode))
     with open(out, 'wb') as g:
@@ -496,8 +509,12 @@ def share(run_dir: str, destination: str) -> tuple[list[str], list[str]]:
   not name stay behind; of what it names only regular files are copied,
   never through a symbolic link (a link in `tensorboard/` to a checkpoint
   copies nothing of it): links, hidden files and anything else are left
-  out and named.
+  out and named. A run directory another user could change is refused
+  (`run_records.check_location`), as training refuses it.
   """
+  # As training does (StrictModes): whoever else may write the run
+  # directory may rename its checkpoints/ to a name copied here.
+  run_records.check_location(run_dir, '--run_dir')
   config = os.path.join(run_dir, 'config.json')
   if not os.path.isfile(config) or os.path.islink(config):
     raise run_records.RunRecordError(f'{run_dir!r} holds no tff_clip run (no '
@@ -505,7 +522,8 @@ def share(run_dir: str, destination: str) -> tuple[list[str], list[str]]:
   if os.path.lexists(destination):
     raise run_records.RunRecordError(f'{destination!r} exists; nothing was copied or '
                          'overwritten. Name a new directory.')
-  parent = os.path.dirname(os.path.abspath(destination))
+  # Where the kernel puts it: a '..' after a link is its target's parent.
+  parent = os.path.dirname(ownership.absolute_path(destination))
   inside = os.path.realpath(parent)
   if os.path.commonpath([inside, os.path.realpath(run_dir)]) == (
       os.path.realpath(run_dir)):

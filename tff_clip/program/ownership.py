@@ -31,8 +31,8 @@ from typing import Optional
 
 __all__ = [
     'DIR_MODE', 'FILE_MODE', 'LocationError', 'RunRecordError',
-    'UnsafeFileError', 'check_location', 'check_tree', 'ensure_dir',
-    'open_file', 'read_bytes', 'tfrecords',
+    'UnsafeFileError', 'absolute_path', 'check_location', 'check_tree',
+    'ensure_dir', 'open_file', 'read_bytes', 'tfrecords',
 ]
 
 
@@ -174,6 +174,19 @@ def _links(path: str) -> list[tuple[str, os.stat_result]]:
   return found
 
 
+def absolute_path(path: str) -> str:
+  """`path` made absolute, each '..' taken as the kernel takes it: the
+  parent of where the path so far leads, its links followed (`abspath`
+  drops the component before it, a link's parent instead)."""
+  resolved = '/' if path.startswith('/') else os.getcwd()
+  for part in path.split('/'):
+    if part == '..':
+      resolved = os.path.dirname(os.path.realpath(resolved))
+    elif part not in ('', '.'):
+      resolved = os.path.join(resolved, part)
+  return resolved
+
+
 def _chain(path: str) -> list[str]:
   """`path` and every directory above it, deepest first."""
   chain = [path]
@@ -195,8 +208,8 @@ def check_location(directory: str, argument: str = '--root_output_dir'
   nothing; `LocationError` (one line naming the directory and its owner or
   mode) where another user could change it.
   """
-  path = os.path.abspath(directory)
-  for link, st in _links(path):
+  path = absolute_path(directory)
+  for link, st in _links(os.path.join(os.getcwd(), directory)):
     # Its owner may point it elsewhere at any time (even in a sticky /tmp):
     # which directory is the run's would be theirs to choose.
     if not _trusted_owner(st.st_uid):
@@ -234,7 +247,7 @@ def ensure_dir(path: str, argument: str = '--root_output_dir') -> None:
   """Creates `path` and the directories above it that are missing, each
   writable by its owner only (`DIR_MODE`), then `check_location`."""
   missing = []
-  at = os.path.abspath(path)
+  at = absolute_path(path)
   while not os.path.lexists(at):
     missing.append(at)
     at = os.path.dirname(at)
@@ -276,8 +289,8 @@ def open_file(path: str, mode: str = 'rb', *, create_mode: int = FILE_MODE,
   with 'b' for bytes. Opened with `O_NOFOLLOW` (a symbolic link, even one
   that points nowhere, is refused and nothing is created through it) and
   `O_NONBLOCK` (a FIFO does not hang the open), then checked with `fstat`:
-  a regular file, owned by this user or root, writable by no one else.
-  `RunRecordError` (one line naming the file) otherwise; `OSError` as
+  a regular file, owned by this user or root, writable by no one else,
+  and, opened to write, of one name (no hard link). `RunRecordError` (one line naming the file) otherwise; `OSError` as
   `os.open` raises it (a missing file).
   """
   flags = _OPEN_FLAGS[mode.replace('b', '')]
@@ -293,6 +306,10 @@ def open_file(path: str, mode: str = 'rb', *, create_mode: int = FILE_MODE,
     if not stat.S_ISREG(st.st_mode):
       raise _refused(path, 'is not a regular file')
     reason = _others_control(st, acl_of=fd)
+    if reason is None and flags != os.O_RDONLY and st.st_nlink != 1:
+      # A hard link passes O_NOFOLLOW and the owner's checks, yet a write
+      # (the lock's truncation, an append) changes the file's other name.
+      reason = f'is a hard link ({st.st_nlink} names of one file)'
     if reason is not None:
       raise _refused(path, reason)
     os.set_blocking(fd, True)
