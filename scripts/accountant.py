@@ -376,6 +376,14 @@ def main(argv):
     return 0
   try:
     accountants = _accountants()
+    if flags.FLAGS['pld_value_discretization_interval'].present and (
+        accounting.PLD not in accountants or
+        sampling == accounting.FIXED_SIZE):
+      # No PLD figure reads it: given, it would change nothing printed.
+      return cli.fail('--pld_value_discretization_interval applies to the '
+                      'PLD accountant (--accountants with pld) under '
+                      f'--sampling=poisson only; got --accountants='
+                      f'{",".join(accountants)} --sampling={sampling}.')
     scales = _scales() if _EXTRAPOLATE.value else None
     if _TARGET_EPSILON.value is not None:
       lines, noise_multiplier = _calibration_lines(

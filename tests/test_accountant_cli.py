@@ -211,6 +211,14 @@ def test_cli_bad_input_fails_naming_the_argument():
       '--bands=0'], '--bands'),
     ([*EXAMPLE, '--extrapolate_cohort_scales=1,2'],
      'extrapolate_cohort_scales'),
+    # A PLD grid no PLD figure reads: RDP only, or fixed-size sampling
+    # (PLD n/a).
+    ([*EXAMPLE, '--accountants=rdp',
+      '--pld_value_discretization_interval=0.01'],
+     'pld_value_discretization_interval'),
+    ([*EXAMPLE, '--sampling=fixed_size',
+      '--pld_value_discretization_interval=0.01'],
+     'pld_value_discretization_interval'),
     # Look-alike digits and underscores, as every numeric flag: float()
     # reads the Arabic-Indic '١' as 1 and '1_0' as 10.
     ([*EXAMPLE, '--extrapolate',
