@@ -40,6 +40,7 @@ References:
 
 from __future__ import annotations
 
+import decimal
 import numbers
 import sys
 
@@ -194,6 +195,24 @@ def _epsilon_lines(noise_multiplier, clients_per_round, population_size,
   return lines
 
 
+def _shown_up(noise_multiplier: float, exponent: int, target_epsilon: float,
+              guarantee_of):
+  """(z shown, its guarantee): the calibrated `noise_multiplier` rounded UP
+  to a multiple of 10**`exponent`, the digits printed, and raised by such
+  units while `guarantee_of(z)` misses the target. The printed z is what a
+  user copies to --noise_multiplier: rounded to nearest it could be below
+  the calibrated one, whose epsilon then exceeds the target (1.080193 for
+  1.0801933 gave RDP epsilon 1.0000006 > 1)."""
+  unit = decimal.Decimal(1).scaleb(exponent)
+  shown = decimal.Decimal(noise_multiplier).quantize(
+      unit, rounding=decimal.ROUND_CEILING)
+  guarantee = guarantee_of(float(shown))
+  while guarantee.epsilon > target_epsilon:  # Where epsilon is not monotone.
+    shown += unit
+    guarantee = guarantee_of(float(shown))
+  return float(shown), guarantee
+
+
 def _calibration_lines(target_epsilon, clients_per_round, population_size,
                        rounds, delta, sampling, accountants):
   """Lines with the calibrated z per accountant, and the first z found."""
@@ -209,9 +228,11 @@ def _calibration_lines(target_epsilon, clients_per_round, population_size,
     except dp_accounting.UnsupportedEventError as error:
       lines.append(f'  {accountant.upper()}: n/a  ({error})')
       continue
-    guarantee = accounting.compute_training_epsilon(
-        noise_multiplier, clients_per_round, population_size, rounds, delta,
-        sampling, accountant, _PLD_VALUE_DISCRETIZATION_INTERVAL.value)
+    noise_multiplier, guarantee = _shown_up(
+        noise_multiplier, -6, target_epsilon,
+        lambda z, accountant=accountant: accounting.compute_training_epsilon(
+            z, clients_per_round, population_size, rounds, delta, sampling,
+            accountant, _PLD_VALUE_DISCRETIZATION_INTERVAL.value))
     lines.append(f'  noise_multiplier = {noise_multiplier:.6f}  gives '
                  f'{_describe_guarantee(guarantee)}' +
                  _run_note(guarantee, sampling))
@@ -262,6 +283,15 @@ def _correlated_lines(rounds, delta, accountants) -> list[str]:
     noise_multiplier = accounting.calibrate_correlated_noise_multiplier(
         _TARGET_EPSILON.value, mechanism, bands, rounds, separation, delta,
         accountant=reported, blt_buffers=_BLT_BUFFERS.value)
+    # Printed with 6 significant digits ({:g}): rounded up to them.
+    noise_multiplier, _ = _shown_up(
+        noise_multiplier,
+        decimal.Decimal(noise_multiplier).adjusted() - 5,
+        _TARGET_EPSILON.value,
+        lambda z: accounting.compute_epsilon(
+            accounting.correlated_training_event(
+                mechanism, z, bands, rounds, separation,
+                blt_buffers=_BLT_BUFFERS.value), delta, reported))
     lines.append(f'Noise multiplier for epsilon <= '
                  f'{_TARGET_EPSILON.value:g} ({reported.upper()}, as a '
                  'training run reports it):')
@@ -346,6 +376,14 @@ def main(argv):
     return 0
   try:
     accountants = _accountants()
+    if flags.FLAGS['pld_value_discretization_interval'].present and (
+        accounting.PLD not in accountants or
+        sampling == accounting.FIXED_SIZE):
+      # No PLD figure reads it: given, it would change nothing printed.
+      return cli.fail('--pld_value_discretization_interval applies to the '
+                      'PLD accountant (--accountants with pld) under '
+                      f'--sampling=poisson only; got --accountants='
+                      f'{",".join(accountants)} --sampling={sampling}.')
     scales = _scales() if _EXTRAPOLATE.value else None
     if _TARGET_EPSILON.value is not None:
       lines, noise_multiplier = _calibration_lines(

@@ -7,6 +7,7 @@ be the oracle's to half a unit of its last digit.
 """
 
 import decimal
+import math
 import os
 import pathlib
 import re
@@ -124,6 +125,47 @@ def test_cli_target_epsilon_calibrates_the_noise_multiplier():
   assert z == pytest.approx(1.0, abs=1e-5)
 
 
+def _gaussian_epsilon(mu, delta):
+  """Epsilon of the Gaussian mechanism of sensitivity/std `mu` at `delta`
+  (Balle and Wang 2018, Thm. 8): the root of
+  delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)."""
+  from scipy import optimize, stats  # pylint: disable=g-import-not-at-top
+  gap = lambda eps: (stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) *
+                     stats.norm.cdf(-eps / mu - mu / 2)) - delta
+  return optimize.brentq(gap, 0.0, 100.0, xtol=1e-14)
+
+
+@pytest.mark.parametrize('flags, pattern, epsilon_of', [
+    # 100 of 10,000 for 100 rounds, RDP: calibrated z = 1.0801933 was
+    # printed 1.080193, whose epsilon is 1.0000006.
+    (['--target_epsilon=1', '--clients_per_round=100',
+      '--population_size=10000', '--rounds=100', '--delta=1e-5',
+      '--accountants=rdp'],
+     r'noise_multiplier = ([\d.]+)  gives',
+     lambda z: _rdp_epsilon(0.01, z, 100, 1e-5)[0]),
+    # Independent noise, 10 rounds, separation 5: two Gaussians of z, one
+    # of z / sqrt(2). Calibrated z = 1.52899375 was printed 1.52899, whose
+    # epsilon is 4.0000113.
+    (['--target_epsilon=4', '--clients_per_round=10',
+      '--population_size=100', '--rounds=10', '--delta=1e-5',
+      '--sampling=min_separation', '--min_separation=5'],
+     r'noise_multiplier = ([\d.]+), independent',
+     lambda z: _gaussian_epsilon(math.sqrt(2) / z, 1e-5)),
+])
+def test_cli_target_epsilon_prints_a_noise_multiplier_that_meets_it(
+    flags, pattern, epsilon_of):
+  """The z printed for --target_epsilon is what a user trains with: its own
+  epsilon (dp_accounting's RDP; the Gaussian's closed form) is at most the
+  target, not only that of the unprinted digits behind it."""
+  result = _run(*flags)
+
+  assert result.returncode == 0, result.stderr
+  printed = float(_figure(pattern, result.stdout))
+  target = float(flags[0].split('=')[1])
+  assert epsilon_of(printed) <= target
+  assert epsilon_of(printed * (1 - 1e-4)) > target  # And no looser.
+
+
 def test_cli_fixed_size_sampling_reports_pld_as_unavailable():
   result = _run('--noise_multiplier=1.0', '--clients_per_round=100',
                 '--population_size=10000', '--rounds=100', '--delta=1e-6',
@@ -169,6 +211,14 @@ def test_cli_bad_input_fails_naming_the_argument():
       '--bands=0'], '--bands'),
     ([*EXAMPLE, '--extrapolate_cohort_scales=1,2'],
      'extrapolate_cohort_scales'),
+    # A PLD grid no PLD figure reads: RDP only, or fixed-size sampling
+    # (PLD n/a).
+    ([*EXAMPLE, '--accountants=rdp',
+      '--pld_value_discretization_interval=0.01'],
+     'pld_value_discretization_interval'),
+    ([*EXAMPLE, '--sampling=fixed_size',
+      '--pld_value_discretization_interval=0.01'],
+     'pld_value_discretization_interval'),
     # Look-alike digits and underscores, as every numeric flag: float()
     # reads the Arabic-Indic '١' as 1 and '1_0' as 10.
     ([*EXAMPLE, '--extrapolate',

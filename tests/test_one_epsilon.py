@@ -249,6 +249,24 @@ def test_a_void_guarantee_beyond_plds_grid_is_reported_by_rdp():
   assert 'e+' in accountants.epsilon_label(reported.epsilon, 'rdp', 1e-5)
 
 
+@pytest.mark.parametrize('delta', [1e-15, 1e-16, 1e-20])
+def test_a_delta_below_plds_truncated_mass_is_reported_by_rdp(delta):
+  # PLD counts the 1e-15 of mass its composition truncates as an infinite
+  # loss: below that delta it proves nothing (epsilon inf) of 10 rounds of
+  # q = 0.01 at z = 2, which RDP proves private. Oracle: dp_accounting's
+  # own RDP accountant on the event built here.
+  event = accounting.training_event(2.0, 100, 10_000, 10)
+  oracle = rdp.RdpAccountant().compose(dp_accounting.SelfComposedDpEvent(
+      dp_accounting.PoissonSampledDpEvent(
+          0.01, dp_accounting.GaussianDpEvent(2.0)), 10)).get_epsilon(delta)
+
+  reported = accounting.report_epsilon(event, delta)
+
+  assert math.isfinite(oracle)
+  assert reported.accountant == 'rdp'
+  assert reported.epsilon == pytest.approx(oracle, rel=1e-12)
+
+
 @pytest.mark.parametrize('mechanism, fields', [
     ('blt', {}), ('banded', dict(bands=2))])
 def test_correlated_noise_with_an_adaptive_norm_spends_the_target(

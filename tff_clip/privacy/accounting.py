@@ -38,6 +38,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Optional, Union
@@ -311,15 +312,23 @@ def report_epsilon(event: dp_accounting.DpEvent,
   Where PLD refuses the events' grid (an epsilon above
   `accountants.PLD_MAX_EPSILON`, a void guarantee whose grid would not fit
   in memory) RDP's figure is reported, so a round once released always has
-  an epsilon.
+  an epsilon; so it is where PLD's is infinite but RDP's is not: PLD counts
+  the mass it truncates (1e-15 a composition) as an infinite loss, so below
+  a delta of about 1e-15 (more with many distinct rounds) it proves nothing
+  of a noisy run that RDP proves private.
   """
   accountant = reporting_accountant(event)
   try:
-    return compute_epsilon(event, delta, accountant)
+    found = compute_epsilon(event, delta, accountant)
   except dp_accounting.UnsupportedEventError:
     if accountant == RDP:
       raise
     return compute_epsilon(event, delta, RDP)
+  if accountant == PLD and math.isinf(found.epsilon):
+    rdp = compute_epsilon(event, delta, RDP)
+    if math.isfinite(rdp.epsilon):
+      return rdp
+  return found
 
 
 def report_known(event: dp_accounting.DpEvent, delta: float) -> bool:
