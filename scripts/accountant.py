@@ -124,6 +124,8 @@ def _accountants() -> list[str]:
     if name not in accounting.ACCOUNTANTS:
       raise ValueError(f'`accountants` must be among {accounting.ACCOUNTANTS};'
                        f' got {name!r}.')
+    if names.count(name) > 1:  # Its figure would be printed twice.
+      raise ValueError(f'`accountants` names {name} twice; name each once.')
   return names
 
 
@@ -359,6 +361,10 @@ def main(argv):
           f'{given} ({separation}) exceeds --population_size '
           f'({population_size}): some of its minimum-separation groups '
           'would be empty.')
+    if not float(clients_per_round).is_integer():  # As training's flag.
+      return cli.fail('--clients_per_round must be a whole number of clients '
+                      'under --sampling=min_separation (a round takes that '
+                      f'many of its group); got {clients_per_round:g}.')
     if not 0 < clients_per_round <= smallest:  # A schedule no sampler runs.
       return cli.fail(
           f'--clients_per_round ({clients_per_round:g}) exceeds the smallest '
@@ -385,6 +391,11 @@ def main(argv):
                       f'--sampling=poisson only; got --accountants='
                       f'{",".join(accountants)} --sampling={sampling}.')
     scales = _scales() if _EXTRAPOLATE.value else None
+    if scales is not None and sampling == accounting.FIXED_SIZE and (
+        accounting.RDP not in accountants):  # A table without an epsilon.
+      return cli.fail('--extrapolate under --sampling=fixed_size needs RDP '
+                      '(PLD cannot account fixed-size sampling); got '
+                      f'--accountants={",".join(accountants)}.')
     if _TARGET_EPSILON.value is not None:
       lines, noise_multiplier = _calibration_lines(
           _TARGET_EPSILON.value, clients_per_round, population_size, rounds,

@@ -227,6 +227,13 @@ def test_cli_bad_input_fails_naming_the_argument():
     ([*EXAMPLE, '--extrapolate',
       '--extrapolate_population_scales=1_0,10,100,1000,10000'],
      'extrapolate_population_scales'),
+    # A figure printed twice, a cohort no minimum-separation round takes, a
+    # table with no epsilon column (PLD cannot do fixed-size sampling).
+    ([*EXAMPLE, '--accountants=rdp,RDP'], 'accountants'),
+    ([*EXAMPLE[:1], '--clients_per_round=10.5', *EXAMPLE[2:],
+      '--sampling=min_separation', '--bands=5'], 'clients_per_round'),
+    ([*EXAMPLE, '--sampling=fixed_size', '--accountants=pld', '--extrapolate'],
+     'extrapolate'),
 ])
 def test_cli_bad_flag_is_one_line_with_exit_code_2(args, name):
   result = _run(*args)
