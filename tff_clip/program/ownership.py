@@ -290,8 +290,9 @@ def open_file(path: str, mode: str = 'rb', *, create_mode: int = FILE_MODE,
   that points nowhere, is refused and nothing is created through it) and
   `O_NONBLOCK` (a FIFO does not hang the open), then checked with `fstat`:
   a regular file, owned by this user or root, writable by no one else,
-  and, opened to write, of one name (no hard link). `RunRecordError` (one line naming the file) otherwise; `OSError` as
-  `os.open` raises it (a missing file).
+  and, opened to write, of one name (no hard link). `RunRecordError` (one
+  line naming the file) otherwise; `OSError` as `os.open` raises it (a
+  missing file).
   """
   flags = _OPEN_FLAGS[mode.replace('b', '')]
   try:
